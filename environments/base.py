@@ -1,0 +1,58 @@
+"""The Environment protocol, the data it exchanges, and the registry that maps ids to classes.
+
+An environment plays one episode: `reset(task)` gives the opening messages, each
+`step(assistant_text)` returns observation messages (role "tool" or "user"), a reward, whether
+the episode is done, and info. Environments are async because tools are. They never raise on
+model output: bad calls and parse failures become observations.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = dict[str, Any]
+"""A chat message: {"role": "system"|"user"|"assistant"|"tool", "content": str, ...}."""
+
+
+@dataclass
+class StepResult:
+    observations: list[Message]
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Environment(Protocol):
+    async def reset(self, task: Any) -> list[Message]: ...
+
+    async def step(self, assistant_text: str, *, truncated: bool = False) -> StepResult: ...
+
+    async def close(self) -> None: ...
+
+
+_REGISTRY: dict[str, str] = {}
+
+
+def register(id: str, entry_point: str) -> None:
+    """Register `entry_point` ("module.path:ClassName") under `id`."""
+    if ":" not in entry_point:
+        raise ValueError(f"entry point {entry_point!r} must look like 'package.module:ClassName'")
+    _REGISTRY[id] = entry_point
+
+
+def registered_ids() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def resolve(id: str) -> type:
+    """The environment class registered under `id`; an unknown id lists the known ones."""
+    if id not in _REGISTRY:
+        raise KeyError(f"unknown env_class {id!r}; registered: {', '.join(registered_ids()) or 'none'}")
+    module_name, _, attr = _REGISTRY[id].partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ImportError(f"env_class {id!r}: cannot load {_REGISTRY[id]!r}: {exc}") from exc

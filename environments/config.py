@@ -1,0 +1,61 @@
+"""Config of environments (how episodes are played) and of task datasets."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+
+class EnvironmentConfig(_Section):
+    env_class: str | None = None
+    """Registry id that overrides each task's `env_class` (null: use the task's)."""
+    call_format: Literal["hermes", "json", "openai", "react", "python", "tool_tag", "auto"] = "auto"
+    """Tool-call format taught in the system prompt; `auto` accepts every format when parsing
+    and teaches Hermes `<tool_call>` blocks."""
+    one_shot_example: bool = True
+    """Put a worked tool-call example into the system prompt (small models need it)."""
+    max_turns: dict[str, int] = Field(default_factory=lambda: {"easy": 5, "medium": 8, "hard": 10})
+    """Assistant turns allowed by task complexity (a task's own `max_turns` wins)."""
+    max_calls_per_turn: int = Field(default=8, ge=1)
+    """Tool calls executed from one assistant turn; extra calls get an error observation."""
+    tool_timeout: float | None = Field(default=None, gt=0)
+    """Per-call timeout (null: the tool layer's)."""
+    invalid_call_penalty: float = Field(default=0.0, ge=0.0)
+    """Subtracted from the reward per invalid tool call (unknown tool, bad arguments)."""
+    parse_failure_penalty: float = Field(default=0.0, ge=0.0)
+    """Subtracted from the reward per turn whose tool-call markup could not be parsed."""
+
+
+class DatasetSource(_Section):
+    path: str | None = None
+    """A .json, .jsonl or .parquet file of task records."""
+    generator: str | None = None
+    """A synthetic generator: `calculator`, `multistep` (or `module:function`)."""
+    num_tasks: int = Field(default=256, ge=1)
+    """Tasks to generate."""
+    seed: int = 0
+    """Generator seed."""
+    options: dict = Field(default_factory=dict)
+    """Generator-specific options (e.g. `{digits: 3}`)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DatasetSource":
+        if (self.path is None) == (self.generator is None):
+            raise ValueError("a dataset source needs exactly one of `path` or `generator`")
+        return self
+
+
+class DataConfig(_Section):
+    train: DatasetSource = Field(default_factory=lambda: DatasetSource(generator="calculator"))
+    """Training tasks."""
+    validation: DatasetSource | None = None
+    """Held-out tasks. Null: split from the generator with a disjoint seed (questions never shared)."""
+    validation_size: int = Field(default=64, ge=1)
+    """Held-out tasks when `validation` is null."""
+    shuffle: bool = True
+    """Shuffle training tasks each epoch (seeded)."""

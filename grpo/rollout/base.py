@@ -1,0 +1,62 @@
+"""The rollout-engine interface: token ids in, sampled token ids and their log-probs out.
+
+Every backend (HF on CPU/CUDA/MPS, vLLM) implements `RolloutEngine`. The collector hands it a
+batch of `GenerationRequest`s (from all live episodes at once) and gets one `GenerationResult`
+per request, in order. Engines never see text: prompts are token ids, results are token ids.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    """Sampling one of these ends the sequence; the stop token is included in the result."""
+    stop_strings: tuple[str, ...] = ()
+    """Decoded text ending in one of these ends the sequence (tokens up to and including the
+    token that completed the string are kept)."""
+    seed: int | None = None
+    """Per-request seed; requests with a seed reproduce exactly regardless of batch company."""
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    request_id: str = ""
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    behavior_logprobs: list[float]
+    """Log-prob of each sampled token under the sampling distribution's model (temperature 1,
+    no top-p truncation: the same quantity the trainer computes), one per token."""
+    finish_reason: FinishReason
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutEngine(ABC):
+    """Samples continuations of token-id prompts."""
+
+    @abstractmethod
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Sample every request; results come back in request order. Blocking (the collector
+        runs it in a worker thread so tool calls proceed meanwhile)."""
+
+    @abstractmethod
+    def sync_weights(self, policy) -> None:
+        """Make the engine sample from the policy's current weights (after an update)."""
+
+    def close(self) -> None:
+        """Release engine resources."""
