@@ -40,8 +40,8 @@ class GenerationRequest:
 class GenerationResult:
     token_ids: list[int]
     behavior_logprobs: list[float]
-    """Log-prob of each sampled token under the sampling distribution's model (temperature 1,
-    no top-p truncation: the same quantity the trainer computes), one per token."""
+    """Log-prob of each sampled token under softmax(logits / temperature) (temperature 1 when
+    greedy), before top-p truncation: the quantity the trainer recomputes. One per token."""
     finish_reason: FinishReason
     metrics: dict[str, float] = field(default_factory=dict)
 
