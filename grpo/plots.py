@@ -1,0 +1,36 @@
+"""The reward/success curve image written at the end of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_curves(history: list[dict[str, float]], summary: dict[str, Any], path: Path) -> Path:
+    """Training reward and success per step, with held-out success before/after as markers."""
+    steps = list(range(1, len(history) + 1))
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for key, label in (("rollout/reward_mean", "train reward"), ("rollout/success_rate", "train success")):
+        values = [h.get(key) for h in history]
+        if any(v is not None for v in values):
+            ax.plot(steps, [v if v is not None else float("nan") for v in values], marker="o", label=label)
+    if "success_before" in summary:
+        ax.scatter([0], [summary["success_before"]], color="black", marker="s", zorder=3,
+                   label=f"held-out success before: {summary['success_before']:.0%}")
+    if "success_after" in summary:
+        ax.scatter([len(history)], [summary["success_after"]], color="green", marker="*", s=120, zorder=3,
+                   label=f"held-out success after: {summary['success_after']:.0%}")
+    ax.set_xlabel("training step")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(Path(summary.get("run_dir", "")).name or "run")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

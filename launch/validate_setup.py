@@ -1,0 +1,115 @@
+"""Check a run's setup without training: `python -m launch.validate_setup --config X.yaml`.
+
+Dependencies, device/backend, model resolvable, every MCP server starts and lists its tools,
+dataset validates, and the API keys that configured servers need are set (never printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from grpo.config import ConfigError, RunConfig, load_config
+
+_REQUIRED = ("torch", "transformers", "peft", "mcp", "pydantic", "yaml", "anyio")
+_OPTIONAL = {"vllm": "vllm backend", "deepspeed": "deepspeed backend", "bitsandbytes": "4-bit QLoRA",
+             "wandb": "wandb logging"}
+
+
+@dataclass
+class Report:
+    lines: list[tuple[bool, str]] = field(default_factory=list)
+
+    def add(self, ok: bool, text: str) -> None:
+        self.lines.append((ok, text))
+        print(f"  [{'ok' if ok else 'FAIL'}] {text}", flush=True)
+
+    @property
+    def ok(self) -> bool:
+        return all(ok for ok, _ in self.lines)
+
+
+async def validate(config: RunConfig) -> Report:
+    report = Report()
+    print(f"validating run {config.run_name!r}")
+    for name in _REQUIRED:
+        report.add(importlib.util.find_spec(name) is not None, f"package {name}")
+    for name, purpose in _OPTIONAL.items():
+        found = importlib.util.find_spec(name) is not None
+        print(f"  [{'ok' if found else '--'}] optional package {name} ({purpose})")
+
+    from grpo.backends import BackendUnavailable, make_backend
+
+    try:
+        backend = make_backend(config.backend)
+        report.add(True, f"backend {backend.name} on {backend.device()} ({backend.reason})")
+    except (BackendUnavailable, ValueError) as exc:
+        report.add(False, f"backend: {exc}")
+
+    from grpo.model_source import ModelSourceError, load_tokenizer, resolve_model_dir
+
+    try:
+        t0 = time.time()
+        model_dir = resolve_model_dir(config.model.name_or_path, config.model.cache_dir)
+        load_tokenizer(config.model.name_or_path, config.model.cache_dir)
+        where = model_dir or "built in memory"
+        report.add(True, f"model {config.model.name_or_path} -> {where} ({time.time() - t0:.1f} s)")
+    except (ModelSourceError, OSError, ValueError) as exc:
+        report.add(False, f"model: {exc}")
+
+    from environments.data import DatasetError, train_validation_split
+
+    try:
+        train, val = train_validation_split(config.data)
+        report.add(True, f"dataset: {len(train)} training tasks, {len(val)} held-out tasks")
+    except (DatasetError, OSError, ValueError) as exc:
+        report.add(False, f"dataset: {exc}")
+
+    for name, server in config.tools.servers.items():
+        missing = [var for var in server.required_env if not os.environ.get(var)]
+        if missing:
+            report.add(False, f"server {name}: environment variables not set: {', '.join(missing)}")
+        elif server.required_env:
+            report.add(True, f"server {name}: required environment variables are set")
+
+    from tools.manager import SharedToolManager, ToolServerStartError
+
+    if config.tools.servers:
+        try:
+            t0 = time.time()
+            async with SharedToolManager(config.tools) as tools:
+                specs = tools.tool_specs()
+            by_server: dict[str, list[str]] = {}
+            for spec in specs:
+                by_server.setdefault(spec.server, []).append(spec.name)
+            for name, tools_ in by_server.items():
+                report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
+            print(f"  servers started and stopped in {time.time() - t0:.1f} s")
+        except ToolServerStartError as exc:
+            report.add(False, f"MCP servers: {exc}")
+    else:
+        print("  [--] no MCP servers configured")
+    print("setup OK" if report.ok else "setup has problems (see FAIL lines)")
+    return report
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return 0 if asyncio.run(validate(config)).ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""train_step on the tiny model: the whole update path, with hand-built trajectories."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo.config import AlgorithmConfig, LoraConfig, ModelConfig
+from grpo.loss import LossSettings
+from grpo.policy import PolicyWithValueHead
+from grpo.reference import make_reference
+from grpo.trajectory import Trajectory
+from grpo.update import (
+    LogprobMismatchError,
+    NonFiniteLossError,
+    UpdateSettings,
+    make_scheduler,
+    train_step,
+)
+
+
+def _policy(value_head: bool = True) -> PolicyWithValueHead:
+    policy, _ = PolicyWithValueHead.from_config(
+        ModelConfig(name_or_path="tiny-random", dtype="float32", value_head=value_head),
+        LoraConfig(),
+        device="cpu",
+        seed=0,
+    )
+    return policy
+
+
+def _trajectories(policy, rewards: list[list[float]], seed: int = 0) -> list[Trajectory]:
+    """Groups of random sequences: a prompt, a sampled turn, an observation, a second turn.
+    behavior_logprobs are the policy's own, as an exact fp32 engine would report them."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for g, group in enumerate(rewards):
+        for j, reward in enumerate(group):
+            prompt, turn1, obs, turn2 = (int(torch.randint(3, 9, (1,), generator=gen)) for _ in range(4))
+            ids = torch.randint(100, 5000, (prompt + turn1 + obs + turn2,), generator=gen).tolist()
+            mask = [0] * prompt + [1] * turn1 + [0] * obs + [1] * turn2
+            with torch.no_grad():
+                lp = policy(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logprobs[0]
+            behavior = [0.0] + [float(lp[i - 1]) if mask[i] else 0.0 for i in range(1, len(ids))]
+            out.append(Trajectory(task_id=f"t{g}", group_id=f"g{g}", token_ids=ids, loss_mask=mask,
+                                  behavior_logprobs=behavior, prompt_length=prompt, reward=reward))
+    return out
+
+
+def _settings(**overrides) -> UpdateSettings:
+    loss = LossSettings(**overrides.pop("loss", {}))
+    return UpdateSettings(loss=loss, micro_batch_size=overrides.pop("micro_batch_size", 4), **overrides)
+
+
+def _adam(policy, lr=1e-3):
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
+    return opt, make_scheduler(opt, AlgorithmConfig(warmup_steps=0))
+
+
+def _snapshot(policy):
+    return [p.detach().clone() for p in policy.trainable_parameters()]
+
+
+def test_on_policy_single_pass_has_ratio_exactly_one_and_updates_weights():
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    before = _snapshot(policy)
+    opt, sched = _adam(policy)
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+    assert stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["train/ratio_std"] == pytest.approx(0.0, abs=1e-6)
+    assert stats["train/clip_frac"] == 0.0
+    assert stats["train/logprob_mismatch"] < 1e-5
+    assert all(math.isfinite(v) for v in stats.values())
+    assert any(not torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
+
+
+def test_step0_check_refuses_mismatched_engine_logprobs_and_leaves_weights_alone():
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 0.0]])
+    for t in trajs:
+        t.behavior_logprobs = [lp - 0.5 if m else 0.0 for lp, m in zip(t.behavior_logprobs, t.loss_mask)]
+    before = _snapshot(policy)
+    opt, sched = _adam(policy)
+    with pytest.raises(LogprobMismatchError, match=r"mean \|trainer - engine\| log-prob .* 0\.5000"):
+        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}), check_logprobs=True)
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
+
+
+def test_zero_variance_groups_give_no_policy_gradient():
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 1.0], [0.0, 0.0]])
+    opt, sched = _adam(policy)
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+    assert stats["train/zero_variance_groups"] == 1.0
+    assert stats["train/grad_norm"] == 0.0
+    assert stats["train/policy_loss"] == 0.0
+
+
+def test_micro_batch_size_does_not_change_the_gradient():
+    # SGD: the update is lr * gradient, so any error in the accumulation denominator shows.
+    results = []
+    for micro in (1, 3, 8):
+        policy = _policy(value_head=False)
+        trajs = _trajectories(policy, [[1.0, 0.0, 0.5, 0.0], [0.2, 1.0, 0.0, 0.0]])
+        opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
+        sched = make_scheduler(opt, AlgorithmConfig())
+        train_step(policy, None, opt, sched, trajs,
+                   _settings(loss={"kl_coef": 0.0, "loss_agg": "seq_mean_token_mean"}, micro_batch_size=micro))
+        results.append(_snapshot(policy))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, atol=2e-6, rtol=0)
+
+
+def test_several_epochs_move_ratios_and_report_kl_to_reference():
+    policy = _policy(value_head=False)
+    reference = make_reference(policy, AlgorithmConfig(ref_ema_decay=1.0, ref_update_every=1))
+    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    opt, sched = _adam(policy, lr=3e-3)
+    settings = _settings(loss={"kl_coef": 0.1, "clip_low": 0.1, "clip_high": 0.1}, ppo_epochs=3,
+                         num_minibatches=2)
+    stats = train_step(policy, reference, opt, sched, trajs, settings)
+    assert stats["train/ratio_std"] > 1e-4  # the policy moved between minibatches
+    assert stats["train/kl_ref"] > 0.0  # and away from the frozen reference
+    assert stats["train/clip_frac"] > 0.0
+    assert opt.state[policy.trainable_parameters()[0]]["step"] == 6  # 3 epochs x 2 minibatches
+
+
+def test_gae_trains_the_value_head():
+    policy = _policy(value_head=True)
+    trajs = _trajectories(policy, [[1.0, 0.0], [0.0, 1.0]])
+    opt, sched = _adam(policy)
+    head_before = policy.value_head.weight.detach().clone()
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}, advantage="gae"))
+    assert stats["train/value_loss"] > 0.0
+    assert not torch.equal(head_before, policy.value_head.weight)
+
+
+def test_non_finite_reward_skips_the_update():
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[float("nan"), 0.0]])
+    before = _snapshot(policy)
+    opt, sched = _adam(policy)
+    with pytest.raises(NonFiniteLossError):
+        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
+
+
+def test_kl_in_reward_lowers_the_reward_of_the_sequence_that_drifted():
+    policy = _policy(value_head=False)
+    reference = make_reference(policy, AlgorithmConfig(ref_ema_decay=1.0))
+    with torch.no_grad():  # move the policy away from its reference
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    trajs = _trajectories(policy, [[1.0, 1.0]])
+    opt, sched = _adam(policy)
+    stats = train_step(policy, reference, opt, sched, trajs,
+                       _settings(loss={"kl_coef": 1.0, "kl_in_reward": True, "kl_estimator": "k1"}))
+    # Equal rewards, but the KL penalties differ: the group is no longer zero-variance in effect.
+    assert stats["train/grad_norm"] > 0.0
+    assert "train/kl_loss" not in stats
