@@ -1,0 +1,134 @@
+"""Per-token log-probs (and entropy) of target tokens from final hidden states, chunked.
+
+A full-vocabulary log-softmax over every position of a batch is the largest tensor of a training
+step ([B*T, V] fp32: 16 x 1024 tokens x 152k vocabulary is 10 GB). We never build it: the
+positions are processed in chunks of `chunk_size` rows, and with autograd on each chunk runs under
+`torch.utils.checkpoint`, so the forward keeps no [*, V] tensor and the backward recomputes one
+chunk's logits at a time. Peak memory is O(chunk_size * V) instead of O(B * T * V).
+
+Logits are divided by the sampling temperature (the rollout samples from softmax(logits / T)), and
+the softmax is taken in fp32 even under bf16 autocast (the head's matmul itself runs in the autocast
+dtype, as it does in the rollout engines, then its output is upcast).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_CHUNK_SIZE = 512
+"""Rows (positions) per chunk: 512 x 49k-vocabulary fp32 logits is ~100 MB."""
+
+Head = torch.Tensor | torch.nn.Module | Callable[[torch.Tensor], torch.Tensor]
+
+
+def _upcast(logits: torch.Tensor) -> torch.Tensor:
+    # fp16/bf16 -> fp32; fp64 (used by exactness tests) stays fp64.
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    # Skipping the division at T = 1 saves a pass over [C, V] in the forward and the recompute.
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def _head_fn(lm_head: Head) -> Callable[[torch.Tensor], torch.Tensor]:
+    if isinstance(lm_head, torch.Tensor):
+        return lambda h: F.linear(h, lm_head)
+    return lm_head
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor, targets: torch.Tensor, head, temperature: float
+) -> torch.Tensor:
+    logits = head(hidden)  # [C, V] in the autocast dtype
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        logits = _scaled(_upcast(logits), temperature)  # [C, V] fp32
+        log_norm = torch.logsumexp(logits, dim=-1)  # [C]
+        return logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm  # [C]
+
+
+def _chunk_logprobs_entropy(
+    hidden: torch.Tensor, targets: torch.Tensor, head, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden)  # [C, V]
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        logits = _scaled(_upcast(logits), temperature)  # [C, V] fp32
+        log_norm = torch.logsumexp(logits, dim=-1)  # [C]
+        logprobs = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm  # [C]
+        probs = torch.softmax(logits, dim=-1)  # [C, V]
+        # H = -sum p log p = log Z - sum p z, with z = logits / T
+        entropy = log_norm - (probs * logits).sum(-1)  # [C]
+        return logprobs, entropy
+
+
+def _needs_grad(hidden: torch.Tensor, lm_head: Head) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    if hidden.requires_grad:
+        return True
+    if isinstance(lm_head, torch.Tensor):
+        return lm_head.requires_grad
+    if isinstance(lm_head, torch.nn.Module):
+        return any(p.requires_grad for p in lm_head.parameters())
+    return True
+
+
+def token_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    lm_head: Head,
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(lm_head(hidden) / temperature)[targets] and optionally the entropy, per position.
+
+    hidden: [B, T, H] final hidden states (after the final norm).
+    lm_head: the output projection: its weight [V, H], or a module / callable mapping [*, H] to
+        [*, V] (e.g. `model.get_output_embeddings()`, LoRA-wrapped or not).
+    targets: [B, T] token ids whose log-probs are wanted (position t predicts targets[:, t]).
+    Returns (logprobs [B, T], entropy [B, T] or None), fp32 (fp64 for fp64 inputs).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to compute log-probs, got {temperature}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} disagree on [B, T]"
+        )
+    batch, length, width = hidden.shape
+    flat_hidden = hidden.reshape(batch * length, width)  # [N, H]
+    flat_targets = targets.reshape(batch * length).long()  # [N]
+    head = _head_fn(lm_head)
+    fn = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
+    use_checkpoint = _needs_grad(hidden, lm_head)
+
+    logprob_chunks, entropy_chunks = [], []
+    for start in range(0, flat_hidden.shape[0], chunk_size):
+        args = (
+            flat_hidden[start : start + chunk_size],
+            flat_targets[start : start + chunk_size],
+            head,
+            temperature,
+        )
+        out = checkpoint(fn, *args, use_reentrant=False) if use_checkpoint else fn(*args)
+        if with_entropy:
+            logprob_chunks.append(out[0])
+            entropy_chunks.append(out[1])
+        else:
+            logprob_chunks.append(out)
+
+    if not logprob_chunks:  # zero positions
+        empty = flat_hidden.new_zeros(
+            batch, length, dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        )
+        return empty, (empty.clone() if with_entropy else None)
+    logprobs = torch.cat(logprob_chunks).view(batch, length)  # [B, T]
+    entropy = torch.cat(entropy_chunks).view(batch, length) if with_entropy else None  # [B, T]
+    return logprobs, entropy

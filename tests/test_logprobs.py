@@ -1,0 +1,173 @@
+"""The chunked log-prob / entropy function equals the naive full log-softmax, values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo.logprobs import token_logprobs_and_entropy
+
+B, T, H, V = 3, 7, 16, 50  # N = 21 positions: chunk sizes 4 and 5 leave a ragged last chunk
+
+
+def _inputs(seed: int = 0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, H, generator=gen).to(dtype).requires_grad_(True)
+    weight = (torch.randn(V, H, generator=gen) * 0.5).to(dtype).requires_grad_(True)
+    targets = torch.randint(0, V, (B, T), generator=gen)
+    return hidden, weight, targets
+
+
+def _naive(hidden, weight, targets, temperature):
+    logp = torch.log_softmax((hidden @ weight.T) / temperature, dim=-1)  # [B, T, V]
+    logprobs = logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, T]
+    entropy = -(logp.exp() * logp).sum(-1)  # [B, T]
+    return logprobs, entropy
+
+
+def _compare(dtype, temperature, chunk_size, atol, rtol):
+    hidden, weight, targets = _inputs(dtype=dtype)
+    logprobs, entropy = token_logprobs_and_entropy(
+        hidden, weight, targets, temperature=temperature, chunk_size=chunk_size, with_entropy=True
+    )
+    ref_hidden = hidden.detach().clone().requires_grad_(True)
+    ref_weight = weight.detach().clone().requires_grad_(True)
+    ref_logprobs, ref_entropy = _naive(ref_hidden, ref_weight, targets, temperature)
+
+    assert logprobs.shape == (B, T) and entropy.shape == (B, T)
+    assert logprobs.dtype == dtype
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=atol, rtol=rtol)
+    torch.testing.assert_close(entropy, ref_entropy, atol=atol, rtol=rtol)
+
+    # A loss mixing both outputs with arbitrary per-token weights exercises both backward paths.
+    gen = torch.Generator().manual_seed(1)
+    w_lp, w_ent = (
+        torch.randn(B, T, generator=gen).to(dtype),
+        torch.randn(B, T, generator=gen).to(dtype),
+    )
+    (w_lp * logprobs + w_ent * entropy).sum().backward()
+    (w_lp * ref_logprobs + w_ent * ref_entropy).sum().backward()
+    torch.testing.assert_close(hidden.grad, ref_hidden.grad, atol=atol, rtol=rtol)
+    torch.testing.assert_close(weight.grad, ref_weight.grad, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
+@pytest.mark.parametrize("chunk_size", [1, 4, 5, 100])
+def test_exact_in_fp64(temperature, chunk_size):
+    """In fp64 the chunked computation is the naive one up to summation order."""
+    _compare(torch.float64, temperature, chunk_size, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_matches_naive_in_fp32(temperature):
+    # Weight gradients sum over 21 positions with magnitudes ~10: fp32 summation order alone moves
+    # them by ~1e-6 relative, hence rtol next to the absolute 1e-5.
+    _compare(torch.float32, temperature, chunk_size=4, atol=1e-5, rtol=1e-5)
+
+
+def test_logprobs_only_gradient_and_module_head():
+    hidden, weight, targets = _inputs(seed=3)
+    head = torch.nn.Linear(H, V, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        head.bias.uniform_(-1, 1)
+    logprobs, entropy = token_logprobs_and_entropy(
+        hidden, head, targets, temperature=0.9, chunk_size=6
+    )
+    assert entropy is None
+    logprobs.sum().backward()
+
+    ref_hidden = hidden.detach().clone().requires_grad_(True)
+    ref_head = torch.nn.Linear(H, V, bias=True)
+    ref_head.load_state_dict(head.state_dict())
+    logp = torch.log_softmax(ref_head(ref_hidden) / 0.9, dim=-1)  # [B, T, V]
+    ref = logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, T]
+    ref.sum().backward()
+    torch.testing.assert_close(logprobs, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(hidden.grad, ref_hidden.grad, atol=1e-5, rtol=0)
+    torch.testing.assert_close(head.weight.grad, ref_head.weight.grad, atol=1e-5, rtol=0)
+    torch.testing.assert_close(head.bias.grad, ref_head.bias.grad, atol=1e-5, rtol=0)
+
+
+def test_head_sees_at_most_one_chunk_in_forward_and_backward():
+    hidden, weight, targets = _inputs()
+    rows_seen = []
+
+    def head(h):
+        rows_seen.append(h.shape[0])
+        return F.linear(h, weight)
+
+    logprobs, _ = token_logprobs_and_entropy(hidden, head, targets, chunk_size=4, with_entropy=True)
+    n_chunks = -(-B * T // 4)
+    assert len(rows_seen) == n_chunks
+    logprobs.sum().backward()
+    # The backward recomputes each chunk's logits once, never the whole batch.
+    assert len(rows_seen) == 2 * n_chunks
+    assert max(rows_seen) == 4
+
+
+def test_autograd_keeps_no_vocabulary_sized_tensor():
+    """Saved-for-backward tensors outside the checkpointed chunks stay far below one [N, V]."""
+    hidden, weight, targets = _inputs()
+    saved_shapes = []
+
+    def pack(t):
+        saved_shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logprobs, entropy = token_logprobs_and_entropy(
+            hidden, weight, targets, chunk_size=4, with_entropy=True
+        )
+    # Only each chunk's inputs are kept ([4, H] hidden rows, [4] targets); an unchunked or
+    # un-checkpointed version would keep [*, V] logits / probabilities here.
+    assert saved_shapes and all(V not in shape for shape in saved_shapes)
+    (logprobs + entropy).sum().backward()
+    assert hidden.grad is not None and weight.grad is not None
+
+
+def test_no_grad_path_skips_checkpoint_and_matches():
+    hidden, weight, targets = _inputs()
+    with torch.no_grad():
+        logprobs, entropy = token_logprobs_and_entropy(
+            hidden, weight, targets, chunk_size=5, with_entropy=True
+        )
+    ref_logprobs, ref_entropy = _naive(hidden.detach(), weight.detach(), targets, 1.0)
+    assert not logprobs.requires_grad
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=0)
+
+
+def test_softmax_is_fp32_under_bf16_autocast():
+    hidden, weight, targets = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs, entropy = token_logprobs_and_entropy(
+            hidden, weight, targets, chunk_size=4, with_entropy=True
+        )
+        bf16_logits = hidden @ weight.T  # [B, T, V] bf16, as the head produces under autocast
+    assert logprobs.dtype == torch.float32 and entropy.dtype == torch.float32
+    # Same bf16 logits, softmax in fp32: equal to the fp32 log-softmax of the upcast bf16 logits.
+    ref_logp = torch.log_softmax(bf16_logits.detach().float(), dim=-1)  # [B, T, V]
+    ref = ref_logp.gather(-1, targets[..., None]).squeeze(-1)  # [B, T]
+    torch.testing.assert_close(logprobs.detach(), ref, atol=1e-5, rtol=0)
+    logprobs.sum().backward()
+    assert torch.isfinite(hidden.grad).all()
+
+
+def test_entropy_of_uniform_logits_is_log_v():
+    hidden = torch.zeros(1, 2, H)
+    weight = torch.randn(V, H)
+    logprobs, entropy = token_logprobs_and_entropy(
+        hidden, weight, torch.tensor([[0, 7]]), with_entropy=True
+    )
+    torch.testing.assert_close(logprobs, torch.full((1, 2), -torch.log(torch.tensor(float(V)))))
+    torch.testing.assert_close(entropy, torch.full((1, 2), torch.log(torch.tensor(float(V)))))
+
+
+def test_rejects_bad_arguments():
+    hidden, weight, targets = _inputs()
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs_and_entropy(hidden, weight, targets, temperature=0.0)
+    with pytest.raises(ValueError, match="disagree"):
+        token_logprobs_and_entropy(hidden, weight, targets[:, 1:])

@@ -1,0 +1,288 @@
+"""PolicyWithValueHead on the tiny random Llama: log-probs, values, LoRA, checkpointing, export."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo.config import LoraConfig, ModelConfig
+from grpo.devices import autocast_context, compute_dtype, pick_device
+from grpo.policy import VALUE_HEAD_FILE, PolicyWithValueHead
+
+TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
+
+
+def _policy(
+    lora: bool = False, seed: int = 0, adapter_seed: int = 1, **model_overrides
+) -> PolicyWithValueHead:
+    """The tiny policy (`seed` fixes the base weights); LoRA B matrices are drawn from `adapter_seed`."""
+    model_cfg = TINY.model_copy(update=model_overrides)
+    policy, _ = PolicyWithValueHead.from_config(
+        model_cfg, LoraConfig(enabled=lora), "cpu", seed=seed
+    )
+    if lora:  # B starts at zero; give the adapter a visible effect
+        gen = torch.Generator().manual_seed(adapter_seed)
+        with torch.no_grad():
+            for name, p in policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return policy
+
+
+def _batch(seed: int = 0, batch: int = 3, length: int = 12):
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, 2000, (batch, length), generator=gen)  # [B, T]
+    attention_mask = torch.ones_like(input_ids)  # [B, T]
+    attention_mask[1, -4:] = 0  # a right-padded row
+    return input_ids, attention_mask
+
+
+def _naive_logprobs(model, input_ids, attention_mask, temperature=1.0):
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, T, V]
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # [B, T-1, V]
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1), -(logp.exp() * logp).sum(
+        -1
+    )  # [B, T-1] x2
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_forward_matches_full_logits_values_and_gradients(lora):
+    policy = _policy(lora=lora)
+    input_ids, attention_mask = _batch()
+    out = policy(input_ids, attention_mask, temperature=0.7, with_entropy=True, with_values=True)
+    assert out.logprobs.shape == out.entropy.shape == out.values.shape == (3, 11)
+    assert torch.equal(out.values, torch.zeros(3, 11))  # zero-initialised value head
+
+    naive_lp, naive_ent = _naive_logprobs(policy.model, input_ids, attention_mask, temperature=0.7)
+    valid = attention_mask[:, 1:].bool()
+    torch.testing.assert_close(out.logprobs[valid], naive_lp[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.entropy[valid], naive_ent[valid], atol=1e-5, rtol=0)
+
+    weights = torch.randn(3, 11, generator=torch.Generator().manual_seed(5)) * valid
+    grads = torch.autograd.grad((out.logprobs * weights).sum(), policy.trainable_parameters()[:-2])
+    naive_grads = torch.autograd.grad(
+        (naive_lp * weights).sum(), policy.trainable_parameters()[:-2]
+    )
+    for got, want in zip(grads, naive_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_value_head_learns_and_reads_position_t():
+    policy = _policy()
+    input_ids, attention_mask = _batch()
+    with torch.no_grad():
+        policy.value_head.bias.fill_(0.25)
+    out = policy(input_ids, attention_mask, with_values=True)
+    torch.testing.assert_close(out.values, torch.full((3, 11), 0.25))
+    out.values.sum().backward()
+    assert policy.value_head.weight.grad.abs().sum() > 0
+
+
+def test_left_padding_gives_the_unpadded_logprobs():
+    policy = _policy(lora=True)
+    seq = torch.randint(0, 2000, (1, 8), generator=torch.Generator().manual_seed(2))
+    padded = torch.cat([torch.full((1, 3), policy.tokenizer.pad_token_id), seq], dim=1)  # [1, 11]
+    mask = torch.cat(
+        [torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 8, dtype=torch.long)], dim=1
+    )
+    with torch.no_grad():
+        alone = policy(seq, torch.ones_like(seq)).logprobs  # [1, 7]
+        left = policy(padded, mask).logprobs[:, 3:]  # [1, 7]
+    torch.testing.assert_close(left, alone, atol=1e-5, rtol=0)
+
+
+def test_lora_trains_only_adapters_and_value_head():
+    policy = _policy(lora=True)
+    # Per layer r * (in + out) summed over q, k, v, o, gate, up, down of the tiny Llama
+    # (hidden 64, kv width 32, mlp 128): 16 * (128 + 96 + 96 + 128 + 192 + 192 + 192) = 16384;
+    # two layers, plus the value head's 64 + 1.
+    assert policy.num_trainable_parameters() == 2 * 16384 + 65
+    names = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert all("lora_" in n or n.startswith("value_head.") for n in names)
+    assert policy.generation_model() is policy.model
+
+
+def test_gradient_checkpointing_with_lora_gives_the_same_gradients():
+    input_ids, attention_mask = _batch()
+    grads = []
+    for checkpointing in (False, True):
+        policy = _policy(lora=True, gradient_checkpointing=checkpointing)
+        assert policy.language_model().is_activation_checkpointing == checkpointing
+        out = policy(input_ids, attention_mask, with_values=True)
+        (out.logprobs.sum() + out.values.sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5)
+    assert all(grads[1][n].abs().sum() > 0 for n in grads[1] if "lora_A" in n)
+
+
+def test_bf16_autocast_forward_is_fp32_out_and_close():
+    policy = _policy(lora=True)
+    input_ids, attention_mask = _batch()
+    with torch.no_grad():
+        fp32 = policy(input_ids, attention_mask).logprobs
+        policy.compute_dtype = torch.bfloat16
+        bf16 = policy(input_ids, attention_mask, with_entropy=True)
+    assert bf16.logprobs.dtype == torch.float32 and bf16.entropy.dtype == torch.float32
+    assert (bf16.logprobs - fp32).abs().mean() < 0.05
+
+
+def test_lora_state_dict_holds_adapter_and_value_head_and_round_trips():
+    policy = _policy(lora=True, seed=0)
+    with torch.no_grad():
+        policy.value_head.weight.normal_()
+    state = policy.state_dict()
+    assert state and all("lora_" in k or k.startswith("value_head.") for k in state)
+    assert sum(t.numel() for t in state.values()) == policy.num_trainable_parameters()
+
+    other = _policy(lora=True, seed=0, adapter_seed=7)  # same base, other adapter
+    input_ids, attention_mask = _batch()
+    with torch.no_grad():
+        before = other(input_ids, attention_mask, with_values=True)
+        other.load_state_dict(state)
+        after = other(input_ids, attention_mask, with_values=True)
+        want = policy(input_ids, attention_mask, with_values=True)
+    assert not torch.allclose(before.logprobs, want.logprobs)
+    torch.testing.assert_close(after.logprobs, want.logprobs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(after.values, want.values, atol=1e-6, rtol=0)
+    with pytest.raises(RuntimeError, match="missing"):
+        other.load_state_dict({k: v for k, v in state.items() if "value_head" not in k})
+
+
+def test_full_state_dict_is_the_whole_module():
+    policy = _policy()
+    state = policy.state_dict()
+    assert "value_head.weight" in state and "model.model.embed_tokens.weight" in state
+    other = _policy(seed=3)
+    other.load_state_dict(state)
+    input_ids, attention_mask = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            other(input_ids, attention_mask).logprobs, policy(input_ids, attention_mask).logprobs
+        )
+
+
+def _logprobs_of(model, input_ids, attention_mask):
+    with torch.no_grad():
+        return _naive_logprobs(model, input_ids, attention_mask)[0]
+
+
+def test_save_pretrained_lora_writes_adapter_merged_model_and_value_head(tmp_path, tokenizer):
+    from peft import PeftModel
+
+    from grpo.model_source import build_tiny_model
+
+    policy = _policy(lora=True)
+    with torch.no_grad():
+        policy.value_head.bias.fill_(0.5)
+    written = policy.save_pretrained(tmp_path, merged=True)
+    assert written["model"] == tmp_path and (tmp_path / "config.json").is_file()
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / VALUE_HEAD_FILE).is_file() and (tmp_path / "tokenizer_config.json").is_file()
+
+    input_ids, attention_mask = _batch()
+    with torch.no_grad():
+        want = policy(input_ids, attention_mask).logprobs
+    valid = attention_mask[:, 1:].bool()
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    torch.testing.assert_close(
+        _logprobs_of(merged, input_ids, attention_mask)[valid], want[valid], atol=1e-5, rtol=0
+    )
+
+    base = build_tiny_model(tokenizer, seed=0)
+    adapted = PeftModel.from_pretrained(base, tmp_path / "adapter")
+    torch.testing.assert_close(
+        _logprobs_of(adapted, input_ids, attention_mask)[valid], want[valid], atol=1e-5, rtol=0
+    )
+
+    # The training model is untouched by the export (no in-place merge).
+    with torch.no_grad():
+        torch.testing.assert_close(policy(input_ids, attention_mask).logprobs, want, atol=0, rtol=0)
+
+    fresh = _policy(lora=True, adapter_seed=9)
+    fresh.load_value_head(tmp_path)
+    torch.testing.assert_close(fresh.value_head.bias, torch.tensor([0.5]))
+
+
+def test_save_pretrained_lora_adapter_only(tmp_path):
+    written = _policy(lora=True).save_pretrained(tmp_path, merged=False)
+    assert "model" not in written and not (tmp_path / "config.json").exists()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_save_pretrained_full_loads_in_transformers(tmp_path):
+    policy = _policy()
+    with torch.no_grad():
+        policy.model.model.norm.weight.mul_(1.5)  # a trained-looking change
+    policy.save_pretrained(tmp_path)
+    input_ids, attention_mask = _batch()
+    valid = attention_mask[:, 1:].bool()
+    with torch.no_grad():
+        want = policy(input_ids, attention_mask).logprobs
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    torch.testing.assert_close(
+        _logprobs_of(loaded, input_ids, attention_mask)[valid], want[valid], atol=1e-5, rtol=0
+    )
+
+
+def test_generation_model_generates_with_the_adapter():
+    policy = _policy(lora=True).eval()
+    input_ids = torch.tensor([[1, 2, 3, 4]])
+    out = policy.generation_model().generate(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=3,
+        do_sample=False,
+        pad_token_id=policy.tokenizer.pad_token_id,
+    )
+    assert out.shape == (1, 7) and torch.equal(out[:, :4], input_ids)
+
+
+def test_4bit_off_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="model.load_in_4bit"):
+        PolicyWithValueHead.from_config(
+            TINY.model_copy(update={"load_in_4bit": True}), LoraConfig(enabled=True), "cpu"
+        )
+
+
+def test_no_value_head_refuses_values():
+    policy = _policy(value_head=False)
+    input_ids, attention_mask = _batch()
+    assert policy.value_head is None
+    with pytest.raises(ValueError, match="value head"):
+        policy(input_ids, attention_mask, with_values=True)
+
+
+# ----- grpo/devices.py ---------------------------------------------------------------------------
+
+
+def test_pick_device_and_dtypes():
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="auto, vllm, hf, deepspeed, mps, cpu"):
+        pick_device("tpu")
+    cpu = torch.device("cpu")
+    assert compute_dtype(cpu, "float32") == torch.float32
+    assert compute_dtype(cpu, "bfloat16") == torch.bfloat16
+    assert compute_dtype(cpu, "auto") in (torch.float32, torch.bfloat16)
+    with pytest.raises(ValueError, match="allowed values"):
+        compute_dtype(cpu, "float8")
+    assert isinstance(autocast_context(cpu, torch.float32), contextlib.nullcontext)
+    with autocast_context(cpu, torch.bfloat16):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+def test_auto_dtype_follows_cpu_flags(monkeypatch):
+    from grpo import devices
+
+    flags = Path("/proc/cpuinfo").read_text()
+    expected = torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+    assert devices.compute_dtype(torch.device("cpu"), "auto") == expected
+    monkeypatch.setattr(devices, "cpu_has_fast_bf16", lambda: False)
+    assert devices.compute_dtype(torch.device("cpu"), "auto") == torch.float32
