@@ -42,7 +42,7 @@ class MCPServerConfig(_Section):
     """Start this server."""
 
     @model_validator(mode="after")
-    def _check_transport(self) -> "MCPServerConfig":
+    def _check_transport(self) -> MCPServerConfig:
         if self.transport == "stdio" and not self.command:
             raise ValueError("a stdio server needs `command`")
         if self.transport == "http" and not self.url:

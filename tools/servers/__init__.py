@@ -1,0 +1,2 @@
+"""Bundled offline MCP servers, each runnable alone with `python -m tools.servers.<name>`:
+calculator (safe arithmetic), kv (per-episode key-value store), python (sandboxed code)."""

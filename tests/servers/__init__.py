@@ -1,0 +1,1 @@
+"""Test-only MCP servers (fault injection) and helpers for the tool-layer tests."""

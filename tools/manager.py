@@ -1,0 +1,323 @@
+"""SharedToolManager: the MCP client side of mcp-grpo.
+
+One long-lived session per configured server (stdio child process or streamable HTTP), started
+concurrently and shared by every episode. `tool_specs()` is what environments render into
+prompts; `call_tool()` is what they call. Start-up is the one place that raises: `call_tool`
+turns every tool-side problem (bad arguments, unknown tool, tool error, timeout, dead server,
+open circuit breaker) into a ToolResult with `is_error=True` and an `error_kind`, retrying
+transport failures and timeouts with exponential backoff and restarting dead servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import difflib
+import math
+import random
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from typing_extensions import Self
+
+from tools.arguments import ArgumentError, ToolArguments
+from tools.config import ToolsConfig
+from tools.connection import CallTimeout, ServerConnection, ToolServerStartError, TransportFailure
+from tools.procs import kill_owned_processes
+from tools.results import normalise
+
+__all__ = ["SharedToolManager", "ToolResult", "ToolServerStartError", "ToolSpec"]
+
+LATENCY_WINDOW = 10_000
+"""Latest latencies kept per tool for the p50/p99 metrics."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as environments render it into prompts."""
+
+    name: str
+    """The name the model uses: the server's tool name, or `server__tool` where names clash."""
+    server: str
+    tool: str
+    """The server's own name for the tool."""
+    description: str
+    input_schema: dict
+    """JSON schema of the arguments, without reserved arguments (`episode_id`)."""
+
+
+@dataclass
+class ToolResult:
+    text: str
+    """What the model sees: control characters removed, truncated with a marker."""
+    is_error: bool
+    structured: dict | None = None
+    error_kind: str | None = None
+    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open"""
+    latency_s: float = 0.0
+    retries: int = 0
+
+
+@dataclass
+class _Tool:
+    spec: ToolSpec
+    connection: ServerConnection
+    arguments: ToolArguments
+    metric: str  # "tools/<server>.<tool>"
+
+    def __post_init__(self) -> None:
+        self.calls_key = f"{self.metric}/calls"
+        self.errors_key = f"{self.metric}/errors"
+
+
+class SharedToolManager:
+    def __init__(self, config: ToolsConfig):
+        self.config = config
+        self._connections = {
+            name: ServerConnection(name, server, config)
+            for name, server in config.servers.items()
+            if server.enabled
+        }
+        self._tools: dict[str, _Tool] = {}
+        self._lookup: dict[str, _Tool] = {}  # spec names plus `server__tool` for every tool
+        self._state = "new"  # new -> started -> closed
+        self._counts: Counter[str] = Counter()
+        self._latencies: dict[str, deque[float]] = {}
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every enabled server concurrently; raises ToolServerStartError (all stopped)."""
+        if self._state != "new":
+            raise RuntimeError(f"SharedToolManager.start() on a {self._state} manager")
+        self._state = "started"
+        atexit.register(self._kill_leftovers)
+        connections = list(self._connections.values())
+        try:
+            outcomes = await asyncio.gather(
+                *(c.start() for c in connections), return_exceptions=True
+            )
+        except BaseException:
+            await self.close()
+            raise
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            await self.close()
+            for failure in failures:
+                if not isinstance(failure, (ToolServerStartError, Exception)):
+                    raise failure  # cancellation, KeyboardInterrupt
+            if len(failures) == 1:
+                raise failures[0]
+            names = [getattr(f, "server", "?") for f in failures]
+            raise ToolServerStartError(
+                ", ".join(names), "several servers failed:\n\n" + "\n\n".join(map(str, failures))
+            )
+        self._register_tools(connections)
+
+    def _register_tools(self, connections: list[ServerConnection]) -> None:
+        clashes = Counter(tool.name for c in connections for tool in c.tools)
+        for connection in connections:
+            for tool in connection.tools:
+                qualified = f"{connection.name}__{tool.name}"
+                name = qualified if clashes[tool.name] > 1 else tool.name
+                arguments = ToolArguments(name, tool.input_schema or {})
+                spec = ToolSpec(
+                    name, connection.name, tool.name, tool.description or "", arguments.schema
+                )
+                entry = _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
+                self._tools[name] = entry
+                self._lookup[name] = entry
+                self._lookup.setdefault(qualified, entry)
+
+    async def close(self) -> None:
+        """Stop every server; idempotent, and safe while being cancelled."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(
+                *(c.close() for c in self._connections.values()), return_exceptions=True
+            )
+        atexit.unregister(self._kill_leftovers)
+
+    def _kill_leftovers(self) -> None:
+        # Last resort at interpreter exit when close() never ran (e.g. the loop was torn down).
+        if self._state != "closed":
+            kill_owned_processes()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- discovery ------------------------------------------------------------------------------
+
+    def tool_specs(self) -> list[ToolSpec]:
+        return [entry.spec for entry in self._tools.values()]
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict | Any,
+        *,
+        timeout: float | None = None,
+        episode_id: str | None = None,
+    ) -> ToolResult:
+        """Call a tool; never raises for tool-side problems (see the module docstring)."""
+        start = time.perf_counter()
+        self._counts["tools/calls"] += 1
+        entry = self._lookup.get(name) if isinstance(name, str) else None
+        if entry is None:
+            return self._finish(None, start, self._unknown(name), 0)
+        try:
+            args = entry.arguments.prepare(arguments, episode_id)
+        except ArgumentError as exc:
+            return self._finish(entry, start, _error(str(exc), "invalid_arguments"), 0)
+        if self._state != "started":
+            return self._finish(
+                entry,
+                start,
+                _error(f"tool {name} failed: the tool manager is {self._state}", "transport"),
+                0,
+            )
+        connection = entry.connection
+        timeout = timeout or connection.config.call_timeout or self.config.call_timeout
+        retries = 0
+        while True:
+            result = await self._attempt(entry, args, timeout)
+            if result.error_kind not in _RETRYABLE or retries >= self.config.max_retries:
+                return self._finish(entry, start, result, retries)
+            retries += 1
+            self._counts["tools/retries"] += 1
+            delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (retries - 1))
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _attempt(self, entry: _Tool, args: dict, timeout: float) -> ToolResult:
+        """One try: the server's answer, or a timeout / transport / circuit_open error result."""
+        connection, spec = entry.connection, entry.spec
+        breaker = connection.breaker
+        if not breaker.allow():
+            return _error(
+                f"tool {spec.name} is temporarily unavailable: server {spec.server!r} failed repeatedly "
+                f"(next try in {breaker.seconds_left():.0f} s)",
+                "circuit_open",
+            )
+        generation = connection.generation
+        try:
+            async with connection.semaphore:
+                raw = await connection.call(spec.tool, args, timeout)
+        except CallTimeout as exc:
+            breaker.release()
+            self._counts["tools/timeouts"] += 1
+            return _error(f"tool {spec.name} timed out: {exc}", "timeout")
+        except TransportFailure as exc:
+            self._counts["tools/transport_failures"] += 1
+            cause = await self._recover(connection, generation, str(exc))
+            return _error(
+                f"tool {spec.name} failed: server {spec.server!r} is unavailable ({cause})",
+                "transport",
+            )
+        breaker.record_success()
+        text, structured = normalise(raw, self.config.max_output_chars)
+        return ToolResult(
+            text, bool(raw.is_error), structured, "tool_error" if raw.is_error else None
+        )
+
+    async def _recover(self, connection: ServerConnection, generation: int, cause: str) -> str:
+        """Count a dead session against the breaker (once, however many calls saw it die) and
+        restart the server unless that opened the breaker."""
+        breaker = connection.breaker
+        if connection.failed_generation != generation:
+            connection.failed_generation = generation
+            breaker.record_failure()
+            if breaker.is_open:
+                return cause  # no restarts until the cooldown has passed
+        if self._state != "started":
+            return cause
+        try:
+            if await connection.restart(generation):
+                self._counts["tools/restarts"] += 1
+        except ToolServerStartError as exc:
+            breaker.record_failure()
+            return f"{cause}; restart failed: {exc.cause}"
+        # Half-open: the restart is done, so the retry that follows may be the trial call.
+        breaker.release()
+        return cause
+
+    def _unknown(self, name: Any) -> ToolResult:
+        known = sorted(self._tools)
+        text = f"unknown tool {name!r}; available tools: {', '.join(known) or 'none'}"
+        close = difflib.get_close_matches(str(name), known, n=1)
+        if close:
+            text += f" (did you mean {close[0]!r}?)"
+        return _error(text, "unknown_tool")
+
+    def _finish(
+        self, entry: _Tool | None, start: float, result: ToolResult, retries: int
+    ) -> ToolResult:
+        result.latency_s = time.perf_counter() - start
+        result.retries = retries
+        counts = self._counts
+        if result.is_error:
+            counts["tools/errors"] += 1
+            counts[f"tools/errors/{result.error_kind}"] += 1
+        if entry is not None:
+            counts[entry.calls_key] += 1
+            if result.is_error:
+                counts[entry.errors_key] += 1
+            window = self._latencies.get(entry.metric)
+            if window is None:
+                window = self._latencies[entry.metric] = deque(maxlen=LATENCY_WINDOW)
+            window.append(result.latency_s)
+        return result
+
+    # -- metrics --------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """Flat `tools/...` metrics since the last reset.
+
+        tools/calls, tools/errors (results with is_error), tools/errors/<error_kind>,
+        tools/timeouts and tools/transport_failures (attempts), tools/retries, tools/restarts,
+        and per tool tools/<server>.<tool>/calls, /errors, /p50_ms, /p99_ms.
+        """
+        out = {
+            key: 0.0
+            for key in (
+                "tools/calls",
+                "tools/errors",
+                "tools/timeouts",
+                "tools/retries",
+                "tools/restarts",
+            )
+        }
+        out.update({key: float(value) for key, value in self._counts.items()})
+        for metric, window in self._latencies.items():
+            ordered = sorted(window)
+            out[f"{metric}/p50_ms"] = 1000.0 * _percentile(ordered, 0.50)
+            out[f"{metric}/p99_ms"] = 1000.0 * _percentile(ordered, 0.99)
+        return out
+
+    def reset_metrics(self) -> None:
+        self._counts.clear()
+        self._latencies.clear()
+
+
+_RETRYABLE = frozenset({"timeout", "transport"})
+
+
+def _error(text: str, kind: str) -> ToolResult:
+    return ToolResult(text, True, error_kind=kind)
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -1,0 +1,81 @@
+"""Bundled MCP server `python`: one tool, `run_python(code)`, that runs a Python 3 program in a
+sandbox (see tools.servers.sandbox) and returns its exit status, stdout and stderr.
+
+The text result starts with `exit: ok` / `exit: error (exit code 1)` / `exit: timeout: ...` etc.,
+then `--- stdout ---` and `--- stderr ---` sections; the structured result holds exit_reason,
+exit_code, stdout, stderr, duration_s and isolation.
+
+Run alone: `python -m tools.servers.python [--timeout 5] [--cpu 4] [--memory-mb 512]
+[--isolation auto|namespaces|rlimits] [--max-concurrent N]` (add `--http --port N` for HTTP).
+Give this server a `call_timeout` above `--timeout` (the manager's default, 10 s, is): a manager
+timeout is retried, while the sandbox's own verdict is an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent
+
+from tools.servers import _cli
+from tools.servers.sandbox import SandboxLimits, detect_isolation, run_sandboxed
+
+server = MCPServer(
+    "python",
+    instructions="Runs Python programs in a sandbox. Print the values you want to see.",
+    log_level="WARNING",
+)
+
+_MAX_CONCURRENT = max(1, os.cpu_count() or 1)
+_settings: dict = {
+    "limits": SandboxLimits(),
+    "isolation": "auto",
+    "semaphore": asyncio.Semaphore(_MAX_CONCURRENT),
+}
+
+
+async def _isolation() -> str:
+    if _settings["isolation"] == "auto":  # resolved once; concurrent first calls agree anyway
+        _settings["isolation"] = await detect_isolation()
+    return _settings["isolation"]
+
+
+@server.tool()
+async def run_python(code: str) -> CallToolResult:
+    """Run a Python 3 program and return its exit status, stdout and stderr.
+
+    Print what you want to see. The program runs in a fresh empty directory with the standard
+    library only, no network and no subprocesses, under time and memory limits.
+    """
+    limits, isolation = _settings["limits"], await _isolation()
+    async with _settings["semaphore"]:
+        result = await run_sandboxed(code, limits, isolation)
+    return CallToolResult(
+        content=[TextContent(type="text", text=result.to_text(limits))],
+        structured_content=result.to_dict(),
+        is_error=result.exit_reason == "sandbox_error",
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = _cli.parser("Sandboxed Python MCP server")
+    p.add_argument("--timeout", type=float, default=5.0, help="wall-clock seconds per program")
+    p.add_argument("--cpu", type=int, default=4, help="CPU seconds per program")
+    p.add_argument("--memory-mb", type=int, default=512, help="address-space limit per program")
+    p.add_argument("--isolation", choices=["auto", "namespaces", "rlimits"], default="auto")
+    p.add_argument("--max-concurrent", type=int, default=_MAX_CONCURRENT, help="programs at once")
+    args = p.parse_args(argv)
+    _settings.update(
+        limits=SandboxLimits(
+            wall_seconds=args.timeout, cpu_seconds=args.cpu, memory_mb=args.memory_mb
+        ),
+        isolation=args.isolation,
+        semaphore=asyncio.Semaphore(args.max_concurrent),
+    )
+    _cli.serve(server, args)
+
+
+if __name__ == "__main__":
+    main()
