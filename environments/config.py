@@ -29,6 +29,13 @@ class EnvironmentConfig(_Section):
     """Subtracted from the reward per invalid tool call (unknown tool, bad arguments)."""
     parse_failure_penalty: float = Field(default=0.0, ge=0.0)
     """Subtracted from the reward per turn whose tool-call markup could not be parsed."""
+    state_tool: str = "dump"
+    """For tasks with a `success.state` check: the tool (on each server named in the check) called
+    with the episode id when the episode ends; its result's `state` object is the final state
+    (the bundled kv server's `dump`)."""
+    cleanup_tool: str | None = "reset"
+    """Called with the episode id, when the episode closes, on each server the episode used that
+    has a tool of this name (the bundled kv server's `reset` drops the episode's keys). Null: none."""
 
 
 class DatasetSource(_Section):
@@ -44,7 +51,7 @@ class DatasetSource(_Section):
     """Generator-specific options (e.g. `{digits: 3}`)."""
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DatasetSource":
+    def _one_source(self) -> DatasetSource:
         if (self.path is None) == (self.generator is None):
             raise ValueError("a dataset source needs exactly one of `path` or `generator`")
         return self

@@ -1,0 +1,327 @@
+"""Scoring a finished episode from its task's `reward_spec`.
+
+`score(task, episode, config)` → `RewardBreakdown(total, components, success, checks)`.
+
+Components (each in [0, 1]; `reward_spec.method` picks which make up the reward):
+- `final_answer`: 1 when the final answer is correct. Numbers: the last number written in the
+  answer (thousands commas allowed) within `max(tolerance, rel_tolerance * |truth|)` of the
+  truth. Strings: equal after case-folding, collapsing whitespace and dropping surrounding
+  quotes, markdown and a trailing period. A list of answers accepts any of them.
+- `must_call_tool`: the fraction of required tools called at least once without error.
+- `tool_sequence`: partial credit for the expected steps, matched in order against the calls that
+  ran without error (the best order-preserving alignment). A step matched by tool (and server,
+  when given) earns 1/2, plus 1/2 times the fraction of its expected params that match
+  (numbers numerically; strings case-folded with whitespace removed, so "3*4" matches "3 * 4").
+- `limits`: 1 when the call count and the number of distinct servers are within the limits.
+- `state`: the fraction of expected (server, key) values found in the final state the
+  environment read (values compared like params).
+- `module:function`: a custom reward `fn(task, episode) -> float | dict | RewardBreakdown`
+  (a dict has "score" and optionally "success"); a float counts as passed when >= 1.
+
+total = weighted mean of the method's components (weights default 1)
+        - invalid_call_penalty * invalid calls - parse_failure_penalty * parse failures.
+
+success: every criterion in `ground_truth.success` holds (correct answer, required tools called,
+state matches), the limits (when given) are respected, and custom rewards passed. A task whose
+`success` section is empty succeeds when every method component is at full score.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from environments.base import Message
+from environments.config import EnvironmentConfig
+from environments.tasks.schema import COMPONENTS, SuccessCriteria, Task, ToolStep
+
+CallStatus = Literal["ok", "tool_error", "invalid"]
+
+
+@dataclass
+class CallRecord:
+    """One tool call the model made, as the environment executed it."""
+
+    name: str
+    """The name the model wrote."""
+    arguments: Any
+    status: CallStatus
+    """ok: ran and succeeded; tool_error: ran and the tool reported an error (or timed out);
+    invalid: never ran (unknown tool, bad arguments, over the per-turn cap)."""
+    tool: str | None = None
+    """The tool's name on its server (None when the name matched no tool)."""
+    exposed_name: str | None = None
+    """The tool's name as the model sees it (may be server-qualified)."""
+    server: str | None = None
+    result: str = ""
+    turn: int = 0
+
+
+@dataclass
+class Episode:
+    """What scoring needs to know about a played episode."""
+
+    final_answer: str | None = None
+    calls: list[CallRecord] = field(default_factory=list)
+    turns: int = 0
+    parse_failures: int = 0
+    """Turns whose tool-call markup could not be read."""
+    state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Final state by server, read by the environment for tasks with `success.state`."""
+    messages: list[Message] = field(default_factory=list)
+
+    @property
+    def invalid_calls(self) -> int:
+        return sum(c.status == "invalid" for c in self.calls)
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(c.status == "tool_error" for c in self.calls)
+
+    @property
+    def ok_calls(self) -> list[CallRecord]:
+        return [c for c in self.calls if c.status == "ok"]
+
+
+@dataclass
+class RewardBreakdown:
+    total: float
+    components: dict[str, float]
+    """Each method component's score in [0, 1], and `penalty` (<= 0) when any applied."""
+    success: bool
+    checks: dict[str, bool] = field(default_factory=dict)
+    """Each success criterion that was checked and whether it held."""
+
+
+# -- comparisons -------------------------------------------------------------------------------
+
+_NUMBER_IN_TEXT = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+
+
+def _as_number(value: Any) -> float | None:
+    """A number from a number or a string that is exactly one number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        text = value.strip().replace("−", "-")
+        if re.fullmatch(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+", text):
+            try:
+                number = float(text.replace(",", ""))
+            except (ValueError, OverflowError):
+                return None
+            return number if math.isfinite(number) else None
+    return None
+
+
+def last_number(text: str) -> float | None:
+    """The last number written in `text` (None when there is none)."""
+    matches = _NUMBER_IN_TEXT.findall(text.replace("−", "-"))
+    for match in reversed(matches):
+        number = _as_number(match)
+        if number is not None:
+            return number
+    return None
+
+
+def normalize_text(text: str) -> str:
+    """Case-folded, whitespace collapsed, surrounding quotes/markdown and trailing periods gone."""
+    text = " ".join(str(text).casefold().split())
+    previous = None
+    while text != previous:
+        previous = text
+        text = text.strip(" *_`\"'").rstrip(".")
+    return text
+
+
+def answer_is_correct(answer: str | None, criteria: SuccessCriteria) -> bool:
+    if answer is None or criteria.answer is None:
+        return False
+    truths = criteria.answer if isinstance(criteria.answer, list) else [criteria.answer]
+    for truth in truths:
+        numeric = criteria.answer_type == "number" or (
+            criteria.answer_type == "auto" and _as_number(truth) is not None)
+        if numeric:
+            expected, got = _as_number(truth), last_number(answer)
+            if expected is not None and got is not None and abs(got - expected) <= max(
+                criteria.tolerance, criteria.rel_tolerance * abs(expected)
+            ):
+                return True
+        elif normalize_text(answer) == normalize_text(str(truth)):
+            return True
+    return False
+
+
+def values_match(expected: Any, actual: Any) -> bool:
+    """Loose equality of argument/state values: numbers numerically (also when written as
+    strings), strings case-folded without whitespace, containers element-wise."""
+    exp_num, act_num = _as_number(expected), _as_number(actual)
+    if exp_num is not None and act_num is not None:
+        return math.isclose(exp_num, act_num, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        return expected.keys() == actual.keys() and all(values_match(v, actual[k]) for k, v in expected.items())
+    if isinstance(expected, list) and isinstance(actual, list):
+        return len(expected) == len(actual) and all(values_match(e, a) for e, a in zip(expected, actual))
+    if isinstance(expected, str) and isinstance(actual, str):
+        return "".join(expected.casefold().split()) == "".join(actual.casefold().split())
+    return expected == actual and type(expected) is type(actual)
+
+
+# -- components --------------------------------------------------------------------------------
+
+def _calls_tool(call: CallRecord, name: str) -> bool:
+    return name in (call.tool, call.exposed_name, call.name) or (
+        call.server is not None and name in (f"{call.server}.{call.tool}", f"{call.server}/{call.tool}"))
+
+
+def _required_tools(task: Task) -> list[str] | None:
+    """Tools that must be called; None means 'any tool'."""
+    gt = task.reward_spec.ground_truth
+    required = gt.success.must_call_tool
+    if required is True:
+        names = list(dict.fromkeys(step.tool for step in gt.tool_sequence))
+        return names or None
+    return list(required) if required else []
+
+
+def must_call_tool_score(task: Task, episode: Episode) -> float:
+    required = _required_tools(task)
+    ok = episode.ok_calls
+    if required is None:
+        return 1.0 if ok else 0.0
+    if not required:
+        return 1.0
+    return sum(any(_calls_tool(c, name) for c in ok) for name in required) / len(required)
+
+
+def _step_similarity(step: ToolStep, call: CallRecord) -> float:
+    if not _calls_tool(call, step.tool) or (step.server is not None and call.server != step.server):
+        return 0.0
+    if not step.params:
+        return 1.0
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    matched = sum(key in args and values_match(value, args[key]) for key, value in step.params.items())
+    return 0.5 + 0.5 * matched / len(step.params)
+
+
+def tool_sequence_score(task: Task, episode: Episode) -> float:
+    """Best order-preserving alignment of expected steps with successful calls (weighted LCS)."""
+    steps = task.reward_spec.ground_truth.tool_sequence
+    if not steps:
+        return 1.0
+    calls = episode.ok_calls
+    # best[i][j]: best total similarity aligning the first i steps with the first j calls.
+    best = [[0.0] * (len(calls) + 1) for _ in range(len(steps) + 1)]
+    for i, step in enumerate(steps, start=1):
+        for j, call in enumerate(calls, start=1):
+            best[i][j] = max(best[i - 1][j], best[i][j - 1], best[i - 1][j - 1] + _step_similarity(step, call))
+    return best[len(steps)][len(calls)] / len(steps)
+
+
+def limits_ok(task: Task, episode: Episode) -> bool:
+    limits = task.reward_spec.ground_truth.limits
+    if limits.max_tool_calls is not None and len(episode.calls) > limits.max_tool_calls:
+        return False
+    servers = {c.server for c in episode.calls if c.server is not None}
+    return limits.max_servers is None or len(servers) <= limits.max_servers
+
+
+def state_score(task: Task, episode: Episode) -> float:
+    expected = task.reward_spec.ground_truth.success.state
+    entries = [(server, key, value) for server, values in expected.items() for key, value in values.items()]
+    if not entries:
+        return 1.0
+    matched = 0
+    for server, key, value in entries:
+        actual = episode.state.get(server, {})
+        matched += key in actual and values_match(value, actual[key])
+    return matched / len(entries)
+
+
+_CUSTOM_CACHE: dict[str, Callable] = {}
+
+
+def resolve_custom_reward(path: str) -> Callable:
+    """`module:function` → the function (cached); an unloadable path is a clear error."""
+    if path not in _CUSTOM_CACHE:
+        module_name, _, attr = path.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"custom reward {path!r}: cannot load it: {exc}") from exc
+        if not callable(fn):
+            raise ValueError(f"custom reward {path!r} is not callable")
+        _CUSTOM_CACHE[path] = fn
+    return _CUSTOM_CACHE[path]
+
+
+def _custom(path: str, task: Task, episode: Episode) -> tuple[float, bool]:
+    result = resolve_custom_reward(path)(task, episode)
+    if isinstance(result, RewardBreakdown):
+        return float(result.total), bool(result.success)
+    if isinstance(result, dict):
+        value = float(result["score"])
+        return value, bool(result.get("success", value >= 1.0))
+    value = float(result)
+    return value, value >= 1.0
+
+
+# -- the score ---------------------------------------------------------------------------------
+
+def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None) -> RewardBreakdown:
+    """The reward of a finished episode (see the module doc)."""
+    spec = task.reward_spec
+    gt = spec.ground_truth
+    criteria = gt.success
+    components: dict[str, float] = {}
+    checks: dict[str, bool] = {}
+
+    answer_ok = answer_is_correct(episode.final_answer, criteria) if criteria.answer is not None else None
+    calls_score = must_call_tool_score(task, episode)
+    state_value = state_score(task, episode)
+    within_limits = limits_ok(task, episode)
+
+    for method in spec.method:
+        if method == "final_answer":
+            components[method] = 1.0 if answer_ok else 0.0
+        elif method == "must_call_tool":
+            components[method] = calls_score
+        elif method == "tool_sequence":
+            components[method] = tool_sequence_score(task, episode)
+        elif method == "limits":
+            components[method] = 1.0 if within_limits else 0.0
+        elif method == "state":
+            components[method] = state_value
+        else:
+            value, passed = _custom(method, task, episode)
+            components[method] = value
+            checks[method] = passed
+
+    if answer_ok is not None:
+        checks["final_answer"] = answer_ok
+    if criteria.must_call_tool:
+        checks["must_call_tool"] = calls_score >= 1.0
+    if criteria.state:
+        checks["state"] = state_value >= 1.0
+    if gt.limits.max_tool_calls is not None or gt.limits.max_servers is not None:
+        checks["limits"] = within_limits
+    if not criteria.has_criteria:
+        for name in spec.method:
+            if name in COMPONENTS:
+                checks[name] = components[name] >= 1.0
+    success = bool(checks) and all(checks.values())
+
+    weights = {name: spec.weights.get(name, 1.0) for name in spec.method}
+    weight_sum = sum(weights.values())
+    total = sum(weights[n] * components[n] for n in spec.method) / weight_sum if weight_sum > 0 else 0.0
+    if config is not None:
+        penalty = config.invalid_call_penalty * episode.invalid_calls + config.parse_failure_penalty * episode.parse_failures
+        if penalty:
+            components["penalty"] = -penalty
+            total -= penalty
+    return RewardBreakdown(total=total, components=components, success=success, checks=checks)

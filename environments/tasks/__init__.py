@@ -1,0 +1,1 @@
+"""Task definitions: the record schema and the synthetic generators."""

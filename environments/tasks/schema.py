@@ -1,0 +1,237 @@
+"""The task record format, validated with pydantic.
+
+A record (one line of a .jsonl file, one item of a .json list, one row of a .parquet table):
+
+```
+{"data_source": "calculator",                 # where the task comes from (free text)
+ "env_class": "mcp_tool",                     # environment registry id
+ "prompt": [{"role": "system", ...}?, {"role": "user", "content": "What is 964 * 494?"}],
+ "reward_spec": {
+   "method": ["final_answer", "must_call_tool"],   # components of the reward (see rewards.py)
+   "weights": {"final_answer": 1.0},               # optional, default 1 each
+   "ground_truth": {
+     "task_id": "calc-00001",
+     "complexity": "easy",                         # easy | medium | hard
+     "max_turns": 3,                               # optional; else by complexity
+     "success": {"answer": 476216, "must_call_tool": true, "state": {"kv": {"total": 476216}}},
+     "tool_sequence": [{"step": 1, "server": "calculator", "tool": "calculate",
+                        "params": {"expression": "964 * 494"}}],
+     "limits": {"max_tool_calls": 4, "max_servers": 1}}},
+ "extra_info": {...}}                               # free-form
+```
+
+Unknown fields are errors everywhere except inside `extra_info`, `params` and `state`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+COMPONENTS: tuple[str, ...] = ("final_answer", "must_call_tool", "tool_sequence", "limits", "state")
+"""Built-in reward components; a `method` entry may also be a `module:function` custom reward."""
+
+Complexity = Literal["easy", "medium", "hard"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, use_attribute_docstrings=True)
+
+
+def _is_answer_scalar(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+class SuccessCriteria(_Strict):
+    """What must hold for the episode to count as a success (every criterion given)."""
+
+    answer: Any = None
+    """The correct final answer: a number, a string, or a list of accepted answers."""
+    answer_type: Literal["auto", "number", "string"] = "auto"
+    """`auto`: numeric comparison when the answer is a number or a numeric string."""
+    tolerance: float = Field(default=1e-6, ge=0.0)
+    """Absolute tolerance of numeric answers."""
+    rel_tolerance: float = Field(default=0.0, ge=0.0)
+    """Relative tolerance of numeric answers (the larger of the two applies)."""
+    must_call_tool: bool | list[str] = False
+    """Tools that must be called without error at least once; `true`: the tools of
+    `tool_sequence` (any tool when it is empty)."""
+    state: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Expected final state by server name, e.g. `{"kv": {"total": 42}}` (read by the
+    environment at the end of the episode)."""
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _check_answer(cls, value: Any) -> Any:
+        if value is None or _is_answer_scalar(value):
+            return value
+        if isinstance(value, (list, tuple)) and value and all(_is_answer_scalar(v) for v in value):
+            return list(value)
+        raise ValueError(f"got {value!r}; expected a number, a string or a non-empty list of them")
+
+    @field_validator("must_call_tool", mode="before")
+    @classmethod
+    def _check_must_call(cls, value: Any) -> Any:
+        if value is None:
+            return False
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, bool) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            return value if isinstance(value, bool) else list(value)
+        raise ValueError(f"got {value!r}; expected true/false, a tool name or a list of tool names")
+
+    @property
+    def has_criteria(self) -> bool:
+        return self.answer is not None or bool(self.must_call_tool) or bool(self.state)
+
+
+class ToolStep(_Strict):
+    step: int | None = None
+    """Position in the expected sequence (informational; order is the list order)."""
+    server: str | None = None
+    """Server name (null: any server)."""
+    tool: str = Field(min_length=1)
+    """Tool name on the server (the exposed, possibly qualified, name also matches)."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Expected arguments; arguments not listed here are not checked."""
+
+
+class Limits(_Strict):
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    """Most tool calls (every attempt counts, invalid ones included)."""
+    max_servers: int | None = Field(default=None, ge=1)
+    """Most distinct servers used."""
+
+
+class GroundTruth(_Strict):
+    task_id: str = Field(min_length=1)
+    complexity: Complexity
+    max_turns: int | None = Field(default=None, ge=1)
+    """Assistant turns allowed (null: `environment.max_turns[complexity]`)."""
+    success: SuccessCriteria = Field(default_factory=SuccessCriteria)
+    tool_sequence: list[ToolStep] = Field(default_factory=list)
+    limits: Limits = Field(default_factory=Limits)
+
+
+_CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class RewardSpec(_Strict):
+    method: list[str]
+    """Reward components: names from `COMPONENTS` or `module:function` (a string is one)."""
+    weights: dict[str, float] = Field(default_factory=dict)
+    """Weight of each component in the weighted mean (default 1)."""
+    ground_truth: GroundTruth
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ValueError(f"got {value!r}; expected a method name or a non-empty list of them")
+        for name in value:
+            if not isinstance(name, str) or not (name in COMPONENTS or _CUSTOM.match(name)):
+                raise ValueError(f"got {name!r}; allowed: {', '.join(COMPONENTS)}, or module:function")
+        return list(value)
+
+    @model_validator(mode="after")
+    def _ground_truth_for_each_method(self) -> RewardSpec:
+        gt = self.ground_truth
+        needs = {
+            "final_answer": (gt.success.answer is not None, "ground_truth.success.answer"),
+            "state": (bool(gt.success.state), "ground_truth.success.state"),
+            "tool_sequence": (bool(gt.tool_sequence), "ground_truth.tool_sequence"),
+            "must_call_tool": (bool(gt.success.must_call_tool) or bool(gt.tool_sequence),
+                               "ground_truth.success.must_call_tool or ground_truth.tool_sequence"),
+            "limits": (gt.limits.max_tool_calls is not None or gt.limits.max_servers is not None,
+                       "ground_truth.limits"),
+        }
+        for name in self.method:
+            if name in needs and not needs[name][0]:
+                raise ValueError(f"method {name!r} needs {needs[name][1]}")
+        unknown = sorted(set(self.weights) - set(self.method))
+        if unknown:
+            raise ValueError(f"weights for {unknown} which are not in method {self.method}")
+        if any(w < 0 for w in self.weights.values()):
+            raise ValueError("weights must be >= 0")
+        return self
+
+
+class PromptMessage(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Task(_Strict):
+    """One task: the prompt the model sees and how its episode is scored."""
+
+    data_source: str = "unknown"
+    env_class: str = "mcp_tool"
+    prompt: list[PromptMessage]
+    reward_spec: RewardSpec
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, prompt: list[PromptMessage]) -> list[PromptMessage]:
+        if not any(m.role == "user" for m in prompt):
+            raise ValueError("needs at least one user message")
+        if any(m.role == "system" for m in prompt[1:]):
+            raise ValueError("a system message may only come first")
+        if prompt[-1].role != "user":
+            raise ValueError("the last message must be a user message")
+        return prompt
+
+    @property
+    def ground_truth(self) -> GroundTruth:
+        return self.reward_spec.ground_truth
+
+    @property
+    def task_id(self) -> str:
+        return self.reward_spec.ground_truth.task_id
+
+    @property
+    def complexity(self) -> str:
+        return self.reward_spec.ground_truth.complexity
+
+    @property
+    def question(self) -> str:
+        """The user messages' text (the last one when there are several turns of context)."""
+        return next(m.content for m in reversed(self.prompt) if m.role == "user")
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.content} for m in self.prompt]
+
+
+def normalize_question(task: Task) -> str:
+    """The key that decides whether two tasks ask the same question: the user messages,
+    case-folded, whitespace collapsed, trailing punctuation dropped."""
+    return question_key(" ".join(m.content for m in task.prompt if m.role == "user"))
+
+
+def question_key(text: str) -> str:
+    """`normalize_question` of a bare question text."""
+    return " ".join(text.casefold().split()).rstrip(" .?!")
+
+
+def describe_error(err: dict) -> str:
+    """One pydantic error as `field.path: what is wrong`."""
+    loc = ".".join(str(part) for part in err["loc"])
+    kind = err["type"]
+    value = err.get("input")
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
+        message = f"got {shown}; allowed: {', '.join(allowed)}"
+    elif kind == "missing":
+        message = "missing (required)"
+    elif kind == "extra_forbidden":
+        message = "unknown field"
+    elif kind == "value_error":
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
+    else:
+        message = f"{err['msg']} (got {shown})"
+    return f"{loc}: {message}" if loc else message

@@ -1,0 +1,267 @@
+"""Task records, loaders (.jsonl/.json/.parquet), generators and the train/validation split."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from environments.config import DataConfig, DatasetSource
+from environments.data import (
+    GENERATORS,
+    TaskDataError,
+    generate_tasks,
+    load_tasks,
+    normalize_question,
+    parse_record,
+    register_generator,
+    save_tasks,
+    train_validation_split,
+)
+from environments.tasks.generators import from_tool_sequence
+from tools.servers.calculator import evaluate
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "configs" / "data" / "calculator_sample.jsonl"
+
+
+def record(task_id="t1", question="What is 2 * 3?", **ground_truth) -> dict:
+    gt = {"task_id": task_id, "complexity": "easy", "success": {"answer": 6}, **ground_truth}
+    return {"data_source": "test", "prompt": [{"role": "user", "content": question}],
+            "reward_spec": {"method": "final_answer", "ground_truth": gt}}
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+# -- records and files -----------------------------------------------------------------------
+
+def test_sample_files_load():
+    tasks = load_tasks(DatasetSource(path=str(SAMPLE)))
+    assert len(tasks) == 5 and tasks[0].task_id == "calc-sample-000"
+    assert tasks[0].question == "What is 323 * 884?" and tasks[0].ground_truth.success.answer == 323 * 884
+    for name in ("multistep_sample.jsonl", "tool_sequence_sample.jsonl"):
+        assert load_tasks(DatasetSource(path=str(REPO / "configs" / "data" / name)))
+
+
+def test_bad_record_names_file_line_and_field(tmp_path):
+    records = [record(f"t{i}", f"What is {i} * 3?") for i in range(1, 7)]
+    bad = record("t7", "What is 7 * 3?", complexity="extreme")
+    path = write_jsonl(tmp_path / "tasks.jsonl", [*records, bad])
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(path)))
+    assert str(info.value) == (f"{path} line 7: reward_spec.ground_truth.complexity: got 'extreme'; "
+                               "allowed: easy, medium, hard")
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r["reward_spec"]["ground_truth"].pop("task_id"), "reward_spec.ground_truth.task_id: missing (required)"),
+    (lambda r: r["reward_spec"]["ground_truth"].update(sucess={}), "reward_spec.ground_truth.sucess: unknown field"),
+    (lambda r: r["reward_spec"].update(method="magic"), "reward_spec.method: got 'magic'; allowed: final_answer"),
+    (lambda r: r["reward_spec"].update(method="state"), "method 'state' needs ground_truth.success.state"),
+    (lambda r: r.update(prompt=[{"role": "system", "content": "x"}]), "prompt: needs at least one user message"),
+    (lambda r: r["prompt"].append({"role": "robot", "content": "x"}), "prompt.1.role: got 'robot'; allowed: system"),
+    (lambda r: r["reward_spec"]["ground_truth"]["success"].update(answer={"a": 1}),
+     "reward_spec.ground_truth.success.answer: got {'a': 1}; expected a number"),
+])
+def test_field_errors(mutate, message):
+    bad = record()
+    mutate(bad)
+    with pytest.raises(TaskDataError) as info:
+        parse_record(bad, "x.jsonl line 3")
+    assert str(info.value).startswith("x.jsonl line 3: ")
+    assert message in str(info.value)
+
+
+def test_invalid_json_line_and_duplicate_ids(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", [record(), "{not json"])
+    with pytest.raises(TaskDataError, match=r"a.jsonl line 2: invalid JSON"):
+        load_tasks(DatasetSource(path=str(path)))
+    path = write_jsonl(tmp_path / "b.jsonl", [record("same"), "", record("same", "What is 1 * 1?")])
+    with pytest.raises(TaskDataError, match=r"b.jsonl line 3: .*'same' is already used at .*b.jsonl line 1"):
+        load_tasks(DatasetSource(path=str(path)))
+
+
+def test_json_list_item_index(tmp_path):
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps([record("a"), record("b", complexity="hardest")]))
+    with pytest.raises(TaskDataError, match=re.escape("tasks.json item 1: reward_spec.ground_truth.complexity")):
+        load_tasks(DatasetSource(path=str(path)))
+    path.write_text(json.dumps({"tasks": []}))
+    with pytest.raises(TaskDataError, match="expected a JSON list"):
+        load_tasks(DatasetSource(path=str(path)))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".parquet"])
+def test_save_and_load_round_trip(tmp_path, suffix):
+    tasks = generate_tasks("multistep", 3, seed=1) + generate_tasks("calculator", 3, seed=1)
+    path = tmp_path / f"tasks{suffix}"
+    save_tasks(tasks, path)
+    assert load_tasks(DatasetSource(path=str(path))) == tasks
+
+
+def test_parquet_struct_columns_and_row_errors(tmp_path):
+    # Written by another tool as nested structs (not JSON strings): absent keys come back null.
+    rows = [record("a"), record("b", "What is 9 * 9?", max_turns=3)]
+    rows[0]["reward_spec"]["ground_truth"]["tool_sequence"] = [{"tool": "calculate", "params": {"expression": "2*3"}}]
+    path = tmp_path / "tasks.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    tasks = load_tasks(DatasetSource(path=str(path)))
+    assert tasks[0].ground_truth.tool_sequence[0].params == {"expression": "2*3"}
+    assert tasks[1].ground_truth.max_turns == 3 and tasks[1].ground_truth.tool_sequence == []
+    rows[1]["reward_spec"]["ground_truth"]["complexity"] = "extreme"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(TaskDataError, match=re.escape("tasks.parquet row 1: reward_spec.ground_truth.complexity")):
+        load_tasks(DatasetSource(path=str(path)))
+
+
+def test_custom_reward_paths_are_checked_at_load(tmp_path):
+    bad = record()
+    bad["reward_spec"]["method"] = ["final_answer", "tests.test_rewards:no_such_function"]
+    path = write_jsonl(tmp_path / "tasks.jsonl", [bad])
+    with pytest.raises(TaskDataError, match=r"task 't1': reward_spec.method: custom reward .*cannot load"):
+        load_tasks(DatasetSource(path=str(path)))
+
+
+def test_unknown_suffix_and_missing_file(tmp_path):
+    (tmp_path / "t.csv").write_text("x")
+    with pytest.raises(TaskDataError, match="unknown task file type '.csv'"):
+        load_tasks(DatasetSource(path=str(tmp_path / "t.csv")))
+    with pytest.raises(TaskDataError, match="does not exist"):
+        load_tasks(DatasetSource(path=str(tmp_path / "nope.jsonl")))
+
+
+def test_tool_sequence_records_are_converted(tmp_path):
+    spec = {"question": "Store 7 under lucky.", "tool_sequence": [{"server": "kv", "tool": "put",
+                                                                    "params": {"key": "lucky", "value": 7}}],
+            "state": {"kv": {"lucky": 7}}}
+    task = from_tool_sequence(spec)
+    assert task.reward_spec.method == ["tool_sequence", "state"]
+    assert task.complexity == "easy" and task.ground_truth.tool_sequence[0].step == 1
+    assert task.task_id.startswith("seq-") and task.question == "Store 7 under lucky."
+    path = write_jsonl(tmp_path / "specs.jsonl", [spec, {"question": "x", "tool_sequence": []}])
+    with pytest.raises(TaskDataError, match="specs.jsonl line 2: tool_sequence: needs a non-empty list"):
+        load_tasks(DatasetSource(path=str(path)))
+    with pytest.raises(ValueError, match="unknown field"):
+        from_tool_sequence({**spec, "anwser": 1})
+
+
+# -- generators ------------------------------------------------------------------------------
+
+def test_calculator_generator_default_task():
+    tasks = generate_tasks("calculator", 50, seed=3)
+    assert tasks == generate_tasks("calculator", 50, seed=3)  # deterministic
+    assert tasks != generate_tasks("calculator", 50, seed=4)
+    for task in tasks:
+        a, b = map(int, re.fullmatch(r"What is (\d{3}) \* (\d{3})\?", task.question).groups())
+        gt = task.ground_truth
+        assert gt.success.answer == a * b and gt.complexity == "easy"
+        assert [(s.server, s.tool, s.params) for s in gt.tool_sequence] == [
+            ("calculator", "calculate", {"expression": f"{a} * {b}"})]
+    assert len({t.task_id for t in tasks}) == 50 and tasks[0].task_id == "calculator-train-s3-00000"
+
+
+def test_calculator_multi_step_expressions_match_the_real_calculator():
+    tasks = generate_tasks("calculator", 30, seed=0, options={"digits": [1, 3], "terms": 4, "ops": ["+", "-", "*"],
+                                                              "instruction": "Answer with the number only."})
+    for task in tasks:
+        expression = task.extra_info["expression"]
+        assert evaluate(expression) == task.ground_truth.success.answer
+        assert task.question.endswith("? Answer with the number only.")
+        assert task.complexity == "medium"
+
+
+def test_multistep_generator_is_consistent():
+    for task in generate_tasks("multistep", 20, seed=0):
+        gt = task.ground_truth
+        first, second = task.extra_info["keys"]
+        calc1, put1, calc2, put2 = gt.tool_sequence
+        product = evaluate(calc1.params["expression"])
+        assert put1.params == {"key": first, "value": product}
+        assert calc2.params["expression"].startswith(str(product))
+        result = evaluate(calc2.params["expression"])
+        assert put2.params == {"key": second, "value": result} and gt.success.answer == result
+        assert gt.success.state == {"kv": {first: product, second: result}}
+        assert {s.server for s in gt.tool_sequence} == {"calculator", "kv"}
+
+
+def test_generator_errors():
+    with pytest.raises(TaskDataError, match="unknown generator 'nope'; registered: .*calculator"):
+        generate_tasks("nope", 1)
+    with pytest.raises(TaskDataError, match="gave only 100 distinct questions"):
+        generate_tasks("calculator", 101, options={"digits": 1})
+    with pytest.raises(TaskDataError, match="bad options"):
+        generate_tasks("calculator", 1, options={"colour": "red"})
+
+
+def yes_no_tasks(rng: random.Random, prefix: str = "Is"):
+    while True:
+        n = rng.randint(0, 10**6)
+        yield {"prompt": [{"role": "user", "content": f"{prefix} {n} even?"}],
+               "reward_spec": {"method": "final_answer", "ground_truth": {
+                   "task_id": "x", "complexity": "easy", "success": {"answer": "yes" if n % 2 == 0 else "no"}}}}
+
+
+def test_custom_generator_by_path_and_by_registration(monkeypatch):
+    tasks = generate_tasks("tests.test_data:yes_no_tasks", 5, seed=0, options={"prefix": "Is the number"})
+    assert len(tasks) == 5 and tasks[0].question.startswith("Is the number ")
+    assert tasks[0].task_id == "yes-no-tasks-train-s0-00000"
+    monkeypatch.setitem(GENERATORS, "yes_no", GENERATORS.get("yes_no"))  # restored after the test
+    register_generator("yes_no", yes_no_tasks)
+    tasks = generate_tasks("yes_no", 5)
+    assert tasks == generate_tasks("yes_no", 5) and tasks[0].task_id == "yes-no-train-s0-00000"
+
+
+# -- split -----------------------------------------------------------------------------------
+
+def questions(tasks) -> set[str]:
+    return {normalize_question(t) for t in tasks}
+
+
+def test_split_from_generator_never_shares_a_question():
+    # 1-digit products: 100 questions, so the train and validation streams collide often.
+    cfg = DataConfig(train=DatasetSource(generator="calculator", num_tasks=60, seed=0, options={"digits": 1}),
+                     validation_size=40)
+    train, validation = train_validation_split(cfg)
+    assert len(train) == 60 and len(validation) == 40
+    assert not questions(train) & questions(validation)
+    assert validation[0].task_id.startswith("calculator-validation-")
+    assert train_validation_split(cfg) == (train, validation)
+
+
+def test_split_from_file_keeps_a_question_on_one_side(tmp_path):
+    records = [record(f"t{i}", f"What is {i % 10} * 3?") for i in range(30)]  # each question 3 times
+    path = write_jsonl(tmp_path / "tasks.jsonl", records)
+    cfg = DataConfig(train=DatasetSource(path=str(path)), validation_size=4)
+    train, validation = train_validation_split(cfg)
+    assert len(questions(validation)) == 4 and len(validation) == 12 and len(train) == 18
+    assert not questions(train) & questions(validation)
+    with pytest.raises(TaskDataError, match="10 distinct questions cannot give 10 held-out"):
+        train_validation_split(DataConfig(train=DatasetSource(path=str(path)), validation_size=10))
+
+
+def test_explicit_validation_drops_training_questions(tmp_path, caplog):
+    train_path = write_jsonl(tmp_path / "train.jsonl", [record("a", "What is 1 * 1?"), record("b", "What is 2 * 2?")])
+    val_path = write_jsonl(tmp_path / "val.jsonl", [record("c", "what is 2 * 2"), record("d", "What is 3 * 3?")])
+    cfg = DataConfig(train=DatasetSource(path=str(train_path)), validation=DatasetSource(path=str(val_path)))
+    with caplog.at_level(logging.WARNING):
+        _, validation = train_validation_split(cfg)
+    assert [t.task_id for t in validation] == ["d"] and "dropped 1 validation task" in caplog.text
+    cfg = DataConfig(train=DatasetSource(path=str(train_path)), validation=DatasetSource(path=str(train_path)))
+    with pytest.raises(TaskDataError, match="nothing is held out"):
+        train_validation_split(cfg)
+
+
+def test_explicit_generator_validation_uses_the_validation_stream():
+    cfg = DataConfig(train=DatasetSource(generator="calculator", num_tasks=20),
+                     validation=DatasetSource(generator="calculator", num_tasks=10))  # same seed
+    train, validation = train_validation_split(cfg)
+    assert len(validation) == 10 and not questions(train) & questions(validation)
