@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CALL_TEMPLATES = {
-    "hermes": '<tool_call>\n{"name": "<tool>", "arguments": {<arguments>}}\n</tool_call>',
+    "hermes": '<tool_call>{"name": "<tool>", "arguments": {<arguments>}}</tool_call>',
     "tool_tag": '<tool>{"name": "<tool>", "arguments": {<arguments>}}</tool>',
     "json": '{"name": "<tool>", "arguments": {<arguments>}}',
     "openai": '{"tool_calls": [{"type": "function", "function": {"name": "<tool>", "arguments": "{<arguments>}"}}]}',
@@ -44,8 +44,12 @@ CALL_TEMPLATES = {
 }
 """How a call looks in each format, as the system prompt teaches it."""
 
-EXAMPLE_OPERANDS = ((12, 34), (23, 45), (31, 27), (56, 78))
-"""One-shot example questions "What is A * B?"; the first that differs from the task is used."""
+EXAMPLES = (("What is 523 + 198?", "523 + 198"), ("What is 71 - 45?", "71 - 45"), ("What is 88 + 13?", "88 + 13"))
+"""Worked calculator examples, shown as real chat turns before the task (the first two that differ
+from the task are used). Measured on SmolLM2-135M-Instruct with 32 three-digit products: examples
+written inside the system prompt gave 0-1/32 greedy successes; two examples as chat turns that
+multiply gave 32/32 (nothing left to learn); these two, which add and subtract, gave 2/32 greedy
+and 8/64 sampled successes: the model sees the call format but must still learn what to call."""
 
 _EXAMPLE_RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Per manager: the calculator's real answers to the example expressions (so the example shows
@@ -95,26 +99,32 @@ def _find_calculator(specs: list[ToolSpec]) -> ToolSpec | None:
     return None
 
 
-def render_system_prompt(
-    specs: list[ToolSpec], call_format: str = "auto", example: tuple[str, str, str, str] | None = None
-) -> str:
-    """The system prompt: how to call tools, the tools, and an optional worked example
-    (question, expression, tool result, answer) for the calculator."""
+def render_system_prompt(specs: list[ToolSpec], call_format: str = "auto", example_call: str | None = None) -> str:
+    """The system prompt: how to call tools (a concrete call when one is given, else the
+    format's template) and the tools."""
     fmt = "hermes" if call_format == "auto" else call_format
-    lines = [
-        "You can call tools. To call a tool, write:",
-        CALL_TEMPLATES[fmt],
+    return "\n".join([
+        "You can call tools. To call one, write it like this:",
+        example_call or CALL_TEMPLATES[fmt],
         "The result comes back in a tool message. When you know the answer, write <answer>your answer</answer>.",
         "",
         "Tools:",
         *(render_tool(spec) for spec in specs),
-    ]
-    if example is not None:
-        question, tool_name, expression, result = example
-        call = format_tool_call(tool_name, {"expression": expression}, fmt)
-        lines += ["", "Example:", f"user: {question}", f"assistant: {call}", f"tool: {result}",
-                  f"assistant: <answer>{result}</answer>"]
-    return "\n".join(lines)
+    ])
+
+
+def example_turns(examples: list[tuple[str, str, str, str]], call_format: str = "auto") -> list[Message]:
+    """Worked examples (question, tool, expression, result) as user/assistant/tool/assistant turns."""
+    fmt = "hermes" if call_format == "auto" else call_format
+    turns: list[Message] = []
+    for question, tool_name, expression, result in examples:
+        turns += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": format_tool_call(tool_name, {"expression": expression}, fmt)},
+            {"role": "tool", "content": result},
+            {"role": "assistant", "content": f"<answer>{result}</answer>"},
+        ]
+    return turns
 
 
 class MCPToolEnvironment:
@@ -133,6 +143,7 @@ class MCPToolEnvironment:
         self.empty_turns = 0
         self.truncated_turns = 0
         self._specs: list[ToolSpec] = []
+        self._all_specs: list[ToolSpec] = []
         self._by_name: dict[str, ToolSpec] = {}
         self._servers_used: set[str] = set()
         self._closed = False
@@ -143,18 +154,27 @@ class MCPToolEnvironment:
         self.episode = Episode()
         self.done, self.done_reason, self.breakdown = False, None, None
         self.empty_turns = self.truncated_turns = 0
-        self._specs = list(self.tools.tool_specs())
+        self._all_specs = list(self.tools.tool_specs())
+        # The state and cleanup tools serve the reward check and close(), not the model: a policy
+        # that could call them could wipe or read the very state it is scored on.
+        internal = {self.config.state_tool, self.config.cleanup_tool} - {None}
+        self._specs = [spec for spec in self._all_specs if spec.tool not in internal]
         self._by_name = self._name_table(self._specs)
         gt = self.task.reward_spec.ground_truth
         self.max_turns = gt.max_turns or self.config.max_turns.get(gt.complexity) or max(
             self.config.max_turns.values(), default=5)
 
-        example = await self._example() if self.config.one_shot_example else None
-        system = render_system_prompt(self._specs, self.config.call_format, example)
+        examples = await self._examples() if self.config.one_shot_example else []
+        fmt = "hermes" if self.config.call_format == "auto" else self.config.call_format
+        calculator = _find_calculator(self._specs)
+        example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, fmt)
+                        if calculator is not None else None)
+        system = render_system_prompt(self._specs, self.config.call_format, example_call)
         task_messages = self.task.messages()
         if task_messages[0]["role"] == "system":
             system += "\n\n" + task_messages.pop(0)["content"]
-        messages = [{"role": "system", "content": system}, *task_messages]
+        messages = [{"role": "system", "content": system},
+                    *example_turns(examples, self.config.call_format), *task_messages]
         self.episode.messages = list(messages)
         return messages
 
@@ -182,25 +202,27 @@ class MCPToolEnvironment:
             spec = folded[0] if len({s.name for s in folded}) == 1 else None
         return spec
 
-    async def _example(self) -> tuple[str, str, str, str] | None:
+    async def _examples(self) -> list[tuple[str, str, str, str]]:
+        """Two worked calculator examples whose questions differ from the task's, with the
+        calculator's real answers (cached per manager); none when there is no calculator."""
         calculator = _find_calculator(self._specs)
         if calculator is None:
-            return None
+            return []
         own = normalize_question(self.task)
-        for a, b in EXAMPLE_OPERANDS:
-            question = f"What is {a} * {b}?"
-            if question_key(question) != own and f"{a} * {b}" not in self.task.question:
-                break
-        expression = f"{a} * {b}"
+        chosen = [(q, e) for q, e in EXAMPLES if question_key(q) != own and e not in self.task.question][:2]
         cache = _EXAMPLE_RESULTS.setdefault(self.tools, {})
-        key = (calculator.name, expression)
-        if key not in cache:
-            result = await self.tools.call_tool(calculator.name, {"expression": expression},
-                                                timeout=self.config.tool_timeout)
-            if result.is_error:  # show the true product this time; ask the tool again next time
-                return question, calculator.name, expression, str(a * b)
-            cache[key] = result.text.strip()
-        return question, calculator.name, expression, cache[key]
+        examples = []
+        for question, expression in chosen:
+            key = (calculator.name, expression)
+            if key not in cache:
+                result = await self.tools.call_tool(calculator.name, {"expression": expression},
+                                                    timeout=self.config.tool_timeout)
+                if result.is_error:  # a broken example teaches nothing: leave it out, ask again next time
+                    log.warning("example call %s(%r) failed: %s", calculator.name, expression, result.text)
+                    continue
+                cache[key] = result.text.strip()
+            examples.append((question, calculator.name, expression, cache[key]))
+        return examples
 
     # -- step --------------------------------------------------------------------------------
     async def step(self, assistant_text: str, *, truncated: bool = False) -> StepResult:
@@ -286,7 +308,7 @@ class MCPToolEnvironment:
     async def _read_state(self) -> None:
         """The final state of each server the task's state check names, via its state tool."""
         for server in self.task.reward_spec.ground_truth.success.state:
-            spec = next((s for s in self._specs if s.server == server and s.tool == self.config.state_tool), None)
+            spec = next((s for s in self._all_specs if s.server == server and s.tool == self.config.state_tool), None)
             if spec is None:
                 log.warning("episode %s: server %r has no %r tool; its state reads as empty",
                             self.episode_id, server, self.config.state_tool)
@@ -339,7 +361,7 @@ class MCPToolEnvironment:
         if not tool:
             return
         for server in sorted(self._servers_used):
-            spec = next((s for s in self._specs if s.server == server and s.tool == tool), None)
+            spec = next((s for s in self._all_specs if s.server == server and s.tool == tool), None)
             if spec is None:
                 continue
             result = await self.tools.call_tool(spec.name, {}, timeout=self.config.tool_timeout,

@@ -691,7 +691,8 @@ def format_tool_call(name: str, arguments: dict, format: str = "hermes") -> str:
     fmt = "hermes" if format == "auto" else format
     call = {"name": name, "arguments": arguments}
     if fmt == "hermes":
-        return f"<tool_call>\n{_json_for_tag(call)}\n</tool_call>"
+        # One line: the form measured to work best as SmolLM2's in-context example.
+        return f"<tool_call>{_json_for_tag(call)}</tool_call>"
     if fmt == "tool_tag":
         return f"<tool>{_json_for_tag(call)}</tool>"
     if fmt == "json":

@@ -331,6 +331,7 @@ class _Episode:
         self.loss_mask = [0] * len(prompt_ids)
         self.behavior_logprobs = [0.0] * len(prompt_ids)
         self.transcript = list(messages)
+        self.prompt_messages = len(messages)
 
     def add_sampled(self, ids: list[int], logprobs: Sequence[float], finish_reason: str) -> None:
         self.token_ids += ids
@@ -359,6 +360,7 @@ class _Episode:
             "done_reason": info.get("done_reason", "max_total_tokens" if self.truncated else None),
             "counts": info.get("counts", {}),
             "transcript": self.transcript,
+            "prompt_messages": self.prompt_messages,  # transcript[:n] is the prompt (incl. examples)
             "parse_failures": stats.parse_failures,
             "tool_errors": stats.tool_errors,
             "truncated_total_tokens": self.truncated,

@@ -95,6 +95,11 @@ class AlgorithmConfig(Section):
     """Weight of the entropy bonus."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     """How per-token losses are aggregated (see grpo/loss.py for each denominator)."""
+    skip_zero_advantage: bool = True
+    """Skip the forward/backward of sequences whose advantage is exactly 0 (e.g. every episode of
+    a group got the same reward). Their only gradient would be the KL term, so with kl_coef > 0
+    those sequences are not pulled toward the reference; never skipped with an entropy bonus,
+    GAE, or the KL in the reward. The loss denominator still counts them."""
     ppo_epochs: int = Field(default=1, ge=1)
     """Passes over each collected batch."""
     num_minibatches: int = Field(default=1, ge=1)

@@ -39,6 +39,7 @@ class GRPOTrainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self._nonfinite_in_a_row = 0
+        self._saved_step: int | None = None
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -209,7 +210,8 @@ class GRPOTrainer:
         return metrics
 
     def _save(self) -> None:
-        if self.backend.is_main_process:
+        if self.backend.is_main_process and self._saved_step != self.step:
+            self._saved_step = self.step
             path = save_checkpoint(self.run_dir, self.step, self.checkpoint_state(),
                                    keep=self.config.train.keep_checkpoints)
             log.info("checkpoint: %s", path)

@@ -41,6 +41,7 @@ class UpdateSettings:
     """The rollout temperature: log-probs are of softmax(logits / temperature), as sampled."""
     logprob_tolerance: float = 0.05
     pad_token_id: int = 0
+    skip_zero_advantage: bool = True
 
     @property
     def uses_values(self) -> bool:
@@ -63,6 +64,7 @@ class UpdateSettings:
             temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
             logprob_tolerance=algo.logprob_tolerance,
             pad_token_id=pad_token_id,
+            skip_zero_advantage=algo.skip_zero_advantage,
         )
 
 
@@ -126,10 +128,10 @@ def _scatter(per_row: dict[int, torch.Tensor], mb: _MicroBatch) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------ the step
 @torch.no_grad()
-def _no_grad_pass(policy, reference, trajectories, settings, device, want_values: bool, want_ref: bool):
-    """Per-trajectory old log-probs (and values, ref log-probs) as 1-D tensors over target positions."""
+def _no_grad_pass(policy, reference, trajectories, rows, settings, device, want_values: bool, want_ref: bool):
+    """Old log-probs (and values, ref log-probs) of trajectories `rows`, as 1-D tensors over
+    target positions."""
     old, values, ref = {}, {}, {}
-    rows = list(range(len(trajectories)))
     for mb in _micro_batches(trajectories, rows, settings.micro_batch_size, settings.pad_token_id, device):
         out = policy(mb.input_ids, mb.attention_mask, temperature=settings.temperature, with_values=want_values)
         ref_lp = (
@@ -147,13 +149,13 @@ def _no_grad_pass(policy, reference, trajectories, settings, device, want_values
     return old, values, ref
 
 
-def _logprob_mismatch(trajectories, old: dict[int, torch.Tensor]) -> tuple[float, float]:
+def _logprob_mismatch(trajectories, old: list[torch.Tensor]) -> tuple[float, float]:
     """Mean and max |trainer − engine| log-prob over the sampled tokens."""
     diffs = []
-    for i, t in enumerate(trajectories):
+    for t, trainer_lp in zip(trajectories, old):
         mask = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
         behavior = torch.tensor(t.behavior_logprobs[1:])
-        diffs.append((old[i].cpu() - behavior)[mask].abs())
+        diffs.append((trainer_lp.cpu() - behavior)[mask].abs())
     flat = torch.cat(diffs) if diffs else torch.zeros(0)
     if flat.numel() == 0:
         return 0.0, 0.0
@@ -206,23 +208,36 @@ def _advantages(trajectories, settings, old, values, ref):
     return advantages, returns
 
 
+def _skippable(settings: UpdateSettings) -> bool:
+    """Whether a zero-advantage sequence has no gradient but (at most) the KL term."""
+    return (settings.skip_zero_advantage and settings.advantage != "gae"
+            and not settings.loss.kl_in_reward and settings.loss.entropy_coef == 0)
+
+
 def train_step(policy, reference, optimizer, scheduler, trajectories, settings: UpdateSettings,
                *, check_logprobs: bool = False) -> dict[str, float]:
     """Update the policy on whole groups of trajectories. Returns flat `train/…` metrics."""
     device = next(policy.parameters()).device
     want_ref = reference is not None and settings.loss.kl_coef > 0
+    rows = list(range(len(trajectories)))
+    skippable = _skippable(settings)
+    active = rows
+    if skippable:  # outcome advantages need only rewards: compute them first, then skip zeros
+        advantages, returns = _advantages(trajectories, settings, {}, {}, {})
+        active = [i for i in rows if bool(advantages[i].any())]
     # The no-grad pass is needed when the policy moves before a minibatch is seen (several
     # minibatches or epochs), for GAE values, for the KL reference, or for the step-0 check.
     # Otherwise old_logprobs are exactly the first forward's log-probs, detached (ratio = 1).
     multi_pass = settings.ppo_epochs > 1 or settings.num_minibatches > 1
     need_pass = multi_pass or settings.uses_values or want_ref or check_logprobs
     old, values, ref = ({}, {}, {})
-    stats: dict[str, float] = {}
-    if need_pass:
+    stats: dict[str, float] = {"train/skipped_sequences": (len(rows) - len(active)) / max(len(rows), 1)}
+    pass_rows = rows if check_logprobs or not skippable else active
+    if need_pass and pass_rows:
         policy.eval()
-        old, values, ref = _no_grad_pass(policy, reference, trajectories, settings, device,
+        old, values, ref = _no_grad_pass(policy, reference, trajectories, pass_rows, settings, device,
                                          settings.uses_values, want_ref)
-        mean_diff, max_diff = _logprob_mismatch(trajectories, old)
+        mean_diff, max_diff = _logprob_mismatch([trajectories[i] for i in pass_rows], [old[i] for i in pass_rows])
         stats["train/logprob_mismatch"] = mean_diff
         stats["train/logprob_mismatch_max"] = max_diff
         if check_logprobs and mean_diff > settings.logprob_tolerance:
@@ -233,23 +248,29 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
                 "check that both use the same weights, temperature and dtype, and that token ids "
                 "were not re-tokenized. Training on these ratios would corrupt every update."
             )
-    advantages, returns = _advantages(trajectories, settings, old, values, ref)
+    if not skippable:
+        advantages, returns = _advantages(trajectories, settings, old, values, ref)
     policy.train()
-    rows = list(range(len(trajectories)))
     totals: dict[str, float] = defaultdict(float)
     token_weighted: dict[str, float] = defaultdict(float)
     tokens_seen = 0.0
     grad_norms = []
+    active_set = set(active)
     generator = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**31) + len(trajectories))
     for _epoch in range(settings.ppo_epochs):
         order = torch.randperm(len(rows), generator=generator).tolist() if multi_pass else rows
         for part in range(settings.num_minibatches):
             mb_rows = order[part :: settings.num_minibatches]
+            # The denominator counts every sequence of the minibatch, skipped ones too: skipping
+            # a zero-advantage sequence must not rescale the others' gradient.
+            denominator = loss_denominator(
+                [torch.tensor(trajectories[i].loss_mask[1:], dtype=torch.bool).unsqueeze(0) for i in mb_rows],
+                settings.loss.loss_agg)
+            mb_rows = [i for i in mb_rows if i in active_set]
             if not mb_rows:
                 continue
             micro = _micro_batches(trajectories, mb_rows, settings.micro_batch_size,
                                    settings.pad_token_id, device)
-            denominator = loss_denominator([m.loss_mask for m in micro], settings.loss.loss_agg)
             optimizer.zero_grad(set_to_none=True)
             for mb in micro:
                 out = policy(mb.input_ids, mb.attention_mask, temperature=settings.temperature,
@@ -297,7 +318,7 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
             grad_norms.append(float(grad_norm))
             optimizer.step()
             scheduler.step()
-    steps = settings.ppo_epochs * settings.num_minibatches
+    steps = max(len(grad_norms), 1)
     for key, value in totals.items():
         stats[f"train/{key}"] = value / steps
     for key, value in token_weighted.items():
@@ -309,6 +330,7 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
             stats[f"train/{key}"] = value / max(tokens_seen, 1.0)
     stats["train/clip_frac"] = stats.get("train/clip_frac_low", 0.0) + stats.get("train/clip_frac_high", 0.0)
     stats["train/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
+    stats["train/optimizer_steps"] = float(len(grad_norms))
     rewards = torch.tensor([t.reward for t in trajectories])
     stats["train/reward_mean"] = float(rewards.mean())
     stats["train/reward_std"] = float(rewards.std()) if len(rewards) > 1 else 0.0

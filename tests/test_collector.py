@@ -111,8 +111,10 @@ class ScriptedEngine(RolloutEngine):
         results = []
         for request in requests:
             prompt = self.tokenizer.decode(request.prompt_ids)
-            expression = re.search(r"<\|im_start\|>user\nWhat is (.+?)\?", prompt).group(1)
-            turn = prompt.count("<|im_start|>assistant\n") - 1
+            # The task's question is the last user message (worked examples come before it).
+            task_part = prompt[prompt.rindex("<|im_start|>user\n"):]
+            expression = re.match(r"<\|im_start\|>user\nWhat is (.+?)\?", task_part).group(1)
+            turn = task_part.count("<|im_start|>assistant\n") - 1
             ids = self.turn_ids(expression, turn)
             finish = "stop" if ids and ids[-1] in request.sampling.stop_token_ids else "length"
             if len(ids) > request.sampling.max_new_tokens:
@@ -169,10 +171,10 @@ def rebuild_from_transcript(tokenizer, traj) -> list[int]:
     """The trajectory's ids rebuilt independently: prompt, then per turn the sampled ids and the
     observation delta of the messages that followed it in the transcript."""
     transcript = traj.metadata["transcript"]
-    first_assistant = next(i for i, m in enumerate(transcript) if m["role"] == "assistant")
-    ids = chat_tokens.prompt_ids(tokenizer, transcript[:first_assistant])
+    prompt_messages = traj.metadata["prompt_messages"]
+    ids = chat_tokens.prompt_ids(tokenizer, transcript[:prompt_messages])
     runs = mask_runs(traj)
-    assistant_at = [i for i, m in enumerate(transcript) if m["role"] == "assistant"]
+    assistant_at = [i for i, m in enumerate(transcript) if m["role"] == "assistant" and i >= prompt_messages]
     eot = chat_tokens.end_of_turn_id(tokenizer)
     for turn, (start, end) in enumerate(runs):
         sampled = traj.token_ids[start:end]
@@ -229,9 +231,10 @@ def test_trajectory_is_prompt_plus_sampled_plus_observation_deltas(
         assert traj.token_ids + _encode(tokenizer, "\n") == full
 
         # Prompt ids, then each turn's sampled ids (mask 1) and the observation deltas (mask 0).
-        first_assistant = next(i for i, m in enumerate(transcript) if m["role"] == "assistant")
+        prompt_messages = traj.metadata["prompt_messages"]
+        assert transcript[prompt_messages - 1]["role"] == "user"  # the task's question ends the prompt
         assert traj.prompt_length == len(
-            chat_tokens.prompt_ids(tokenizer, transcript[:first_assistant])
+            chat_tokens.prompt_ids(tokenizer, transcript[:prompt_messages])
         )
         runs = mask_runs(traj)
         assert len(runs) == calls + 1
@@ -245,7 +248,7 @@ def test_trajectory_is_prompt_plus_sampled_plus_observation_deltas(
         assert rebuild_from_transcript(tokenizer, traj) == traj.token_ids
 
         # The environment saw the decoded sampled text; a cut-off turn is closed by the delta.
-        assistant_texts = [m["content"] for m in transcript if m["role"] == "assistant"]
+        assistant_texts = [m["content"] for m in transcript[prompt_messages:] if m["role"] == "assistant"]
         assert assistant_texts == [
             tokenizer.decode(traj.token_ids[s:e], skip_special_tokens=True) for s, e in runs
         ]

@@ -71,36 +71,55 @@ def play(loop, tools, task, texts, config=None, episode_id="ep", close=True):
 
 # -- the prompt ------------------------------------------------------------------------------
 
-def test_reset_renders_tools_and_a_real_one_shot_example(loop, tools, tokenizer):
+def test_reset_renders_tools_and_real_worked_examples_as_chat_turns(loop, tools, tokenizer):
     _, messages, _ = play(loop, tools, calculator_task(), [])
     system = messages[0]["content"]
-    assert [m["role"] for m in messages] == ["system", "user"] and messages[1]["content"] == "What is 964 * 494?"
+    assert [m["role"] for m in messages] == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
+    assert messages[-1]["content"] == "What is 964 * 494?"
     assert "- calculate(expression: string): Evaluate an arithmetic expression" in system
     assert "- put(key: string, value: any)" in system and "episode_id" not in system
-    # The example's observation is the calculator's real answer, and its question is not the task's.
-    assert "user: What is 12 * 34?" in system and "tool: 408" in system and "<answer>408</answer>" in system
-    assert '{"name": "calculate", "arguments": {"expression": "12 * 34"}}' in system
+    # A concrete call teaches the format; the examples' observations are the calculator's real answers.
+    assert '<tool_call>{"name": "calculate", "arguments": {"expression": "2 + 2"}}</tool_call>' in system
+    assert messages[1:5] == [
+        {"role": "user", "content": "What is 523 + 198?"},
+        {"role": "assistant", "content": calc("523 + 198")},
+        {"role": "tool", "content": "721"},
+        {"role": "assistant", "content": "<answer>721</answer>"},
+    ]
+    assert messages[5]["content"] == "What is 71 - 45?" and messages[7]["content"] == "26"
     calculator_only = render_system_prompt([s for s in tools.tool_specs() if s.server == "calculator"],
-                                           example=("What is 12 * 34?", "calculate", "12 * 34", "408"))
-    # Short enough for a 135M model (the design's budget is about 200 tokens).
-    assert len(tokenizer(calculator_only)["input_ids"]) <= 220
+                                           example_call=calc("2 + 2"))
+    # Short enough for a 135M model.
+    assert len(tokenizer(calculator_only)["input_ids"]) <= 120
 
 
-def test_example_question_differs_from_the_task(loop, tools):
-    _, messages, _ = play(loop, tools, calculator_task(12, 34), [])
-    assert "user: What is 23 * 45?" in messages[0]["content"] and "tool: 1035" in messages[0]["content"]
+def test_state_and_cleanup_tools_are_hidden_from_the_model(loop, tools):
+    env, messages, results = play(loop, tools, calculator_task(),
+                                  [format_tool_call("reset", {}, "hermes"), "<answer>1</answer>"])
+    system = messages[0]["content"]
+    assert "- dump(" not in system and "- reset(" not in system and "- put(" in system
+    assert "unknown tool" in results[0].observations[0]["content"].lower()
+
+
+def test_examples_differ_from_the_task_and_can_be_turned_off(loop, tools):
+    _, messages, _ = play(loop, tools, calculator_task(), [])
+    task = calculator_task()
+    task["prompt"] = [{"role": "user", "content": "What is 523 + 198?"}]
+    _, messages, _ = play(loop, tools, task, [])
+    assert [m["content"] for m in messages if m["role"] == "user"] == [
+        "What is 71 - 45?", "What is 88 + 13?", "What is 523 + 198?"]
     no_example = EnvironmentConfig(one_shot_example=False)
     _, messages, _ = play(loop, tools, calculator_task(), [], config=no_example)
-    assert "Example" not in messages[0]["content"]
+    assert [m["role"] for m in messages] == ["system", "user"]
 
 
 def test_task_system_message_is_kept_and_format_is_taught(loop, tools):
     task = calculator_task()
     task["prompt"].insert(0, {"role": "system", "content": "Be brief."})
     _, messages, _ = play(loop, tools, task, [], config=EnvironmentConfig(call_format="react"))
-    assert messages[0]["content"].endswith("\n\nBe brief.") and len(messages) == 2
-    assert CALL_TEMPLATES["react"] in messages[0]["content"]
-    assert 'Action: calculate\nAction Input: {"expression": "12 * 34"}' in messages[0]["content"]
+    assert messages[0]["content"].endswith("\n\nBe brief.") and len(messages) == 10
+    assert 'Action: calculate\nAction Input: {"expression": "2 + 2"}' in messages[0]["content"]
+    assert messages[2]["content"] == 'Action: calculate\nAction Input: {"expression": "523 + 198"}'
     assert set(CALL_TEMPLATES) == set(FORMATS)
 
 

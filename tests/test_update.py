@@ -93,10 +93,37 @@ def test_zero_variance_groups_give_no_policy_gradient():
     policy = _policy(value_head=False)
     trajs = _trajectories(policy, [[1.0, 1.0], [0.0, 0.0]])
     opt, sched = _adam(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+    stats = train_step(policy, None, opt, sched, trajs,
+                       _settings(loss={"kl_coef": 0.0}, skip_zero_advantage=False))
     assert stats["train/zero_variance_groups"] == 1.0
     assert stats["train/grad_norm"] == 0.0
     assert stats["train/policy_loss"] == 0.0
+
+
+def test_zero_advantage_sequences_are_skipped_without_changing_the_update():
+    # Group g1 has equal rewards (advantage 0): skipping it must give exactly the same weights,
+    # because the denominator still counts its tokens.
+    results = []
+    for skip in (False, True):
+        policy = _policy(value_head=False)
+        trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+        opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
+        stats = train_step(policy, None, opt, make_scheduler(opt, AlgorithmConfig()), trajs,
+                           _settings(loss={"kl_coef": 0.0}, skip_zero_advantage=skip))
+        assert stats["train/skipped_sequences"] == (0.5 if skip else 0.0)
+        results.append(_snapshot(policy))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_all_zero_advantages_skip_the_optimizer_step():
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[0.0, 0.0], [1.0, 1.0]])
+    before = _snapshot(policy)
+    opt, sched = _adam(policy)
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+    assert stats["train/skipped_sequences"] == 1.0 and stats["train/optimizer_steps"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
 
 
 def test_micro_batch_size_does_not_change_the_gradient():

@@ -252,14 +252,14 @@ def calculate_text(expression: Any) -> str:
 
 server = MCPServer(
     "calculator",
-    instructions="Exact arithmetic. Call `calculate` with an expression such as '964 * 494'.",
+    instructions="Exact arithmetic. Call `calculate` with an expression such as '(2 + 3) * 4'.",
     log_level="WARNING",
 )
 
 
 @server.tool()
 def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the number, e.g. "964 * 494" -> "476216".
+    """Evaluate an arithmetic expression and return the number, e.g. "(2 + 3) * 4" -> "20".
 
     Supports + - * / // % ** (or ^), parentheses, pi, e and the functions sqrt, abs, round,
     floor, ceil, min, max, log, ln, log10, log2, exp, sin, cos, tan, factorial.

@@ -1,0 +1,12 @@
+"""`make smoke` as a test: the tiny model trains 2 steps against the real calculator server,
+weights change, losses are finite, and a resumed run continues from the checkpoint."""
+
+from launch.smoke import run_smoke
+
+
+def test_smoke_end_to_end_with_resume(tmp_path):
+    assert run_smoke("configs/smoke.yaml", str(tmp_path), []) == []
+    run_dir = tmp_path / "smoke"
+    assert (run_dir / "summary.json").is_file() and (run_dir / "curves.png").is_file()
+    assert (run_dir / "final_model" / "config.json").is_file()
+    assert (run_dir / "config.yaml").read_text().startswith("run_name: smoke")
