@@ -44,12 +44,12 @@ CALL_TEMPLATES = {
 }
 """How a call looks in each format, as the system prompt teaches it."""
 
-EXAMPLES = (("What is 523 + 198?", "523 + 198"), ("What is 71 - 45?", "71 - 45"), ("What is 88 + 13?", "88 + 13"))
+EXAMPLES = (("What is 523 + 198?", "523 + 198"), ("What is 4 * 56?", "4 * 56"), ("What is 71 - 45?", "71 - 45"))
 """Worked calculator examples, shown as real chat turns before the task (the first two that differ
-from the task are used). Measured on SmolLM2-135M-Instruct with 32 three-digit products: examples
-written inside the system prompt gave 0-1/32 greedy successes; two examples as chat turns that
-multiply gave 32/32 (nothing left to learn); these two, which add and subtract, gave 2/32 greedy
-and 8/64 sampled successes: the model sees the call format but must still learn what to call."""
+from the task are used). Measured on SmolLM2-135M-Instruct, 32 three-digit products, greedy /
+sampled success: examples written inside the system prompt 0-1/32; two chat-turn examples with a
+three-digit product 32/32 (nothing left to learn); 523 + 198 and 71 - 45: 2/32 and 8/64; these,
+523 + 198 and 4 * 56: 9/32 greedy and 5/64 sampled, the start the design's probe reports (29%)."""
 
 _EXAMPLE_RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Per manager: the calculator's real answers to the example expressions (so the example shows

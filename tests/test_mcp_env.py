@@ -86,7 +86,7 @@ def test_reset_renders_tools_and_real_worked_examples_as_chat_turns(loop, tools,
         {"role": "tool", "content": "721"},
         {"role": "assistant", "content": "<answer>721</answer>"},
     ]
-    assert messages[5]["content"] == "What is 71 - 45?" and messages[7]["content"] == "26"
+    assert messages[5]["content"] == "What is 4 * 56?" and messages[7]["content"] == "224"
     calculator_only = render_system_prompt([s for s in tools.tool_specs() if s.server == "calculator"],
                                            example_call=calc("2 + 2"))
     # Short enough for a 135M model.
@@ -107,7 +107,7 @@ def test_examples_differ_from_the_task_and_can_be_turned_off(loop, tools):
     task["prompt"] = [{"role": "user", "content": "What is 523 + 198?"}]
     _, messages, _ = play(loop, tools, task, [])
     assert [m["content"] for m in messages if m["role"] == "user"] == [
-        "What is 71 - 45?", "What is 88 + 13?", "What is 523 + 198?"]
+        "What is 4 * 56?", "What is 71 - 45?", "What is 523 + 198?"]
     no_example = EnvironmentConfig(one_shot_example=False)
     _, messages, _ = play(loop, tools, calculator_task(), [], config=no_example)
     assert [m["role"] for m in messages] == ["system", "user"]

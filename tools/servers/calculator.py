@@ -259,9 +259,9 @@ server = MCPServer(
 
 @server.tool()
 def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the number, e.g. "(2 + 3) * 4" -> "20".
+    """Evaluate an arithmetic expression and return the number.
 
-    Supports + - * / // % ** (or ^), parentheses, pi, e and the functions sqrt, abs, round,
+    For example "(2 + 3) * 4" -> "20". Supports + - * / // % ** (or ^), parentheses, pi, e and the functions sqrt, abs, round,
     floor, ceil, min, max, log, ln, log10, log2, exp, sin, cos, tan, factorial.
     """
     try:
