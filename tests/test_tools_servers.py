@@ -69,7 +69,7 @@ async def test_discovery_lists_every_bundled_tool_with_reserved_arguments_remove
         },
     )
     assert specs["calculate"].description.startswith(
-        'Evaluate an arithmetic expression and return the number.\n\nFor example "(2 + 3) * 4" -> "20".'
+        'Evaluate an arithmetic expression and return the number.\n\n    For example "(2 + 3) * 4" -> "20".'
     )
     assert specs["put"].input_schema["required"] == ["key", "value"]
     assert "episode_id" not in specs["put"].input_schema["properties"]
