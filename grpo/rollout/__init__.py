@@ -1,0 +1,54 @@
+"""Rollout engines: token ids in, sampled token ids and behavior log-probs out.
+
+`make_engine(name, policy=..., tokenizer=..., config=..., device=...)` builds one by name and
+raises on an unknown name, listing the options. `hf` is grpo/rollout/hf.py (CPU, CUDA, MPS);
+`vllm` is the GPU engine (not built yet).
+"""
+
+from __future__ import annotations
+
+from grpo.rollout.base import (
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+)
+
+ENGINES: tuple[str, ...] = ("hf", "vllm")
+
+
+def make_engine(
+    name: str, *, policy, tokenizer=None, config=None, device=None, **options
+) -> RolloutEngine:
+    """Build the rollout engine `name` over `policy` (a transformers / peft model or a wrapper
+    holding one). `config` is the RunConfig (optional): it supplies the engine dtype
+    (`model.dtype`, `auto` = bf16 where the hardware has fast bf16) and the seed. Extra keyword
+    `options` go to the engine class (e.g. `max_batch_size`, `copy_weights`)."""
+    if name == "hf":
+        import torch
+
+        from grpo.devices import compute_dtype
+        from grpo.rollout.hf import HFEngine, language_model_of
+
+        if device is None:
+            device = next(language_model_of(policy).parameters()).device
+        device = torch.device(device)
+        if config is not None:
+            options.setdefault("dtype", compute_dtype(device, config.model.dtype))
+            options.setdefault("seed", config.seed)
+        else:
+            options.setdefault("dtype", compute_dtype(device, "auto"))
+        return HFEngine(policy, tokenizer, device=device, **options)
+    if name == "vllm":
+        raise NotImplementedError("the vllm rollout engine is not implemented yet; use `hf`")
+    raise ValueError(f"unknown rollout engine {name!r}; options: {', '.join(ENGINES)}")
+
+
+__all__ = [
+    "ENGINES",
+    "GenerationRequest",
+    "GenerationResult",
+    "RolloutEngine",
+    "SamplingParams",
+    "make_engine",
+]

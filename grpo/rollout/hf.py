@@ -1,0 +1,433 @@
+"""HFEngine: batched, KV-cached sampling with a transformers causal LM (CPU first; CUDA/MPS work).
+
+One `generate` call runs the requests in waves of up to `max_batch_size` rows:
+
+1. Requests with identical prompt ids (the G samples of a GRPO group) share one prefill: unique
+   prompts are prefilled in length-sorted, left-padded chunks into a preallocated KV cache
+   (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out to every sample.
+2. A decode loop written over the model's own forward (`past_key_values`, an explicit 4-D
+   attention mask and per-row position ids, so left padding gives the same result as unpadded
+   sampling) samples one token per live row and step (grpo/rollout/sampling.py).
+3. Rows that finish (stop token, stop string, max_new_tokens) stop being sampled; once enough of
+   them have finished, the batch and its cache are compacted so they stop costing compute.
+
+Weights: by default the engine keeps its own inference copy of the policy (LoRA merged in):
+Linear weights in bf16, pre-packed for oneDNN and with q/k/v and gate/up fused into one matmul
+each, everything else (embeddings, norms, residual stream, attention, KV cache) in the policy's
+fp32 -- what bf16 autocast computes, without autocast re-casting every weight at every call
+(grpo/rollout/weights.py has the measurements). `sync_weights` copies the policy's current
+weights into the copy. `copy_weights=False` samples from the policy module itself (optionally
+under autocast) instead, and `sync_weights` then has nothing to do.
+
+Reproducibility: a seeded request draws its random numbers from its own generator, so its tokens
+do not depend on its batch company as long as its logits do not. In fp32 they do not (the real
+model, 20 seeded requests × 48 tokens alone vs batched: identical). In bf16, batch shape and
+padding change the last bits of some activations, and bf16 rounding amplifies that: seeded
+requests then reproduce exactly for the same batch, and mostly, not always, across batches.
+
+Thread safety: `generate` may be called from a worker thread (the collector uses
+`asyncio.to_thread`); a lock serialises callers, and torch ops release the GIL while they run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
+from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
+from grpo.rollout.weights import copy_weights_into, inference_copy, is_peft, language_model_of
+
+
+def _check_full_attention(model) -> None:
+    config = (
+        model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    )
+    layer_types = getattr(config, "layer_types", None) or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise NotImplementedError(
+            f"HFEngine handles full-attention layers only; this model also has {other} layers"
+        )
+
+
+@dataclass
+class _Row:
+    """One sequence being sampled."""
+
+    request_index: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    """None for greedy rows (they draw no random numbers)."""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def draw_uniforms(self, out: torch.Tensor) -> None:
+        """This step's random numbers: a fixed count per step from the row's own generator, so
+        its samples never depend on the other rows."""
+        if self.generator is not None and self.finish_reason is None:
+            torch.rand(out.shape, generator=self.generator, dtype=out.dtype, out=out)
+
+    def stop_window(self) -> int:
+        """Generated tokens that can hold a just-completed stop string: a character is at most 4
+        UTF-8 bytes and every token is at least one byte."""
+        return 4 * max(len(s) for s in self.sampling.stop_strings) + 2
+
+
+class HFEngine(RolloutEngine):
+    """Batched KV-cached sampling over a transformers causal LM (see the module docstring).
+
+    model: a transformers causal LM, a peft model, or a wrapper holding one (`language_model_of`).
+    tokenizer: needed only for `stop_strings` (and to find a pad id).
+    dtype: dtype of the copy's Linear weights, i.e. of its matmuls (None: the policy's dtype).
+        Everything else keeps the policy's dtype (grpo/rollout/weights.py).
+    head_dtype: dtype of the copy's LM head (None: `dtype`).
+    autocast_dtype: run forwards under `torch.autocast` in this dtype (for `copy_weights=False`).
+    compact_fraction: compact the batch once this fraction of its rows has finished (0: at every
+        finish; > 1: never).
+    prefill_chunk_tokens: padded prompt tokens per prefill forward (bounds activation memory).
+    seed: seeds the engine's generator, which seeds requests that carry no seed of their own.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = torch.bfloat16,
+        head_dtype: torch.dtype | None = None,
+        copy_weights: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+        max_batch_size: int = 64,
+        compact_fraction: float = 0.25,
+        prefill_chunk_tokens: int = 4096,
+        seed: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        lm = language_model_of(model)
+        self.device = torch.device(device) if device is not None else next(lm.parameters()).device
+        self.tokenizer = tokenizer
+        self.copy_weights = copy_weights
+        self.autocast_dtype = autocast_dtype
+        self.max_batch_size = max_batch_size
+        self.compact_fraction = compact_fraction
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        if copy_weights:
+            self.model = inference_copy(lm, dtype, head_dtype, self.device)
+            # Our 4-D masks are boolean SDPA masks; the copy is ours to configure.
+            self.model.set_attn_implementation("sdpa")
+        else:
+            self.model = lm
+        self._mask_kind = self._attention_mask_kind()
+        _check_full_attention(self._plain_model())
+        config = self._plain_model().config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self._num_layers = text_config.num_hidden_layers
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        self._pad_id = pad if pad is not None else (getattr(text_config, "pad_token_id", None) or 0)
+        self._lock = threading.Lock()
+        self._generator = torch.Generator().manual_seed(seed)
+        self.last_metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ weights
+    def _plain_model(self) -> nn.Module:
+        return self.model.get_base_model() if is_peft(self.model) else self.model
+
+    def _attention_mask_kind(self) -> str:
+        impl = getattr(self._plain_model().config, "_attn_implementation", "sdpa")
+        if impl == "sdpa":
+            return "bool"
+        if impl == "eager":
+            return "additive"
+        raise NotImplementedError(
+            f"HFEngine(copy_weights=False) needs attn_implementation 'sdpa' or 'eager', not {impl!r}"
+        )
+
+    @torch.no_grad()
+    def sync_weights(self, policy) -> None:
+        """Copy the policy's current weights (LoRA merged) into the engine's copy."""
+        lm = language_model_of(policy)
+        if not self.copy_weights:
+            if lm is not self.model:
+                raise ValueError(
+                    "HFEngine(copy_weights=False) samples from the module it was built with"
+                )
+            return
+        with self._lock:
+            copy_weights_into(self.model, lm)
+
+    # --------------------------------------------------------------- generation
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if not requests:
+            return []
+        for request in requests:
+            self._validate(request)
+        with self._lock, torch.inference_mode(), self._autocast(), self._eval_mode():
+            started = time.perf_counter()
+            # Unseeded requests get a seed from the engine's generator, drawn in request order.
+            seeds = [
+                r.sampling.seed
+                if r.sampling.seed is not None
+                else int(torch.randint(0, 2**62, (), generator=self._generator))
+                for r in requests
+            ]
+            results: list[GenerationResult | None] = [None] * len(requests)
+            metrics = {
+                "prefill_seconds": 0.0,
+                "decode_seconds": 0.0,
+                "decode_forward_seconds": 0.0,
+                "sample_seconds": 0.0,
+                "prefill_tokens": 0.0,
+                "decode_steps": 0.0,
+                "compactions": 0.0,
+                "waves": 0.0,
+            }
+            for wave in self._waves(requests):
+                metrics["waves"] += 1
+                self._run_wave(requests, wave, seeds, results, metrics)
+            seconds = time.perf_counter() - started
+            generated = float(sum(len(r.token_ids) for r in results))
+            metrics.update(
+                requests=float(len(requests)),
+                tokens_generated=generated,
+                seconds=seconds,
+                tokens_per_second=generated / seconds if seconds > 0 else 0.0,
+            )
+            self.last_metrics = metrics
+            return results  # type: ignore[return-value]
+
+    def _validate(self, request: GenerationRequest) -> None:
+        s = request.sampling
+        if not request.prompt_ids:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if s.max_new_tokens < 0 or s.temperature < 0 or not 0 < s.top_p <= 1:
+            raise ValueError(f"request {request.request_id!r}: invalid sampling parameters {s}")
+        if s.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need the engine to have a tokenizer")
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    @contextlib.contextmanager
+    def _eval_mode(self):
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
+    def _waves(self, requests: list[GenerationRequest]) -> list[list[int]]:
+        """Request indices in waves of at most max_batch_size, identical prompts kept adjacent."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(tuple(request.prompt_ids), []).append(index)
+        order = [index for members in groups.values() for index in members]
+        return [
+            order[i : i + self.max_batch_size] for i in range(0, len(order), self.max_batch_size)
+        ]
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+        """Logits of the last position: [n, V] (the model's output dtype; the sampler upcasts)."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A boolean [.., q, k] "may attend" mask in the form the attention implementation takes."""
+        if self._mask_kind == "bool":
+            return allowed
+        dtype = self.autocast_dtype or self._plain_model().get_input_embeddings().weight.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min
+        )
+
+    def _prefill(
+        self, prompts: list[tuple[int, ...]], cache: PreallocatedCache, width: int
+    ) -> torch.Tensor:
+        """Prefill unique prompts (sorted longest first) into cache rows 0..U-1, right-aligned at
+        column `width`; returns the logits of each prompt's first sampled token, [U, V]."""
+        device = self.device
+        chunks: list[tuple[int, int]] = []
+        start = 0
+        while start < len(prompts):
+            end = start + 1  # longest first: the chunk's padded length is its first prompt's
+            while (
+                end < len(prompts)
+                and (end - start + 1) * len(prompts[start]) <= self.prefill_chunk_tokens
+            ):
+                end += 1
+            chunks.append((start, end))
+            start = end
+        logits = []
+        for start, end in chunks:
+            lengths = torch.tensor([len(p) for p in prompts[start:end]], device=device)  # [n]
+            length = int(lengths[0])
+            pad = length - lengths  # [n]
+            ids = torch.full(
+                (end - start, length), self._pad_id, dtype=torch.long, device=device
+            )  # [n, L]
+            for j, prompt in enumerate(prompts[start:end]):
+                ids[j, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            columns = torch.arange(length, device=device)  # [L]
+            positions = (columns.unsqueeze(0) - pad.unsqueeze(1)).clamp_(min=0)  # [n, L]
+            if bool((pad == 0).all()):
+                mask = None  # plain causal attention: SDPA's is_causal path
+            else:
+                causal = columns.unsqueeze(1) >= columns.unsqueeze(0)  # [L(q), L(k)]
+                real_key = columns.unsqueeze(0) >= pad.unsqueeze(1)  # [n, L(k)]
+                allowed = causal.unsqueeze(0) & real_key.unsqueeze(1)  # [n, L, L]
+                # Padding queries see only themselves: finite states, never read by real tokens.
+                allowed |= torch.eye(length, dtype=torch.bool, device=device).unsqueeze(0)
+                mask = self._mask(allowed.unsqueeze(1))  # [n, 1, L, L]
+            cache.set_window(slice(start, end), lo=width - length, pos=width - length)
+            logits.append(self._forward(ids, mask, positions, cache))
+        return torch.cat(logits)  # [U, V]
+
+    def _run_wave(
+        self, requests, wave: list[int], seeds: list[int], results: list, metrics: dict
+    ) -> None:
+        device = self.device
+        live_indices = []
+        for index in wave:
+            if requests[index].sampling.max_new_tokens == 0:
+                results[index] = GenerationResult(
+                    [],
+                    [],
+                    "length",
+                    {
+                        "prompt_tokens": float(len(requests[index].prompt_ids)),
+                        "completion_tokens": 0.0,
+                    },
+                )
+            else:
+                live_indices.append(index)
+        if not live_indices:
+            return
+        # Unique prompts, longest first; rows grouped by prompt.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for index in live_indices:
+            groups.setdefault(tuple(requests[index].prompt_ids), []).append(index)
+        prompts = sorted(groups, key=len, reverse=True)
+        rows: list[_Row] = []
+        row_prompt: list[int] = []
+        for u, prompt in enumerate(prompts):
+            for index in groups[prompt]:
+                sampling = requests[index].sampling
+                generator = None
+                if sampling.temperature > 0:
+                    generator = torch.Generator().manual_seed(seeds[index])
+                rows.append(_Row(index, sampling, generator))
+                row_prompt.append(u)
+        batch = len(rows)
+        width = len(prompts[0])  # P: prompts end at column P - 1
+        capacity = width + max(row.sampling.max_new_tokens for row in rows)
+        cache = PreallocatedCache(self._num_layers, batch, capacity, zero_columns=width)
+
+        t0 = time.perf_counter()
+        prompt_logits = self._prefill(prompts, cache, width)  # [U, V]
+        source = torch.tensor(row_prompt, device=device)  # [B]
+        if batch > len(prompts):
+            cache.copy_rows(source, 0, width)  # fan each prompt out to its samples
+        logits = prompt_logits[source]  # [B, V]
+        t1 = time.perf_counter()
+        metrics["prefill_seconds"] += t1 - t0
+        metrics["prefill_tokens"] += float(sum(len(p) for p in prompts))
+
+        start = torch.tensor(
+            [width - len(prompts[u]) for u in row_prompt], device=device
+        )  # [B] first column
+        allowed = torch.arange(capacity, device=device).unsqueeze(0) >= start.unsqueeze(
+            1
+        )  # [B, cap]
+        temperature = torch.tensor([r.sampling.temperature for r in rows], device=device)  # [B]
+        top_p = torch.tensor([r.sampling.top_p for r in rows], device=device)  # [B]
+        n_uniforms = uniforms_per_row(logits.shape[-1])
+        pos = width
+        done_in_batch = 0
+        while True:
+            uniforms = torch.full((len(rows), n_uniforms), 0.5, dtype=torch.float64)  # [B, U]
+            for row, row_uniforms in zip(rows, uniforms):
+                row.draw_uniforms(row_uniforms)
+            t_sample = time.perf_counter()
+            tokens, logprobs = sample_next_tokens(logits, temperature, top_p, uniforms)  # [B], [B]
+            metrics["sample_seconds"] += time.perf_counter() - t_sample
+            for row, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist()):
+                if row.finish_reason is None:
+                    row.tokens.append(token)
+                    row.logprobs.append(logprob)
+                    row.finish_reason = self._finish_reason(row, token)
+                    done_in_batch += row.finish_reason is not None
+            if done_in_batch == len(rows):
+                break
+            if done_in_batch and done_in_batch >= self.compact_fraction * len(rows):
+                keep_list = [i for i, row in enumerate(rows) if row.finish_reason is None]
+                for row in rows:
+                    if row.finish_reason is not None:
+                        self._finish(requests, row, results)
+                keep = torch.tensor(keep_list, device=device)
+                lo = int(start[keep].min())
+                cache.select_rows(keep, lo, pos)
+                rows = [rows[i] for i in keep_list]
+                tokens, start, allowed = tokens[keep], start[keep], allowed[keep]
+                temperature, top_p = temperature[keep], top_p[keep]
+                done_in_batch = 0
+                metrics["compactions"] += 1
+            lo = int(start.min())
+            cache.set_window(slice(0, len(rows)), lo=lo, pos=pos)
+            mask = self._mask(allowed[:, None, None, lo : pos + 1])  # [B, 1, 1, pos + 1 - lo]
+            positions = (pos - start).unsqueeze(1)  # [B, 1]
+            t_forward = time.perf_counter()
+            logits = self._forward(tokens.unsqueeze(1), mask, positions, cache)  # [B, V]
+            metrics["decode_forward_seconds"] += time.perf_counter() - t_forward
+            pos += 1
+            metrics["decode_steps"] += 1
+        for row in rows:
+            self._finish(requests, row, results)
+        metrics["decode_seconds"] += time.perf_counter() - t1
+
+    def _finish_reason(self, row: _Row, token: int) -> str | None:
+        sampling = row.sampling
+        if token in sampling.stop_token_ids:
+            return "stop"
+        if sampling.stop_strings:
+            text = self.tokenizer.decode(
+                row.tokens[-row.stop_window() :],
+                skip_special_tokens=False,
+                clean_up_tokenization_spaces=False,
+            )
+            if any(stop in text for stop in sampling.stop_strings):
+                return "stop"
+        if len(row.tokens) >= sampling.max_new_tokens:
+            return "length"
+        return None
+
+    @staticmethod
+    def _finish(requests, row: _Row, results: list) -> None:
+        prompt_tokens = len(requests[row.request_index].prompt_ids)
+        results[row.request_index] = GenerationResult(
+            token_ids=row.tokens,
+            behavior_logprobs=row.logprobs,
+            finish_reason=row.finish_reason or "length",
+            metrics={
+                "prompt_tokens": float(prompt_tokens),
+                "completion_tokens": float(len(row.tokens)),
+            },
+        )

@@ -1,0 +1,116 @@
+"""A preallocated KV cache for batched sampling, plugged into a transformers model's forward.
+
+Layout: one buffer per layer, keys and values `[rows, kv_heads, capacity, head_dim]`. Prompts are
+right-aligned at column P (the longest prompt's length): every row's first sampled token goes to
+column P, the next to P + 1, and so on, so one decode step writes one column for the whole batch
+and attends over a view `[lo, pos]` of the buffer. Nothing is concatenated or reallocated per
+step (transformers' DynamicCache copies the whole cache every step). Columns left of a row's
+prompt are masked by the caller's attention mask.
+
+A forward covers a `CacheWindow`: a contiguous slice of rows (prefill chunks fill some rows at a
+time), the first column attended (`lo`) and the column written first (`pos`). `select_rows`
+compacts finished rows away and `copy_rows` fans a prefilled prompt out to the rows sharing it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+@dataclass
+class CacheWindow:
+    """What the next forward reads and writes; shared by all layers of one cache."""
+
+    rows: slice
+    lo: int
+    """First column attended."""
+    pos: int
+    """First column the forward writes (its query tokens occupy [pos, pos + q))."""
+
+
+class _PreallocatedLayer(CacheLayerMixin):
+    is_compileable = False
+    is_croppable = False
+    is_sliding = False
+
+    def __init__(self, window: CacheWindow, batch: int, capacity: int, zero_columns: int) -> None:
+        super().__init__()
+        self.window = window
+        self.batch = batch
+        self.capacity = capacity
+        self.zero_columns = zero_columns
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        _, heads, _, key_dim = key_states.shape
+        value_dim = value_states.shape[-1]
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = torch.empty(
+            self.batch, heads, self.capacity, key_dim, dtype=self.dtype, device=self.device
+        )
+        self.values = torch.empty(
+            self.batch, heads, self.capacity, value_dim, dtype=self.dtype, device=self.device
+        )
+        # Masked columns are still multiplied by zero attention weights: garbage memory there could
+        # hold NaN/inf bit patterns and poison the sum. Columns from P on are written before read.
+        self.keys[:, :, : self.zero_columns].zero_()
+        self.values[:, :, : self.zero_columns].zero_()
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        w = self.window
+        end = w.pos + key_states.shape[-2]
+        self.keys[w.rows, :, w.pos : end] = key_states
+        self.values[w.rows, :, w.pos : end] = value_states
+        return self.keys[w.rows, :, w.lo : end], self.values[w.rows, :, w.lo : end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.window.pos - self.window.lo + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.window.pos - self.window.lo
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def select_rows(self, keep: torch.Tensor, lo: int, end: int) -> None:
+        """Move rows `keep` (ascending) to the front, columns [lo, end) only."""
+        if self.is_initialized:
+            n = keep.numel()
+            self.keys[:n, :, lo:end] = self.keys[keep, :, lo:end]
+            self.values[:n, :, lo:end] = self.values[keep, :, lo:end]
+
+    def copy_rows(self, source: torch.Tensor, lo: int, end: int) -> None:
+        """Row i becomes a copy of row source[i], columns [lo, end)."""
+        if self.is_initialized:
+            n = source.numel()
+            self.keys[:n, :, lo:end] = self.keys[source, :, lo:end]
+            self.values[:n, :, lo:end] = self.values[source, :, lo:end]
+
+
+class PreallocatedCache(Cache):
+    """KV cache for `batch` rows of up to `capacity` tokens; columns [0, zero_columns) start zeroed."""
+
+    def __init__(self, num_layers: int, batch: int, capacity: int, zero_columns: int) -> None:
+        self.window = CacheWindow(rows=slice(0, batch), lo=0, pos=0)
+        super().__init__(
+            layers=[
+                _PreallocatedLayer(self.window, batch, capacity, zero_columns)
+                for _ in range(num_layers)
+            ]
+        )
+
+    def set_window(self, rows: slice, lo: int, pos: int) -> None:
+        self.window.rows, self.window.lo, self.window.pos = rows, lo, pos
+
+    def select_rows(self, keep: torch.Tensor, lo: int, end: int) -> None:
+        for layer in self.layers:
+            layer.select_rows(keep, lo, end)
+
+    def copy_rows(self, source: torch.Tensor, lo: int, end: int) -> None:
+        for layer in self.layers:
+            layer.copy_rows(source, lo, end)

@@ -1,0 +1,139 @@
+"""Per-row next-token sampling: temperature, top-p, greedy; seeded and batch-invariant.
+
+Seeded requests must give the same tokens whatever else shares their batch. Every row therefore
+draws its random numbers from its own `torch.Generator`, a fixed count per step, and the sampler
+must be robust to the last-bit logit differences that different batch shapes cause (matmul
+blocking, padding): a sampled token may only change when two candidates are within that noise.
+
+That rules out inverse-CDF sampling (one uniform against the cumulative sum): every one of the
+V boundaries of the cumulative sum moves with the noise, and on a wide distribution ~1% of steps
+flipped to a neighbouring token when the batch changed. The Gumbel-max trick (argmax of
+log p + Gumbel noise) only flips on a near-tie of the two best noisy scores, but needs V random
+numbers per row and step (~100 ms per step at batch 64 × 49k vocab on a 2-core CPU).
+
+So sampling is hierarchical Gumbel-max: the vocabulary is cut into chunks of `CHUNK` tokens; a
+chunk is drawn by Gumbel-max over the chunks' log-masses (max of a chunk's Gumbel-perturbed
+scores is itself Gumbel around the chunk's log-sum-exp), then a token inside it by Gumbel-max over
+its log-probs. Exact in distribution, robust to last-bit noise, and only `uniforms_per_row(V)` (448 for 49k)
+random numbers per row and step.
+
+Top-p keeps the shortest prefix of tokens sorted by probability whose mass reaches top_p (the
+crossing token included; tokens tied with it are kept too). It reads that prefix off a `topk` of
+growing size (256, 4096, all) instead of sorting the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK = 256
+"""Tokens per chunk of the hierarchical Gumbel-max."""
+_TOPK_STEPS = (256, 4096)
+"""topk sizes tried for the nucleus before a full sort."""
+
+
+def _num_chunks(vocab: int) -> int:
+    return -(-vocab // CHUNK)
+
+
+def uniforms_per_row(vocab: int) -> int:
+    """Random numbers one row draws per step: one per chunk, then one per token of a chunk."""
+    return _num_chunks(vocab) + CHUNK
+
+
+def _gumbel(uniforms: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise from uniforms in [0, 1) (u = 0 gives -inf: never wins)."""
+    return -torch.log(-torch.log(uniforms))
+
+
+def _nucleus_threshold(
+    weights: torch.Tensor, total: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Per row, the weight of the token whose cumulative mass (in descending order) first reaches
+    top_p: the smallest weight the nucleus keeps. weights [R, V] >= 0, total [R], top_p [R]."""
+    rows, vocab = weights.shape
+    threshold = torch.empty(rows, dtype=weights.dtype, device=weights.device)
+    pending = torch.arange(rows, device=weights.device)
+    for k in (*[s for s in _TOPK_STEPS if s < vocab], vocab):
+        values, _ = weights[pending].topk(k, dim=-1)  # [P, k] descending
+        mass = values.double().cumsum(-1) / total[pending].unsqueeze(-1)  # [P, k]
+        target = top_p[pending].unsqueeze(-1)  # [P, 1]
+        reached = (mass[:, -1:] >= target).squeeze(-1) | (k == vocab)  # [P]
+        crossing = (mass < target).sum(-1).clamp_(max=k - 1)  # [P] index of the crossing token
+        found = reached.nonzero().squeeze(-1)
+        threshold[pending[found]] = values[found, crossing[found]]
+        pending = pending[~reached]
+        if pending.numel() == 0:
+            break
+    return threshold
+
+
+@torch.inference_mode()
+def sample_next_tokens(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row.
+
+    logits [B, V] (any float dtype; the arithmetic runs in fp32), temperature [B] (0 = greedy
+    argmax), top_p [B], uniforms [B, uniforms_per_row(V)] in [0, 1), drawn from each row's own
+    generator (unused by greedy rows).
+    Returns (tokens [B] int64, behavior_logprobs [B] fp32): log softmax(logits / T) at the token,
+    T = 1 for greedy rows, before top-p truncation.
+    """
+    batch, vocab = logits.shape
+    device = logits.device
+    n_chunks = _num_chunks(vocab)
+    temperature = temperature.to(device=device, dtype=torch.float32)
+    top_p = top_p.to(device=device, dtype=torch.float64)
+    greedy = temperature <= 0  # [B]
+    scale = torch.where(greedy, 1.0, temperature).unsqueeze(-1)  # [B, 1]
+    scaled = bool((scale != 1).any())
+    # Five cheap passes over [B, V]: fp32 copy, max, shift, exp, chunk sums (on bf16 logits, max and
+    # a mixed-dtype subtract are each slower than converting once).
+    weights = torch.empty(
+        batch, n_chunks * CHUNK, dtype=torch.float32, device=device
+    )  # [B, C*CHUNK]
+    weights[:, vocab:] = 0.0  # padding of the last chunk: weight 0, never sampled
+    body = weights[:, :vocab]  # [B, V]
+    body.copy_(logits)
+    row_max = body.amax(-1, keepdim=True)  # [B, 1]
+    body.sub_(row_max)
+    if scaled:
+        body.div_(scale)
+    body.exp_()  # exp((logits - max) / T)
+    chunk_mass = weights.view(batch, n_chunks, CHUNK).sum(-1)  # [B, C]
+    total = chunk_mass.sum(-1, dtype=torch.float64)  # [B]
+    log_normalizer = (row_max / scale).squeeze(-1) + total.log().float()  # [B]
+
+    def logprobs_of(tokens: torch.Tensor) -> torch.Tensor:
+        chosen = logits.gather(-1, tokens.unsqueeze(-1)).float() / scale  # [B, 1]
+        return chosen.squeeze(-1) - log_normalizer  # [B]
+
+    def argmax() -> torch.Tensor:
+        # exp is monotonic and the max maps to exactly 1, so this is the logits' argmax; fp32
+        # argmax is several times faster than bf16 argmax on CPU.
+        return weights[:, :vocab].argmax(-1)  # [B]
+
+    if bool(greedy.all()):
+        tokens = argmax()
+        return tokens, logprobs_of(tokens)
+
+    nucleus = ~greedy & (top_p < 1.0)
+    if bool(nucleus.any()):
+        rows = nucleus.nonzero().squeeze(-1)
+        threshold = _nucleus_threshold(weights[rows, :vocab], total[rows], top_p[rows])  # [R]
+        kept = weights[rows]
+        weights[rows] = kept.masked_fill_(kept < threshold.unsqueeze(-1), 0.0)
+        chunk_mass[rows] = weights[rows].view(rows.numel(), n_chunks, CHUNK).sum(-1)
+
+    uniforms = uniforms.to(device=device, dtype=torch.float64)
+    chunk = (chunk_mass.double().log() + _gumbel(uniforms[:, :n_chunks])).argmax(-1)  # [B]
+    inside = weights.view(batch, n_chunks, CHUNK)[
+        torch.arange(batch, device=device), chunk
+    ]  # [B, CHUNK]
+    offset = (inside.double().log() + _gumbel(uniforms[:, n_chunks:])).argmax(-1)  # [B]
+    tokens = chunk * CHUNK + offset  # [B]
+    if bool(greedy.any()):
+        tokens = torch.where(greedy, argmax(), tokens)
+    logprobs = logprobs_of(tokens)  # [B]
+    return tokens, logprobs
