@@ -62,12 +62,12 @@ async def validate(config: RunConfig) -> Report:
     except (ModelSourceError, OSError, ValueError) as exc:
         report.add(False, f"model: {exc}")
 
-    from environments.data import DatasetError, train_validation_split
+    from environments.data import TaskDataError, train_validation_split
 
     try:
         train, val = train_validation_split(config.data)
         report.add(True, f"dataset: {len(train)} training tasks, {len(val)} held-out tasks")
-    except (DatasetError, OSError, ValueError) as exc:
+    except (TaskDataError, OSError, ValueError) as exc:
         report.add(False, f"dataset: {exc}")
 
     for name, server in config.tools.servers.items():
