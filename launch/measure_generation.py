@@ -1,13 +1,14 @@
 """Measure HFEngine sampling speed on the embedded default model against the CPU's bf16 peak.
 
     .venv/bin/python -m launch.measure_generation                     # batches 1, 16, 64
-    .venv/bin/python -m launch.measure_generation --batches 64 --variants mixed-bf16 fp32
+    .venv/bin/python -m launch.measure_generation --batches 64 --variants bf16 fp32
     .venv/bin/python -m launch.measure_generation --group 8 --compact 0 0.25 2
 
 The work: SmolLM2-135M-Instruct, chat-template prompts "What is A * B? Answer with the number
 only." (48 tokens, random 3-digit A and B, every prompt distinct unless --group G makes groups of
 G identical prompts), 64 new tokens each at temperature 1 and no stop token, so every row runs
-to the end (--stop: rows end at the eos token instead, at different steps). The peak is measured in the same run: a 2048² bf16 matmul on the same threads.
+to the end (--stop: rows end at the eos token instead, at different steps). The peak is measured
+in the same run: a 2048² bf16 matmul on the same threads.
 Fraction of peak = tokens/s × 2 × parameters (FLOP per token of the forward) / peak.
 
 Variants (the engine's weight copy, grpo/rollout/weights.py):

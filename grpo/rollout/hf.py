@@ -21,9 +21,11 @@ under autocast) instead, and `sync_weights` then has nothing to do.
 
 Reproducibility: a seeded request draws its random numbers from its own generator, so its tokens
 do not depend on its batch company as long as its logits do not. In fp32 they do not (the real
-model, 20 seeded requests × 48 tokens alone vs batched: identical). In bf16, batch shape and
-padding change the last bits of some activations, and bf16 rounding amplifies that: seeded
-requests then reproduce exactly for the same batch, and mostly, not always, across batches.
+model, 20 seeded requests × 48 tokens, alone vs batched together: identical tokens and
+log-probs). In bf16, batch shape and padding change the last bits of some activations and bf16
+rounding amplifies that: seeded requests reproduce exactly in the same batch, but 9 of those 20
+diverged somewhere within 48 tokens when batched. Use `dtype=None` (an fp32 copy, ~2.5x slower
+on CPU) where batch-independent reproducibility matters more than speed.
 
 Thread safety: `generate` may be called from a worker thread (the collector uses
 `asyncio.to_thread`); a lock serialises callers, and torch ops release the GIL while they run.
@@ -34,14 +36,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
+from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
+from grpo.rollout.sequence import Sequence
 from grpo.rollout.weights import copy_weights_into, inference_copy, is_peft, language_model_of
 
 
@@ -55,30 +57,6 @@ def _check_full_attention(model) -> None:
         raise NotImplementedError(
             f"HFEngine handles full-attention layers only; this model also has {other} layers"
         )
-
-
-@dataclass
-class _Row:
-    """One sequence being sampled."""
-
-    request_index: int
-    sampling: SamplingParams
-    generator: torch.Generator | None
-    """None for greedy rows (they draw no random numbers)."""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    def draw_uniforms(self, out: torch.Tensor) -> None:
-        """This step's random numbers: a fixed count per step from the row's own generator, so
-        its samples never depend on the other rows."""
-        if self.generator is not None and self.finish_reason is None:
-            torch.rand(out.shape, generator=self.generator, dtype=out.dtype, out=out)
-
-    def stop_window(self) -> int:
-        """Generated tokens that can hold a just-completed stop string: a character is at most 4
-        UTF-8 bytes and every token is at least one byte."""
-        return 4 * max(len(s) for s in self.sampling.stop_strings) + 2
 
 
 class HFEngine(RolloutEngine):
@@ -149,7 +127,8 @@ class HFEngine(RolloutEngine):
         if impl == "eager":
             return "additive"
         raise NotImplementedError(
-            f"HFEngine(copy_weights=False) needs attn_implementation 'sdpa' or 'eager', not {impl!r}"
+            "HFEngine(copy_weights=False) needs attn_implementation 'sdpa' or 'eager', "
+            f"not {impl!r}"
         )
 
     @torch.no_grad()
@@ -164,6 +143,12 @@ class HFEngine(RolloutEngine):
             return
         with self._lock:
             copy_weights_into(self.model, lm)
+
+    def close(self) -> None:
+        """Drop the engine's weight copy (the engine cannot generate afterwards)."""
+        with self._lock:
+            if self.copy_weights:
+                self.model = None
 
     # --------------------------------------------------------------- generation
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -304,64 +289,58 @@ class HFEngine(RolloutEngine):
     def _run_wave(
         self, requests, wave: list[int], seeds: list[int], results: list, metrics: dict
     ) -> None:
-        device = self.device
-        live_indices = []
         for index in wave:
             if requests[index].sampling.max_new_tokens == 0:
-                results[index] = GenerationResult(
-                    [],
-                    [],
-                    "length",
-                    {
-                        "prompt_tokens": float(len(requests[index].prompt_ids)),
-                        "completion_tokens": 0.0,
-                    },
-                )
-            else:
-                live_indices.append(index)
-        if not live_indices:
-            return
-        # Unique prompts, longest first; rows grouped by prompt.
+                results[index] = Sequence(index, requests[index].sampling, None).result(requests)
+        # Unique prompts, longest first; the rows of one prompt adjacent.
         groups: dict[tuple[int, ...], list[int]] = {}
-        for index in live_indices:
-            groups.setdefault(tuple(requests[index].prompt_ids), []).append(index)
+        for index in wave:
+            if requests[index].sampling.max_new_tokens > 0:
+                groups.setdefault(tuple(requests[index].prompt_ids), []).append(index)
+        if not groups:
+            return
         prompts = sorted(groups, key=len, reverse=True)
-        rows: list[_Row] = []
+        rows: list[Sequence] = []
         row_prompt: list[int] = []
         for u, prompt in enumerate(prompts):
             for index in groups[prompt]:
                 sampling = requests[index].sampling
-                generator = None
-                if sampling.temperature > 0:
-                    generator = torch.Generator().manual_seed(seeds[index])
-                rows.append(_Row(index, sampling, generator))
+                seeded = torch.Generator().manual_seed(seeds[index])
+                rows.append(Sequence(index, sampling, seeded if sampling.temperature > 0 else None))
                 row_prompt.append(u)
-        batch = len(rows)
-        width = len(prompts[0])  # P: prompts end at column P - 1
+        width = len(prompts[0])  # P: every prompt ends at column P - 1
         capacity = width + max(row.sampling.max_new_tokens for row in rows)
-        cache = PreallocatedCache(self._num_layers, batch, capacity, zero_columns=width)
+        cache = PreallocatedCache(self._num_layers, len(rows), capacity, zero_columns=width)
 
-        t0 = time.perf_counter()
+        started = time.perf_counter()
         prompt_logits = self._prefill(prompts, cache, width)  # [U, V]
-        source = torch.tensor(row_prompt, device=device)  # [B]
-        if batch > len(prompts):
+        source = torch.tensor(row_prompt, device=self.device)  # [B]
+        if len(rows) > len(prompts):
             cache.copy_rows(source, 0, width)  # fan each prompt out to its samples
-        logits = prompt_logits[source]  # [B, V]
-        t1 = time.perf_counter()
-        metrics["prefill_seconds"] += t1 - t0
+        metrics["prefill_seconds"] += time.perf_counter() - started
         metrics["prefill_tokens"] += float(sum(len(p) for p in prompts))
 
-        start = torch.tensor(
-            [width - len(prompts[u]) for u in row_prompt], device=device
-        )  # [B] first column
-        allowed = torch.arange(capacity, device=device).unsqueeze(0) >= start.unsqueeze(
-            1
-        )  # [B, cap]
+        started = time.perf_counter()
+        first_column = [width - len(prompts[u]) for u in row_prompt]
+        self._decode(
+            requests, rows, cache, prompt_logits[source], first_column, width, results, metrics
+        )
+        metrics["decode_seconds"] += time.perf_counter() - started
+
+    def _decode(
+        self, requests, rows: list[Sequence], cache, logits, first_column, pos, results, metrics
+    ) -> None:
+        """Sample until every row has finished. `logits` [B, V] predict each row's first token;
+        row b's prompt occupies cache columns [first_column[b], pos)."""
+        device = self.device
+        start = torch.tensor(first_column, device=device)  # [B]
+        columns = torch.arange(cache.layers[0].capacity, device=device)  # [cap]
+        # allowed[b, c]: column c holds one of row b's tokens (left of its prompt: padding)
+        allowed = columns.unsqueeze(0) >= start.unsqueeze(1)  # [B, cap]
         temperature = torch.tensor([r.sampling.temperature for r in rows], device=device)  # [B]
         top_p = torch.tensor([r.sampling.top_p for r in rows], device=device)  # [B]
         n_uniforms = uniforms_per_row(logits.shape[-1])
-        pos = width
-        done_in_batch = 0
+        finished = 0  # rows finished but not yet compacted away
         while True:
             uniforms = torch.full((len(rows), n_uniforms), 0.5, dtype=torch.float64)  # [B, U]
             for row, row_uniforms in zip(rows, uniforms):
@@ -373,22 +352,22 @@ class HFEngine(RolloutEngine):
                 if row.finish_reason is None:
                     row.tokens.append(token)
                     row.logprobs.append(logprob)
-                    row.finish_reason = self._finish_reason(row, token)
-                    done_in_batch += row.finish_reason is not None
-            if done_in_batch == len(rows):
+                    row.finish_reason = row.finish_reason_after(token, self.tokenizer)
+                    finished += row.finish_reason is not None
+            if finished == len(rows):
                 break
-            if done_in_batch and done_in_batch >= self.compact_fraction * len(rows):
-                keep_list = [i for i, row in enumerate(rows) if row.finish_reason is None]
+            if finished and finished >= self.compact_fraction * len(rows):
+                # Finished rows leave the batch and the cache: they stop costing compute.
                 for row in rows:
                     if row.finish_reason is not None:
-                        self._finish(requests, row, results)
+                        results[row.request_index] = row.result(requests)
+                keep_list = [i for i, row in enumerate(rows) if row.finish_reason is None]
                 keep = torch.tensor(keep_list, device=device)
-                lo = int(start[keep].min())
-                cache.select_rows(keep, lo, pos)
+                cache.select_rows(keep, int(start[keep].min()), pos)
                 rows = [rows[i] for i in keep_list]
                 tokens, start, allowed = tokens[keep], start[keep], allowed[keep]
                 temperature, top_p = temperature[keep], top_p[keep]
-                done_in_batch = 0
+                finished = 0
                 metrics["compactions"] += 1
             lo = int(start.min())
             cache.set_window(slice(0, len(rows)), lo=lo, pos=pos)
@@ -400,34 +379,4 @@ class HFEngine(RolloutEngine):
             pos += 1
             metrics["decode_steps"] += 1
         for row in rows:
-            self._finish(requests, row, results)
-        metrics["decode_seconds"] += time.perf_counter() - t1
-
-    def _finish_reason(self, row: _Row, token: int) -> str | None:
-        sampling = row.sampling
-        if token in sampling.stop_token_ids:
-            return "stop"
-        if sampling.stop_strings:
-            text = self.tokenizer.decode(
-                row.tokens[-row.stop_window() :],
-                skip_special_tokens=False,
-                clean_up_tokenization_spaces=False,
-            )
-            if any(stop in text for stop in sampling.stop_strings):
-                return "stop"
-        if len(row.tokens) >= sampling.max_new_tokens:
-            return "length"
-        return None
-
-    @staticmethod
-    def _finish(requests, row: _Row, results: list) -> None:
-        prompt_tokens = len(requests[row.request_index].prompt_ids)
-        results[row.request_index] = GenerationResult(
-            token_ids=row.tokens,
-            behavior_logprobs=row.logprobs,
-            finish_reason=row.finish_reason or "length",
-            metrics={
-                "prompt_tokens": float(prompt_tokens),
-                "completion_tokens": float(len(row.tokens)),
-            },
-        )
+            results[row.request_index] = row.result(requests)

@@ -93,7 +93,8 @@ class _PreallocatedLayer(CacheLayerMixin):
 
 
 class PreallocatedCache(Cache):
-    """KV cache for `batch` rows of up to `capacity` tokens; columns [0, zero_columns) start zeroed."""
+    """KV cache for `batch` rows of up to `capacity` tokens; columns [0, zero_columns) start
+    zeroed."""
 
     def __init__(self, num_layers: int, batch: int, capacity: int, zero_columns: int) -> None:
         self.window = CacheWindow(rows=slice(0, batch), lo=0, pos=0)

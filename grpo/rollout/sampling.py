@@ -14,8 +14,8 @@ numbers per row and step (~100 ms per step at batch 64 × 49k vocab on a 2-core 
 So sampling is hierarchical Gumbel-max: the vocabulary is cut into chunks of `CHUNK` tokens; a
 chunk is drawn by Gumbel-max over the chunks' log-masses (max of a chunk's Gumbel-perturbed
 scores is itself Gumbel around the chunk's log-sum-exp), then a token inside it by Gumbel-max over
-its log-probs. Exact in distribution, robust to last-bit noise, and only `uniforms_per_row(V)` (448 for 49k)
-random numbers per row and step.
+its log-probs. Exact in distribution, robust to last-bit noise, and only `uniforms_per_row(V)`
+(448 for 49k) random numbers per row and step.
 
 Top-p keeps the shortest prefix of tokens sorted by probability whose mass reaches top_p (the
 crossing token included; tokens tied with it are kept too). It reads that prefix off a `topk` of

@@ -5,10 +5,13 @@ matmuls (embeddings, norms, the residual stream, rotary, attention, KV cache) in
 dtype, while the Linear layers get bf16 weights: the input is rounded to bf16, as under bf16
 autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN
 (`_Matmul`), and sibling projections that read the same input run as one matmul (q/k/v,
-gate/up). Measured on SmolLM2-135M (16 seeded completions, mean |Δ log-prob| of the sampled
-tokens against a plain fp32 forward): a plain all-bf16 copy 0.042 (its bf16 residual stream is
-noisy: SmolLM2's hidden states carry large outliers), this mixed copy 0.028 with a bf16 LM head,
-0.018 with an fp32 head, fp32 autocast-free 0.000; bf16 autocast over the fp32 policy 0.029.
+gate/up). Measured on SmolLM2-135M, 2 threads, batch 64, 64 new tokens
+(launch/measure_generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
+bf16 autocast over the fp32 policy 285. Mean |Δ log-prob| of the sampled tokens against a plain
+fp32 forward of the whole sequence (16 seeded completions, ~690 tokens): this copy 0.027, with an
+fp32 LM head 0.018, bf16 autocast 0.029, an fp32 copy 0.000; an all-bf16 copy (bf16 residual
+stream: SmolLM2's hidden states carry large outliers) was 0.042, too close to the trainer's 0.05
+tolerance.
 
 `copy_weights_into` (sync_weights) copies tensors by name from the policy, casting as it goes,
 then re-packs the packed weights.
@@ -44,7 +47,8 @@ def language_model_of(policy) -> nn.Module:
         if isinstance(inner, PreTrainedModel) or is_peft(inner):
             return inner
     raise TypeError(
-        f"cannot find a causal LM in {type(policy).__name__}: pass a transformers model, a peft model, "
+        f"cannot find a causal LM in {type(policy).__name__}: pass a transformers model, a peft "
+        "model, "
         "or a wrapper holding one as .model / .lm / .causal_lm / .pretrained_model"
     )
 
