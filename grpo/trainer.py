@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +21,13 @@ from grpo.config import RunConfig, save_config
 from grpo.evaluation import evaluate
 from grpo.metrics import MetricsLogger, setup_console_logging
 from grpo.task_stream import TaskStream
-from grpo.update import NonFiniteLossError, UpdateSettings, make_optimizer, make_scheduler, train_step
+from grpo.update import (
+    NonFiniteLossError,
+    UpdateSettings,
+    make_optimizer,
+    make_scheduler,
+    train_step,
+)
 
 log = logging.getLogger("mcp_grpo")
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from grpo.advantages import gae, outcome_advantages, token_rewards_from_outcome
-from grpo.loss import LossInputs, LossSettings, compute_policy_loss, kl_reward_penalty, loss_denominator
+from grpo.loss import (
+    LossInputs,
+    LossSettings,
+    compute_policy_loss,
+    kl_reward_penalty,
+    loss_denominator,
+)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -48,7 +54,7 @@ class UpdateSettings:
         return self.advantage == "gae"
 
     @classmethod
-    def from_config(cls, cfg, pad_token_id: int = 0) -> "UpdateSettings":
+    def from_config(cls, cfg, pad_token_id: int = 0) -> UpdateSettings:
         algo = cfg.algorithm
         return cls(
             # Dr. GRPO's constant L: the most tokens an episode may hold.

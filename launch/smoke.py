@@ -14,7 +14,6 @@ import math
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
