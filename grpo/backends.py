@@ -8,6 +8,7 @@ builds the rollout engine, and says why it was chosen (the launcher prints that)
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from grpo.config import BACKENDS
+from grpo.rollout.vllm_params import vllm_enabled
+
+log = logging.getLogger(__name__)
 
 
 class BackendUnavailable(RuntimeError):
@@ -71,16 +75,27 @@ class HFCudaBackend(Backend):
 
 @dataclass
 class VLLMBackend(HFCudaBackend):
+    """Trains on CUDA with HF, samples with vLLM (grpo/rollout/vllm.py). With `ENABLE_VLLM=0`
+    or `vllm.enabled: false` it samples with the HF engine on the same GPU (logged)."""
+
     name: str = "vllm"
 
     def device(self) -> torch.device:
-        if importlib.util.find_spec("vllm") is None:
-            raise BackendUnavailable("backend=vllm: the vllm package is not installed (pip install '.[vllm]')")
+        if vllm_enabled() and importlib.util.find_spec("vllm") is None:
+            raise BackendUnavailable(
+                "backend=vllm: the vllm package is not installed (make install-gpu, or pip install "
+                "'.[vllm]'); set ENABLE_VLLM=0 to sample with the HF engine instead"
+            )
         return super().device()
 
     def make_engine(self, policy, tokenizer, config):
         from grpo.rollout import make_engine
 
+        if not vllm_enabled(config.vllm.enabled):
+            source = "ENABLE_VLLM" if os.environ.get("ENABLE_VLLM", "").strip() else "vllm.enabled"
+            log.info("backend=vllm: vLLM disabled by %s; sampling with the HF engine on %s",
+                     source, self.device())
+            return super().make_engine(policy, tokenizer, config)
         return make_engine("vllm", policy=policy, tokenizer=tokenizer, config=config, device=self.device())
 
 
@@ -115,7 +130,7 @@ def resolve_auto() -> tuple[str, str]:
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         return "deepspeed", "running under accelerate with a DeepSpeed config"
     if torch.cuda.is_available():
-        if importlib.util.find_spec("vllm") is not None and os.environ.get("ENABLE_VLLM", "1") != "0":
+        if importlib.util.find_spec("vllm") is not None and vllm_enabled():
             return "vllm", "CUDA is available and vllm is installed"
         return "hf", "CUDA is available, vllm is not installed (or ENABLE_VLLM=0)"
     if torch.backends.mps.is_available():

@@ -2,7 +2,8 @@
 
 `make_engine(name, policy=..., tokenizer=..., config=..., device=...)` builds one by name and
 raises on an unknown name, listing the options. `hf` is grpo/rollout/hf.py (CPU, CUDA, MPS);
-`vllm` is the GPU engine (not built yet).
+`vllm` is grpo/rollout/vllm.py (CUDA, the vllm package; settings from the config's `vllm:` section
+and the ENABLE_VLLM / VLLM_MAX_MODEL_LEN / VLLM_GPU_MEMORY_UTILIZATION environment variables).
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ def make_engine(
             options.setdefault("dtype", compute_dtype(device, "auto"))
         return HFEngine(policy, tokenizer, device=device, **options)
     if name == "vllm":
-        raise NotImplementedError("the vllm rollout engine is not implemented yet; use `hf`")
+        from grpo.rollout.vllm import VLLMEngine, check_vllm_available
+
+        check_vllm_available()
+        if config is None:
+            raise ValueError("make_engine('vllm') needs the RunConfig (config=...)")
+        return VLLMEngine.from_config(policy, tokenizer, config, device or "cuda", **options)
     raise ValueError(f"unknown rollout engine {name!r}; options: {', '.join(ENGINES)}")
 
 

@@ -58,5 +58,10 @@ class RolloutEngine(ABC):
     def sync_weights(self, policy) -> None:
         """Make the engine sample from the policy's current weights (after an update)."""
 
+    def sleep(self) -> None:
+        """Release accelerator memory while the trainer updates the policy; the next `generate`
+        or `sync_weights` takes it back. A no-op unless the engine supports it (vLLM with
+        `vllm.enable_sleep_mode`)."""
+
     def close(self) -> None:
         """Release engine resources."""

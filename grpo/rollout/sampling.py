@@ -41,6 +41,12 @@ def uniforms_per_row(vocab: int) -> int:
     return _num_chunks(vocab) + CHUNK
 
 
+def wide_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the sampler's sums and Gumbel scores: float64, except on MPS, which has no
+    float64 (float32 there: the masses are sums of at most V terms in [0, 1], well within range)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def _gumbel(uniforms: torch.Tensor) -> torch.Tensor:
     """Standard Gumbel noise from uniforms in [0, 1) (u = 0 gives -inf: never wins)."""
     return -torch.log(-torch.log(uniforms))
@@ -56,7 +62,7 @@ def _nucleus_threshold(
     pending = torch.arange(rows, device=weights.device)
     for k in (*[s for s in _TOPK_STEPS if s < vocab], vocab):
         values, _ = weights[pending].topk(k, dim=-1)  # [P, k] descending
-        mass = values.double().cumsum(-1) / total[pending].unsqueeze(-1)  # [P, k]
+        mass = values.to(total.dtype).cumsum(-1) / total[pending].unsqueeze(-1)  # [P, k]
         target = top_p[pending].unsqueeze(-1)  # [P, 1]
         reached = (mass[:, -1:] >= target).squeeze(-1) | (k == vocab)  # [P]
         crossing = (mass < target).sum(-1).clamp_(max=k - 1)  # [P] index of the crossing token
@@ -84,7 +90,8 @@ def sample_next_tokens(
     device = logits.device
     n_chunks = _num_chunks(vocab)
     temperature = temperature.to(device=device, dtype=torch.float32)
-    top_p = top_p.to(device=device, dtype=torch.float64)
+    wide = wide_dtype(device)
+    top_p = top_p.to(dtype=wide).to(device)
     greedy = temperature <= 0  # [B]
     scale = torch.where(greedy, 1.0, temperature).unsqueeze(-1)  # [B, 1]
     scaled = bool((scale != 1).any())
@@ -102,7 +109,7 @@ def sample_next_tokens(
         body.div_(scale)
     body.exp_()  # exp((logits - max) / T)
     chunk_mass = weights.view(batch, n_chunks, CHUNK).sum(-1)  # [B, C]
-    total = chunk_mass.sum(-1, dtype=torch.float64)  # [B]
+    total = chunk_mass.sum(-1, dtype=wide)  # [B]
     log_normalizer = (row_max / scale).squeeze(-1) + total.log().float()  # [B]
 
     def logprobs_of(tokens: torch.Tensor) -> torch.Tensor:
@@ -126,12 +133,14 @@ def sample_next_tokens(
         weights[rows] = kept.masked_fill_(kept < threshold.unsqueeze(-1), 0.0)
         chunk_mass[rows] = weights[rows].view(rows.numel(), n_chunks, CHUNK).sum(-1)
 
-    uniforms = uniforms.to(device=device, dtype=torch.float64)
-    chunk = (chunk_mass.double().log() + _gumbel(uniforms[:, :n_chunks])).argmax(-1)  # [B]
+    # Cast before moving (MPS cannot hold float64); a uniform that rounds up to 1 would give an
+    # infinite Gumbel score, so clamp below 1 in the narrower dtype.
+    uniforms = uniforms.to(dtype=wide).clamp(max=1.0 - torch.finfo(wide).eps / 2).to(device)
+    chunk = (chunk_mass.to(wide).log() + _gumbel(uniforms[:, :n_chunks])).argmax(-1)  # [B]
     inside = weights.view(batch, n_chunks, CHUNK)[
         torch.arange(batch, device=device), chunk
     ]  # [B, CHUNK]
-    offset = (inside.double().log() + _gumbel(uniforms[:, n_chunks:])).argmax(-1)  # [B]
+    offset = (inside.to(wide).log() + _gumbel(uniforms[:, n_chunks:])).argmax(-1)  # [B]
     tokens = chunk * CHUNK + offset  # [B]
     if bool(greedy.any()):
         tokens = torch.where(greedy, argmax(), tokens)

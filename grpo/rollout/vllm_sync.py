@@ -1,0 +1,138 @@
+"""Weight sync from the trained policy to the vLLM engine, through vLLM's public API only.
+
+- LoRA runs: `LoraAdapterStore.publish(policy)` saves the peft adapter (`save_pretrained`) into a
+  fresh directory and returns the (name, id, path) of a new `vllm.lora.request.LoRARequest`: every
+  sync gets a new, larger id, so vLLM loads the new adapter on the next request without a restart
+  (and its prefix cache, keyed by the adapter name, never serves KV computed by an older adapter).
+  Only the newest `keep` adapter directories stay on disk.
+- Full fine-tuning: `full_weight_pairs(policy)` yields (name, tensor) pairs under the Hugging Face
+  checkpoint names that vLLM's `model.load_weights` takes; the engine hands them to every worker
+  with `LLM.collective_rpc` and the worker extension of grpo/rollout/vllm_worker.py.
+- `export_base_model(policy, directory)`: a model directory vLLM can load when the policy has none
+  on disk (the in-memory `tiny-random` model): the base weights (adapters left out) + tokenizer.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from grpo.rollout.weights import is_peft, language_model_of
+
+
+@dataclass(frozen=True)
+class PublishedAdapter:
+    """What a `vllm.lora.request.LoRARequest` is built from."""
+
+    name: str
+    lora_id: int
+    path: Path
+
+
+class LoraAdapterStore:
+    """Numbered adapter directories under `root` (a temporary directory when None).
+
+    Ids start at 1 (vLLM refuses 0) and only grow; names are unique per id (vLLM compares
+    LoRARequests by name). The newest `keep` directories are kept: the newest is the one vLLM
+    reads on the next request, one older is a margin for a request still in flight."""
+
+    def __init__(self, root: str | Path | None = None, *, keep: int = 2, prefix: str = "policy"):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self._owns_root = root is None
+        self.root = Path(tempfile.mkdtemp(prefix="mcp-grpo-lora-")) if root is None else Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.keep = keep
+        self.prefix = prefix
+        self.current: PublishedAdapter | None = None
+        self._published: list[PublishedAdapter] = []
+        self._next_id = 1
+
+    def publish(self, policy) -> PublishedAdapter:
+        """Save the policy's current adapter as the next version and return it."""
+        model = language_model_of(policy)
+        if not is_peft(model):
+            raise TypeError("LoraAdapterStore.publish needs a peft (LoRA) policy")
+        lora_id = self._next_id
+        path = self.root / f"v{lora_id:06d}"
+        tmp = self.root / f".v{lora_id:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(str(tmp))
+        tmp.rename(path)  # vLLM never sees a half-written adapter
+        adapter = PublishedAdapter(name=f"{self.prefix}-v{lora_id}", lora_id=lora_id, path=path)
+        self._next_id += 1
+        self._published.append(adapter)
+        self.current = adapter
+        while len(self._published) > self.keep:
+            shutil.rmtree(self._published.pop(0).path, ignore_errors=True)
+        return adapter
+
+    def close(self) -> None:
+        """Remove the adapter directories (the whole root when the store created it)."""
+        for adapter in self._published:
+            shutil.rmtree(adapter.path, ignore_errors=True)
+        self._published.clear()
+        if self._owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _plain_base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The base model's parameters under the plain model's names, LoRA tensors left out."""
+    base = model.get_base_model() if is_peft(model) else model
+    tensors: dict[str, torch.Tensor] = {}
+    for name, tensor in base.named_parameters():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        name = name.replace(".base_layer.", ".")
+        if ".modules_to_save." in name:
+            head, _, tail = name.partition(".modules_to_save.")
+            name = f"{head}.{tail.split('.', 1)[1]}"
+        tensors[name] = tensor
+    return tensors
+
+
+def full_weight_pairs(policy) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a fully fine-tuned policy's LM parameters, detached, under the
+    Hugging Face checkpoint names (`model.layers.0.self_attn.q_proj.weight`, ...) that vLLM's
+    `load_weights` maps onto its fused layers. Tensors are the live parameters (no copy); tied
+    weights appear once per name, as in a checkpoint. Buffers are not sent: vLLM builds its own
+    (rotary tables) and never loads them."""
+    model = language_model_of(policy)
+    if is_peft(model):
+        raise TypeError("full_weight_pairs is for full fine-tuning; LoRA runs publish the adapter")
+    for name, param in model.named_parameters():
+        yield name, param.detach()
+
+
+def export_base_model(policy, directory: str | Path, tokenizer=None) -> Path:
+    """Write the policy's base LM (adapters left out) and tokenizer as a Hugging Face directory.
+
+    For models that exist only in memory (`tiny-random`): it builds a fresh model of the same
+    config on the CPU, so it is meant for small models; a model loaded from a directory is served
+    from that directory instead (grpo/rollout/vllm.py)."""
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = language_model_of(policy)
+    plain = model.get_base_model() if is_peft(model) else model
+    fresh = AutoModelForCausalLM.from_config(plain.config)
+    state = {name: t.detach().cpu() for name, t in _plain_base_tensors(model).items()}
+    result = fresh.load_state_dict(state, strict=False)
+    expected = {name for name, _ in fresh.named_parameters()}
+    missing = sorted(expected & set(result.missing_keys))
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"export_base_model: missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
+    fresh.save_pretrained(str(directory))
+    tokenizer = tokenizer if tokenizer is not None else getattr(policy, "tokenizer", None)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+    return directory
