@@ -4,6 +4,8 @@ A checkpoint is a directory `checkpoints/step-000010/` holding `trainer_state.pt
 adapter + value head, EMA reference, optimizer, scheduler, RNG states, data position, step).
 It is written into a temporary sibling and renamed into place, so a crash mid-write never
 leaves a checkpoint that looks complete. Only the newest `keep` checkpoints are kept.
+A data-parallel run (launch/distributed.py) writes the same directory with the policy and
+optimizer in `accelerate/` (every rank's share, `save_sharded_checkpoint`) instead.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,8 @@ import torch
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 STATE_FILE = "trainer_state.pt"
+SHARDS_DIR = "accelerate"
+"""Data-parallel checkpoints: the per-rank model/optimizer state (accelerate's save_state)."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -72,6 +77,47 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
         shutil.rmtree(tmp, ignore_errors=True)
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def save_sharded_checkpoint(
+    run_dir: Path,
+    step: int,
+    state: dict[str, Any],
+    save_shards: Callable[[Path], None],
+    *,
+    is_main_process: bool,
+    barrier: Callable[[], None],
+    keep: int = 2,
+) -> Path:
+    """A checkpoint that every rank writes part of (data parallelism), made atomic like
+    `save_checkpoint`: every rank calls this together.
+
+    All ranks write their shards with `save_shards(dir)` (e.g. accelerate's `save_state`: ZeRO-3
+    optimizer partitions are per rank) into `step-N/accelerate/` of a temporary sibling
+    `.step-N.partial` (one fixed name, so every rank finds it on a shared file system); then the
+    main process adds `trainer_state.pt` (`state` + step + its RNG state) and renames the
+    directory into place. A crash before the rename leaves only the `.partial` directory, which
+    `list_checkpoints` ignores and the next save of that step replaces.
+    """
+    root = checkpoints_dir(run_dir)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".step-{step:06d}.partial"
+    if is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    save_shards(tmp / SHARDS_DIR)
+    barrier()
+    if is_main_process:
+        torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
     return final
 
 

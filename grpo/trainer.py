@@ -54,7 +54,8 @@ class GRPOTrainer:
 
         cfg = self.config
         main = self.backend.is_main_process
-        setup_console_logging(self.run_dir if main else None)
+        # Other ranks of a data-parallel run report only warnings: rank 0 speaks for the run.
+        setup_console_logging(self.run_dir if main else None, logging.INFO if main else logging.WARNING)
         torch.manual_seed(cfg.seed)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -87,13 +88,51 @@ class GRPOTrainer:
             run_name=cfg.run_name,
             config_dict=cfg.dump_masked(),
         )
+        self._wrap_for_training()
         self._maybe_resume()
+
+    # ------------------------------------------------ hooks (the distributed trainer overrides)
+    def _wrap_for_training(self) -> None:
+        """Wrap policy and optimizer for data parallelism; a single process has nothing to do."""
+
+    def _local_share(self, tasks: list) -> list:
+        """The tasks this process plays (data parallelism: its share of whole groups)."""
+        return list(tasks)
+
+    def _trajectories_to_train(self, collected) -> list:
+        """The trajectories this process updates on (data parallelism: balanced across ranks)."""
+        return collected.trajectories
+
+    def _train_step(self, trajectories: list) -> dict[str, float]:
+        return train_step(
+            self.policy, self.reference, self.optimizer, self.scheduler,
+            trajectories, self.settings, check_logprobs=(self.step == 0),
+        )
+
+    def _after_update(self) -> None:
+        """EMA reference step, then the engine samples from the updated weights."""
+        if self.reference is not None:
+            self.reference.maybe_update(self.step)
+        self.engine.sync_weights(self.policy)
+
+    def _reduce_metrics(self, metrics: dict[str, float], weight: float = 1.0) -> dict[str, float]:
+        """Metrics of the whole run from this process's (data parallelism: across ranks)."""
+        return metrics
+
+    def _save_final_model(self) -> None:
+        if self.backend.is_main_process:
+            self.policy.save_pretrained(self.run_dir / "final_model", tokenizer=self.tokenizer)
 
     def _maybe_resume(self) -> None:
         path = resolve_resume(self.config.train.resume, self.run_dir)
         if path is None:
             return
         state = load_checkpoint(path)
+        if "policy" not in state:
+            raise ValueError(
+                f"{path} is a data-parallel checkpoint (written by launch/distributed.py); resume it "
+                "with `accelerate launch launch/distributed.py ... train.resume=...`"
+            )
         self.policy.load_state_dict(state["policy"])
         if self.reference is not None and state.get("reference") is not None:
             self.reference.load_state_dict(state["reference"])
@@ -144,8 +183,8 @@ class GRPOTrainer:
                 summary["success_after"] = after["eval/success_rate"]
                 summary["reward_after"] = after["eval/reward_mean"]
         self._save()
-        if cfg.train.save_final_model and self.backend.is_main_process:
-            self.policy.save_pretrained(self.run_dir / "final_model", tokenizer=self.tokenizer)
+        if cfg.train.save_final_model:
+            self._save_final_model()
         summary.update(steps=self.step, wall_minutes=(time.time() - started) / 60)
         self._write_summary(summary)
         self.logger.close()
@@ -159,21 +198,20 @@ class GRPOTrainer:
     async def _one_step(self, tools) -> dict[str, float]:
         cfg = self.config
         t0 = time.time()
-        tasks = self.stream.next_batch()
+        tasks = self._local_share(self.stream.next_batch())
         collected = await self.collector.collect(
             tasks, cfg.algorithm.group_size, seed=cfg.seed, step=self.step
         )
         t_rollout = time.time() - t0
-        if not collected.trajectories:
+        trajectories = self._trajectories_to_train(collected)
+        if not trajectories:
             raise TrainingStopped(
                 f"step {self.step}: every episode group failed ({collected.excluded_groups} excluded); "
                 "see the warnings above for the episode errors"
             )
+        self.engine.sleep()  # vLLM with sleep mode hands its GPU memory to the update meanwhile
         try:
-            stats = train_step(
-                self.policy, self.reference, self.optimizer, self.scheduler,
-                collected.trajectories, self.settings, check_logprobs=(self.step == 0),
-            )
+            stats = self._train_step(trajectories)
             self._nonfinite_in_a_row = 0
         except NonFiniteLossError as exc:
             self._nonfinite_in_a_row += 1
@@ -185,9 +223,7 @@ class GRPOTrainer:
                 ) from exc
             stats = {"train/skipped_nonfinite": 1.0}
         self.step += 1
-        if self.reference is not None:
-            self.reference.maybe_update(self.step)
-        self.engine.sync_weights(self.policy)
+        self._after_update()
         metrics = {
             **collected.metrics,
             **stats,
@@ -196,21 +232,29 @@ class GRPOTrainer:
             "time/step_s": time.time() - t0,
             "train/lr": self.scheduler.get_last_lr()[0],
         }
+        metrics = self._reduce_metrics(metrics)
         tools.reset_metrics()
         self.logger.log(metrics, self.step)
         return metrics
 
     async def _evaluate(self, tag: str) -> dict[str, float]:
         cfg = self.config
-        tasks = self.val_tasks[: cfg.train.eval_tasks] if cfg.train.eval_tasks else self.val_tasks
+        held_out = self.val_tasks[: cfg.train.eval_tasks] if cfg.train.eval_tasks else self.val_tasks
+        tasks = self._local_share(held_out)
         t0 = time.time()
-        metrics = await evaluate(
-            self.collector, tasks, k=1, temperature=cfg.rollout.eval_temperature, seed=cfg.seed,
-            transcripts_path=self.run_dir / "eval" / f"{tag}.jsonl",
-        )
+        metrics: dict[str, float] = {}
+        # evaluate() rejects an empty held-out set; with data parallelism one rank may get no share.
+        if tasks or not held_out:
+            # Transcripts come from the main process only (with data parallelism: its share).
+            transcripts = self.run_dir / "eval" / f"{tag}.jsonl" if self.backend.is_main_process else None
+            metrics = await evaluate(
+                self.collector, tasks, k=1, temperature=cfg.rollout.eval_temperature, seed=cfg.seed,
+                transcripts_path=transcripts,
+            )
         metrics["eval/seconds"] = time.time() - t0
+        metrics = self._reduce_metrics(metrics, weight=float(len(tasks)))
         log.info("eval %s: success %.1f%% on %d held-out tasks (%.0f s)", tag,
-                 100 * metrics["eval/success_rate"], len(tasks), metrics["eval/seconds"])
+                 100 * metrics["eval/success_rate"], len(held_out), metrics["eval/seconds"])
         self.logger.log({f"{k}": v for k, v in metrics.items()}, self.step)
         return metrics
 
