@@ -11,6 +11,23 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
 
+class BFCLEnvConfig(_Section):
+    """How the `bfcl` environment plays BFCL multi-turn tasks (environments/bfcl.py)."""
+
+    reward: Literal["official", "turn_credit"] = "official"
+    """`official`: 1 at the end when the official checker passes the whole episode, else 0.
+    `turn_credit` (for training): 1/T at the end of each leading user turn that passes the checker
+    (T turns; the sum is the fraction passed). Both are always reported, under separate info keys."""
+    step_limit: int = Field(default=20, ge=1)
+    """Assistant messages with tool calls allowed within one user turn; one more forces the episode
+    to quit and fail (BFCL's MAXIMUM_STEP_LIMIT is 20)."""
+    max_calls_per_step: int = Field(default=64, ge=1)
+    """Tool calls run from one assistant message (BFCL has no limit; this bounds runaway output)."""
+    tool_docs: Literal["compact", "full"] = "compact"
+    """How functions appear in the system prompt: `compact` one line each (name, typed
+    parameters, description); `full` the documented JSON schema of each (long: several thousand tokens)."""
+
+
 class EnvironmentConfig(_Section):
     env_class: str | None = None
     """Registry id that overrides each task's `env_class` (null: use the task's)."""
@@ -33,6 +50,8 @@ class EnvironmentConfig(_Section):
     """For tasks with a `success.state` check: the tool (on each server named in the check) called
     with the episode id when the episode ends; its result's `state` object is the final state
     (the bundled kv server's `dump`)."""
+    bfcl: BFCLEnvConfig = Field(default_factory=BFCLEnvConfig)
+    """Options of the `bfcl` environment (BFCL multi-turn tasks)."""
     cleanup_tool: str | None = "reset"
     """Called with the episode id, when the episode closes, on each server the episode used that
     has a tool of this name (the bundled kv server's `reset` drops the episode's keys). Null: none."""
@@ -40,7 +59,8 @@ class EnvironmentConfig(_Section):
 
 class DatasetSource(_Section):
     path: str | None = None
-    """A .json, .jsonl or .parquet file of task records."""
+    """A .json, .jsonl or .parquet file of task records, or `bfcl:<categories|all>:<train|eval|all>`
+    for BFCL multi-turn tasks from the bfcl-eval package (environments/bfcl_data.py)."""
     generator: str | None = None
     """A synthetic generator: `calculator`, `multistep` (or `module:function`)."""
     num_tasks: int = Field(default=256, ge=1)

@@ -4,7 +4,8 @@
   → validated `Task`s. A bad record is an error that names the file, the line (jsonl, 1-based),
   item (json, 0-based) or row (parquet, 0-based), and the field. Nothing is skipped.
   Records in the short tool-sequence form (`question` + `tool_sequence`, no `reward_spec`) are
-  converted to full tasks (`environments.tasks.generators.from_tool_sequence`).
+  converted to full tasks (`environments.tasks.generators.from_tool_sequence`). A path
+  `bfcl:<categories|all>:<train|eval|all>` loads BFCL multi-turn tasks (environments.bfcl_data).
 - Generators are functions `fn(rng: random.Random, **options) -> Iterable[Task | dict]`,
   registered by name (`calculator`, `multistep`) or given as `module:function`. The seed and
   the split name together seed `rng`, so validation tasks come from a stream disjoint from
@@ -252,7 +253,14 @@ def generate_tasks(
 def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: Iterable[str] = ()) -> list[Task]:
     """The tasks of one source: a file's records, or `num_tasks` generated tasks. Custom reward
     functions (`module:function` methods) are imported here, so a bad path fails before training."""
-    if source.path is not None:
+    if source.path is not None and source.path.startswith("bfcl:"):
+        from environments.bfcl_data import load_path
+
+        try:
+            tasks = load_path(source.path)
+        except (ValueError, ImportError) as exc:  # a bad spec, or bfcl-eval missing (names the pip command)
+            raise TaskDataError(f"dataset {source.path!r}: {exc}") from exc
+    elif source.path is not None:
         tasks = load_file(source.path)
     else:
         tasks = generate_tasks(source.generator, source.num_tasks, source.seed, source.options, split,

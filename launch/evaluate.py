@@ -5,6 +5,15 @@
 `--model` is an HF directory (e.g. a run's `final_model/`); `--checkpoint` a training checkpoint
 (`outputs/RUN/checkpoints/step-000010`); neither: the config's model as it is. Writes per-task
 transcripts to `<run_dir>/eval/<name>.jsonl` and prints the metrics as JSON.
+
+BFCL multi-turn (the Berkeley Function Calling Leaderboard, scored by its official checker):
+
+    python -m launch.evaluate --config configs/bfcl.yaml --env bfcl --category base [--split eval] [--tasks 20]
+
+`--category` is base, miss_func, miss_param, long_context, a comma list, or all; `--split` eval
+(the declared held-out scenarios, default), train or all; `--tasks N` keeps the first N of each
+category. Metrics add `bfcl/<category>/accuracy` (official) and `bfcl/<category>/turn_credit`;
+each transcript line carries the checker's verdict and the decoded calls under `bfcl`.
 """
 
 from __future__ import annotations
@@ -19,8 +28,40 @@ from pathlib import Path
 from grpo.config import ConfigError, RunConfig, load_config
 
 
+def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | None) -> list:
+    """BFCL tasks, with the config pointed at the `bfcl` environment and server."""
+    from environments.bfcl_data import load_bfcl_tasks
+    from tools.config import MCPServerConfig
+
+    tasks = load_bfcl_tasks(category, split, limit=num_tasks)
+    config.environment.env_class = "bfcl"
+    if "bfcl" not in config.tools.servers:
+        config.tools.servers = {**config.tools.servers,
+                                "bfcl": MCPServerConfig(command="python", args=["-m", "tools.servers.bfcl"])}
+    return tasks
+
+
+async def evaluate_bfcl(collector, tasks: list, *, k: int, temperature: float, seed: int,
+                        transcripts_path: Path) -> dict[str, float]:
+    """Play the BFCL tasks; generic eval metrics plus per-category official accuracy and turn credit."""
+    from environments.bfcl_scoring import summarize as summarize_bfcl
+    from grpo.evaluation import summarize, transcript_records
+
+    result = await collector.collect(tasks, group_size=k, temperature=temperature, seed=seed, step=-1)
+    metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
+    metrics.update({f"eval/{key}": value for key, value in summarize_bfcl(result.trajectories, tasks).items()})
+    lines = []
+    for traj, record in zip(result.trajectories, transcript_records(result.trajectories)):
+        record["bfcl"] = (traj.metadata.get("info") or {}).get("bfcl")
+        lines.append(json.dumps(record, default=str) + "\n")
+    transcripts_path.parent.mkdir(parents=True, exist_ok=True)
+    transcripts_path.write_text("".join(lines))
+    return metrics
+
+
 async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, temperature: float,
-                          num_tasks: int | None, name: str) -> dict[str, float]:
+                          num_tasks: int | None, name: str, tasks: list | None = None) -> dict[str, float]:
+    """Evaluate on `tasks` (BFCL tasks are scored by category), else on the config's held-out tasks."""
     from environments.data import train_validation_split
     from grpo.backends import make_backend
     from grpo.checkpoint import load_checkpoint
@@ -36,13 +77,20 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
         policy.load_state_dict(load_checkpoint(Path(checkpoint))["policy"])
     policy.eval()
     engine = backend.make_engine(policy, tokenizer, config)
-    _, tasks = train_validation_split(config.data)
-    tasks = tasks[:num_tasks] if num_tasks else tasks
+    bfcl = tasks is not None
+    if tasks is None:
+        _, tasks = train_validation_split(config.data)
+        tasks = tasks[:num_tasks] if num_tasks else tasks
     started = time.time()
+    transcripts = config.run_dir / "eval" / f"{name}.jsonl"
     async with SharedToolManager(config.tools) as tools:
         collector = TrajectoryCollector(engine, tokenizer, tools, config.environment, config.rollout)
-        metrics = await evaluate(collector, tasks, k=k, temperature=temperature, seed=config.seed,
-                                 transcripts_path=config.run_dir / "eval" / f"{name}.jsonl")
+        if bfcl:
+            metrics = await evaluate_bfcl(collector, tasks, k=k, temperature=temperature, seed=config.seed,
+                                          transcripts_path=transcripts)
+        else:
+            metrics = await evaluate(collector, tasks, k=k, temperature=temperature, seed=config.seed,
+                                     transcripts_path=transcripts)
     metrics["eval/seconds"] = time.time() - started
     engine.close()
     return metrics
@@ -58,6 +106,12 @@ def main(argv=None) -> int:
                         help="sampling temperature (default: rollout.eval_temperature, or 1.0 when k > 1)")
     parser.add_argument("--tasks", type=int, default=None, help="evaluate only the first N held-out tasks")
     parser.add_argument("--name", default="evaluate", help="name of the transcripts file")
+    parser.add_argument("--env", choices=["config", "bfcl"], default="config",
+                        help="bfcl: BFCL multi-turn tasks instead of the config's held-out tasks")
+    parser.add_argument("--category", default="base",
+                        help="with --env bfcl: base, miss_func, miss_param, long_context, a comma list, or all")
+    parser.add_argument("--split", default="eval", choices=["eval", "train", "all"],
+                        help="with --env bfcl: the declared held-out scenarios (eval), train, or all 200")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
@@ -71,8 +125,17 @@ def main(argv=None) -> int:
     temperature = args.temperature
     if temperature is None:
         temperature = config.rollout.eval_temperature if args.k == 1 else 1.0
+    tasks = None
+    if args.env == "bfcl":
+        from environments.bfcl_data import BFCLUnavailable
+
+        try:
+            tasks = bfcl_setup(config, args.category, args.split, args.tasks)
+        except (BFCLUnavailable, ValueError) as exc:
+            print(f"evaluate: {exc}", file=sys.stderr)
+            return 2
     metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,
-                                          num_tasks=args.tasks, name=args.name))
+                                          num_tasks=args.tasks, name=args.name, tasks=tasks))
     print(json.dumps(metrics, indent=2))
     return 0
 
