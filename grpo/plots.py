@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def plot_curves(history: list[dict[str, float]], summary: dict[str, Any], path: Path) -> Path:

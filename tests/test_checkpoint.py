@@ -2,7 +2,13 @@ import random
 
 import torch
 
-from grpo.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, resolve_resume, save_checkpoint
+from grpo.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+)
 
 
 def test_save_is_atomic_prunes_and_restores_rng(tmp_path):

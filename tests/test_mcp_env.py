@@ -94,7 +94,7 @@ def test_reset_renders_tools_and_real_worked_examples_as_chat_turns(loop, tools,
 
 
 def test_state_and_cleanup_tools_are_hidden_from_the_model(loop, tools):
-    env, messages, results = play(loop, tools, calculator_task(),
+    _env, messages, results = play(loop, tools, calculator_task(),
                                   [format_tool_call("reset", {}, "hermes"), "<answer>1</answer>"])
     system = messages[0]["content"]
     assert "- dump(" not in system and "- reset(" not in system and "- put(" in system
