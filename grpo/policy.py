@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from grpo.config import LoraConfig, ModelConfig
-from grpo.devices import autocast_context, compute_dtype
+from grpo.devices import autocast_context, check_weights_dtype, compute_dtype
 from grpo.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.model_source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
@@ -56,6 +56,20 @@ def is_4bit_tensor(param: torch.Tensor | None) -> bool:
     return type(param).__name__ == "Params4bit"
 
 
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether transformers gradient checkpointing is on (it turns the KV cache off)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    if flag is None:
+        flag = getattr(model, "is_gradient_checkpointing", False)
+    return bool(flag)
+
+
+def _scatter_rows(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[N] values of the True entries of `positions` ([B, T]) back to [B, T], 0 elsewhere."""
+    out = values.new_zeros(positions.shape)  # [B, T]
+    return out.masked_scatter(positions, values)
+
+
 class PolicyWithValueHead(nn.Module):
     """A causal LM (transformers model or peft-wrapped one) plus a Linear(hidden, 1) value head."""
 
@@ -67,9 +81,12 @@ class PolicyWithValueHead(nn.Module):
         compute_dtype: torch.dtype = torch.float32,
         logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
         tokenizer=None,
+        share_prefix_min: int = 16,
     ):
         super().__init__()
         self.model = model
+        self.share_prefix_min = share_prefix_min
+        """Shortest common prefix of a batch that runs once (see final_hidden_states); 0 = never."""
         self.is_lora = _is_peft_model(model)
         self.compute_dtype = compute_dtype
         self.logprob_chunk_size = logprob_chunk_size
@@ -100,6 +117,7 @@ class PolicyWithValueHead(nn.Module):
         device = torch.device(device)
         tokenizer = load_tokenizer(model_cfg.name_or_path, model_cfg.cache_dir)
         weights_dtype = _WEIGHT_DTYPES[model_cfg.weights_dtype]
+        check_weights_dtype(device, weights_dtype)
         autocast_dtype = compute_dtype(device, model_cfg.dtype)
         extra: dict = {}
         if model_cfg.load_in_4bit:
@@ -114,6 +132,10 @@ class PolicyWithValueHead(nn.Module):
             seed=seed,
             **extra,
         )
+        attn = model_cfg.attn_implementation
+        if attn == "auto":
+            attn = "eager" if device.type == "cpu" else "sdpa"
+        model.set_attn_implementation(attn)
         checkpointing_kwargs = {"use_reentrant": False}
         if model_cfg.load_in_4bit:
             from peft import prepare_model_for_kbit_training
@@ -171,19 +193,56 @@ class PolicyWithValueHead(nn.Module):
     def final_hidden_states(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> torch.Tensor:
-        """[B, T, H] hidden states after the final norm, without applying the LM head."""
+        """[B, T, H] hidden states after the final norm, without applying the LM head.
+
+        When every row starts with the same `share_prefix_min` or more tokens (the system prompt
+        and tool docs of a batch of episodes, a group's prompt), that prefix runs once at batch 1
+        and its KV cache is repeated for the rows' suffixes: the same hidden states and, through
+        autograd, the same gradients, for (B - 1) x prefix fewer tokens of decoder work.
+        """
         decoder = self.language_model().get_decoder()
         # Positions count real tokens only, as generate() does, so left padding gives the same
         # positions the rollout engine used.
         position_ids = attention_mask.long().cumsum(-1) - 1  # [B, T]
         position_ids = position_ids.masked_fill(attention_mask == 0, 0)
-        out = decoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
+        prefix = self._shareable_prefix(input_ids, attention_mask)
+        if prefix == 0:
+            out = decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+            )
+            return out.last_hidden_state  # [B, T, H]
+        batch = input_ids.shape[0]
+        head = decoder(
+            input_ids=input_ids[:1, :prefix],
+            attention_mask=attention_mask[:1, :prefix],
+            position_ids=position_ids[:1, :prefix],
+            use_cache=True,
         )
-        return out.last_hidden_state  # [B, T, H]
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(batch)  # [1, ...] -> [B, ...], differentiable
+        tail = decoder(
+            input_ids=input_ids[:, prefix:],
+            attention_mask=attention_mask,  # [B, T]: the cached prefix plus the suffix
+            position_ids=position_ids[:, prefix:],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        shared = head.last_hidden_state.expand(batch, -1, -1)  # [B, P, H]
+        return torch.cat([shared, tail.last_hidden_state], dim=1)  # [B, T, H]
+
+    def _shareable_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+        """Length of the token prefix that every row shares (0 when too short to pay, or when a
+        KV cache cannot be used: gradient checkpointing turns it off)."""
+        batch, length = input_ids.shape
+        if batch < 2 or self.share_prefix_min <= 0 or _checkpointing(self.language_model()):
+            return 0
+        same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
+        prefix = int(same.long().cumprod(0).sum())
+        prefix = min(prefix, length - 1)  # at least one suffix token
+        return prefix if prefix >= self.share_prefix_min else 0
 
     def forward(
         self,
@@ -193,22 +252,39 @@ class PolicyWithValueHead(nn.Module):
         temperature: float = 1.0,
         with_entropy: bool = False,
         with_values: bool = False,
+        positions: torch.Tensor | None = None,
     ) -> PolicyOutput:
-        """Log-probs of input_ids[:, 1:] under softmax(logits / temperature); see PolicyOutput."""
+        """Log-probs of input_ids[:, 1:] under softmax(logits / temperature); see PolicyOutput.
+
+        `positions` ([B, T-1] bool, optional): the target positions whose log-probs (and entropy)
+        are wanted, e.g. the loss mask. The LM head and the softmax over the vocabulary then run on
+        those rows only (the decoder still runs on every token); other positions read 0.
+        """
         if with_values and self.value_head is None:
             raise ValueError(
                 "with_values=True but this policy has no value head (model.value_head: false)"
             )
         with autocast_context(self.device, self.compute_dtype):
             hidden = self.final_hidden_states(input_ids, attention_mask)  # [B, T, H]
+            head_hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, T-1, H], [B, T-1]
+            if positions is not None:
+                if positions.shape != targets.shape:
+                    raise ValueError(
+                        f"positions {tuple(positions.shape)} must have the targets' shape {tuple(targets.shape)}"
+                    )
+                head_hidden = head_hidden[positions].unsqueeze(0)  # [1, N, H]
+                targets = targets[positions].unsqueeze(0)  # [1, N]
             logprobs, entropy = token_logprobs_and_entropy(
-                hidden[:, :-1],  # [B, T-1, H]
+                head_hidden,
                 self.language_model().get_output_embeddings(),
-                input_ids[:, 1:],  # [B, T-1]
+                targets,
                 temperature=temperature,
                 chunk_size=self.logprob_chunk_size,
                 with_entropy=with_entropy,
             )
+            if positions is not None:
+                logprobs = _scatter_rows(logprobs[0], positions)  # [B, T-1]
+                entropy = _scatter_rows(entropy[0], positions) if entropy is not None else None
         values = None
         if with_values:
             values = self.value_head(hidden[:, :-1].float()).squeeze(-1)  # [B, T-1] fp32

@@ -64,9 +64,14 @@ class EMAReference(ABC):
 
     @abstractmethod
     def ref_logprobs(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        temperature: float = 1.0,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[B, T-1] log-probs of input_ids[:, 1:] under the reference (no grad)."""
+        """[B, T-1] log-probs of input_ids[:, 1:] under the reference (no grad); with
+        `positions` ([B, T-1] bool) only those are computed, the rest read 0."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -122,13 +127,13 @@ class LoraEMAReference(EMAReference):
         return {f"model.{name}": tensor for name, tensor in self.ema.items()}
 
     @torch.no_grad()
-    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0) -> torch.Tensor:
+    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0, positions=None) -> torch.Tensor:
         with _eval_mode(self.policy):
             out = torch.func.functional_call(
                 self.policy,
                 self.reference_parameters(),
                 (input_ids, attention_mask),
-                {"temperature": temperature},
+                {"temperature": temperature, "positions": positions},
                 strict=False,
             )
         return out.logprobs  # [B, T-1]
@@ -171,6 +176,7 @@ class FullCopyEMAReference(EMAReference):
             value_head=False,
             compute_dtype=policy.compute_dtype,
             logprob_chunk_size=policy.logprob_chunk_size,
+            share_prefix_min=policy.share_prefix_min,
         )
         self.model.eval()
         self._names = _averaged_names(model, trainable_only=False)
@@ -196,11 +202,11 @@ class FullCopyEMAReference(EMAReference):
                 self.model.to("cpu")
 
     @torch.no_grad()
-    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0) -> torch.Tensor:
+    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0, positions=None) -> torch.Tensor:
         device = input_ids.device
         with self._on_device(device):
             return self.model(
-                input_ids, attention_mask, temperature=temperature
+                input_ids, attention_mask, temperature=temperature, positions=positions
             ).logprobs  # [B, T-1]
 
     def state_dict(self) -> dict[str, torch.Tensor]:

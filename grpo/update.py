@@ -9,6 +9,7 @@ tested alone on a tiny model.
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -134,20 +135,31 @@ def _scatter(per_row: dict[int, torch.Tensor], mb: _MicroBatch) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------ the step
 @torch.no_grad()
-def _no_grad_pass(policy, reference, trajectories, rows, settings, device, want_values: bool, want_ref: bool):
-    """Old log-probs (and values, ref log-probs) of trajectories `rows`, as 1-D tensors over
-    target positions."""
+def _no_grad_pass(policy, reference, trajectories, rows, settings, device, *, want_old: bool,
+                  want_values: bool, want_ref: bool, seconds: dict[str, float]):
+    """Old log-probs (and values) under the policy and/or ref log-probs under the reference of
+    trajectories `rows`, as 1-D tensors over target positions (0 off the loss mask). Adds the
+    time of each kind of pass to `seconds`."""
     old, values, ref = {}, {}, {}
     for mb in _micro_batches(trajectories, rows, settings.micro_batch_size, settings.pad_token_id, device):
-        out = policy(mb.input_ids, mb.attention_mask, temperature=settings.temperature, with_values=want_values)
+        start = time.perf_counter()
+        out = None
+        if want_old or want_values:
+            out = policy(mb.input_ids, mb.attention_mask, temperature=settings.temperature,
+                         with_values=want_values, positions=mb.loss_mask)
+        mid = time.perf_counter()
         ref_lp = (
-            reference.ref_logprobs(mb.input_ids, mb.attention_mask, temperature=settings.temperature)
+            reference.ref_logprobs(mb.input_ids, mb.attention_mask, temperature=settings.temperature,
+                                   positions=mb.loss_mask)
             if want_ref
             else None
         )
+        seconds["old_logprobs_s"] += mid - start
+        seconds["reference_s"] += time.perf_counter() - mid
         for r, i in enumerate(mb.index.tolist()):
             n = len(trajectories[i].token_ids) - 1
-            old[i] = out.logprobs[r, :n].float()
+            if out is not None:
+                old[i] = out.logprobs[r, :n].float()
             if want_values:
                 values[i] = out.values[r, :n].float()
             if want_ref:
@@ -155,17 +167,27 @@ def _no_grad_pass(policy, reference, trajectories, rows, settings, device, want_
     return old, values, ref
 
 
-def _logprob_mismatch(trajectories, old: list[torch.Tensor]) -> tuple[float, float]:
-    """Mean and max |trainer − engine| log-prob over the sampled tokens."""
+def _mismatch_stats(diffs: list[torch.Tensor]) -> dict[str, float]:
+    """Distribution of |trainer − engine| log-prob over the sampled tokens: mean, p50, p99, max."""
+    flat = torch.cat([d.detach().float().cpu() for d in diffs]) if diffs else torch.zeros(0)
+    if flat.numel() == 0:
+        return {}
+    return {
+        "train/logprob_mismatch": float(flat.mean()),
+        "train/logprob_mismatch_p50": float(flat.median()),
+        "train/logprob_mismatch_p99": float(torch.quantile(flat, 0.99)) if flat.numel() > 1 else float(flat[0]),
+        "train/logprob_mismatch_max": float(flat.max()),
+    }
+
+
+def _sampled_diffs(trajectories, trainer_logprobs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """|trainer − engine| log-prob of each trajectory's sampled tokens."""
     diffs = []
-    for t, trainer_lp in zip(trajectories, old):
+    for t, trainer_lp in zip(trajectories, trainer_logprobs):
         mask = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
         behavior = torch.tensor(t.behavior_logprobs[1:])
         diffs.append((trainer_lp.cpu() - behavior)[mask].abs())
-    flat = torch.cat(diffs) if diffs else torch.zeros(0)
-    if flat.numel() == 0:
-        return 0.0, 0.0
-    return float(flat.mean()), float(flat.max())
+    return diffs
 
 
 def _kl_penalty(trajectories, i: int, settings, old, ref) -> torch.Tensor:
@@ -231,21 +253,27 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
     if skippable:  # outcome advantages need only rewards: compute them first, then skip zeros
         advantages, returns = _advantages(trajectories, settings, {}, {}, {})
         active = [i for i in rows if bool(advantages[i].any())]
-    # The no-grad pass is needed when the policy moves before a minibatch is seen (several
-    # minibatches or epochs), for GAE values, for the KL reference, or for the step-0 check.
-    # Otherwise old_logprobs are exactly the first forward's log-probs, detached (ratio = 1).
+    # A no-grad policy pass (old log-probs) is needed when the policy moves before a minibatch is
+    # seen (several minibatches or epochs), for GAE values, or for the step-0 check. Otherwise
+    # old_logprobs are exactly the first forward's log-probs, detached (ratio = 1). The reference
+    # pass runs whenever a KL term needs it.
     multi_pass = settings.ppo_epochs > 1 or settings.num_minibatches > 1
-    need_pass = multi_pass or settings.uses_values or want_ref or check_logprobs
+    kl_in_reward = want_ref and settings.loss.kl_in_reward  # the penalty is KL(old || ref)
+    need_old = multi_pass or settings.uses_values or check_logprobs or kl_in_reward
+    need_pass = need_old or want_ref
     old, values, ref = ({}, {}, {})
+    seconds: dict[str, float] = defaultdict(float)
     stats: dict[str, float] = {"train/skipped_sequences": (len(rows) - len(active)) / max(len(rows), 1)}
     pass_rows = rows if check_logprobs or not skippable else active
     if need_pass and pass_rows:
         policy.eval()
         old, values, ref = _no_grad_pass(policy, reference, trajectories, pass_rows, settings, device,
-                                         settings.uses_values, want_ref)
-        mean_diff, max_diff = _logprob_mismatch([trajectories[i] for i in pass_rows], [old[i] for i in pass_rows])
-        stats["train/logprob_mismatch"] = mean_diff
-        stats["train/logprob_mismatch_max"] = max_diff
+                                         want_old=need_old, want_values=settings.uses_values,
+                                         want_ref=want_ref, seconds=seconds)
+    if need_old and pass_rows:
+        stats.update(_mismatch_stats(_sampled_diffs([trajectories[i] for i in pass_rows],
+                                                    [old[i] for i in pass_rows])))
+        mean_diff, max_diff = stats.get("train/logprob_mismatch", 0.0), stats.get("train/logprob_mismatch_max", 0.0)
         if check_logprobs and mean_diff > settings.logprob_tolerance:
             raise LogprobMismatchError(
                 f"step-0 check failed: mean |trainer - engine| log-prob of the sampled tokens is "
@@ -261,6 +289,7 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
     token_weighted: dict[str, float] = defaultdict(float)
     tokens_seen = 0.0
     grad_norms = []
+    mismatch: list[torch.Tensor] = []  # |old − behavior| per micro-batch when old = this forward
     active_set = set(active)
     generator = torch.Generator().manual_seed(int(torch.initial_seed()) % (2**31) + len(trajectories))
     for _epoch in range(settings.ppo_epochs):
@@ -277,19 +306,17 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
                 continue
             micro = _micro_batches(trajectories, mb_rows, settings.micro_batch_size,
                                    settings.pad_token_id, device)
+            start = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             for mb in micro:
                 out = policy(mb.input_ids, mb.attention_mask, temperature=settings.temperature,
-                             with_entropy=True, with_values=settings.uses_values)
+                             with_entropy=True, with_values=settings.uses_values, positions=mb.loss_mask)
                 policy_lp = out.logprobs.float()  # [b, L-1]
-                if need_pass:
+                if need_old:
                     old_lp = _scatter(old, mb)
                 else:
                     old_lp = policy_lp.detach()
-                    diff = (old_lp - mb.behavior_logprobs).abs()[mb.loss_mask]
-                    token_weighted["logprob_mismatch_sum"] += float(diff.sum())
-                    token_weighted["logprob_mismatch_max"] = max(
-                        token_weighted["logprob_mismatch_max"], float(diff.max()) if diff.numel() else 0.0)
+                    mismatch.append((old_lp - mb.behavior_logprobs).abs()[mb.loss_mask])
                 inputs = LossInputs(
                     policy_logprobs=policy_lp,
                     old_logprobs=old_lp,
@@ -322,18 +349,17 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
                 optimizer.zero_grad(set_to_none=True)
                 raise NonFiniteLossError(f"non-finite gradient norm {float(grad_norm)}")
             grad_norms.append(float(grad_norm))
+            seconds["forward_backward_s"] += time.perf_counter() - start
+            start = time.perf_counter()
             optimizer.step()
             scheduler.step()
+            seconds["optimizer_s"] += time.perf_counter() - start
     steps = max(len(grad_norms), 1)
     for key, value in totals.items():
         stats[f"train/{key}"] = value / steps
     for key, value in token_weighted.items():
-        if key == "logprob_mismatch_sum":
-            stats["train/logprob_mismatch"] = value / max(tokens_seen, 1.0)
-        elif key == "logprob_mismatch_max":
-            stats["train/logprob_mismatch_max"] = value
-        else:
-            stats[f"train/{key}"] = value / max(tokens_seen, 1.0)
+        stats[f"train/{key}"] = value / max(tokens_seen, 1.0)
+    stats.update(_mismatch_stats(mismatch))
     stats["train/clip_frac"] = stats.get("train/clip_frac_low", 0.0) + stats.get("train/clip_frac_high", 0.0)
     stats["train/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
     stats["train/optimizer_steps"] = float(len(grad_norms))
@@ -343,6 +369,7 @@ def train_step(policy, reference, optimizer, scheduler, trajectories, settings: 
     stats["train/zero_variance_groups"] = _zero_variance_fraction(trajectories)
     stats["train/num_sequences"] = float(len(trajectories))
     stats["train/num_tokens"] = tokens_seen / settings.ppo_epochs
+    stats.update({f"time/{key}": value for key, value in seconds.items()})
     return stats
 
 

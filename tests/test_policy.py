@@ -71,6 +71,77 @@ def test_forward_matches_full_logits_values_and_gradients(lora):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_selected_positions_match_the_full_forward_and_read_zero_elsewhere():
+    policy = _policy()
+    input_ids, attention_mask = _batch()
+    positions = torch.zeros(3, 11, dtype=torch.bool)
+    positions[0, 4:] = True
+    positions[2, [1, 7]] = True  # row 1 has none
+    full = policy(input_ids, attention_mask, temperature=0.7, with_entropy=True)
+    part = policy(input_ids, attention_mask, temperature=0.7, with_entropy=True, positions=positions)
+    assert part.logprobs.shape == part.entropy.shape == (3, 11)
+    torch.testing.assert_close(part.logprobs[positions], full.logprobs[positions], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part.entropy[positions], full.entropy[positions], atol=1e-6, rtol=0)
+    assert torch.equal(part.logprobs[~positions], torch.zeros(int((~positions).sum())))
+
+    weights = torch.randn(3, 11, generator=torch.Generator().manual_seed(5)) * positions
+    params = policy.trainable_parameters()[:-2]
+    grads = torch.autograd.grad((part.logprobs * weights).sum(), params)
+    want = torch.autograd.grad((full.logprobs * weights).sum(), params)
+    for got, expected in zip(grads, want, strict=True):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+    with pytest.raises(ValueError, match="positions"):
+        policy(input_ids, attention_mask, positions=positions[:, :5])
+
+
+def _shared_prefix_batch(prefix_len: int = 20, suffix_len: int = 10, rows: int = 3):
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, 2000, (prefix_len,), generator=gen)
+    input_ids = torch.stack(
+        [torch.cat([prefix, torch.randint(0, 2000, (suffix_len,), generator=gen)]) for _ in range(rows)]
+    )  # [B, T]
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, -3:] = 0  # a right-padded row
+    return input_ids, attention_mask
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(lora):
+    policy = _policy(lora=lora)
+    input_ids, attention_mask = _shared_prefix_batch()
+    assert policy._shareable_prefix(input_ids, attention_mask) == 20
+    weights = torch.arange(29.0).expand(3, 29) * attention_mask[:, 1:]
+    results = []
+    for share_min in (0, 16):  # 0: the plain full-batch forward
+        policy.share_prefix_min = share_min
+        out = policy(input_ids, attention_mask, with_entropy=True, with_values=True)
+        grads = torch.autograd.grad((out.logprobs * weights).sum(), policy.trainable_parameters()[:-2])
+        results.append((out, grads))
+    (full, full_grads), (shared, shared_grads) = results
+    valid = attention_mask[:, 1:].bool()
+    torch.testing.assert_close(shared.logprobs[valid], full.logprobs[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared.entropy[valid], full.entropy[valid], atol=1e-5, rtol=0)
+    for got, want in zip(shared_grads, full_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_shareable_prefix_needs_every_row_a_long_enough_prefix_and_no_checkpointing():
+    policy = _policy()
+    input_ids, attention_mask = _shared_prefix_batch(prefix_len=20)
+    assert policy._shareable_prefix(input_ids, attention_mask) == 20
+    assert policy._shareable_prefix(input_ids[:1], attention_mask[:1]) == 0  # one row: nothing to share
+    short_ids, short_mask = _shared_prefix_batch(prefix_len=10)
+    assert policy._shareable_prefix(short_ids, short_mask) == 0  # below share_prefix_min (16)
+    differs = input_ids.clone()
+    differs[2, 17] = (differs[2, 17] + 1) % 2000
+    assert policy._shareable_prefix(differs, attention_mask) == 17
+    same = input_ids[0].expand(3, -1)  # identical rows: one suffix token is kept
+    assert policy._shareable_prefix(same, torch.ones_like(same)) == 29
+    checkpointed = _policy(gradient_checkpointing=True)
+    assert checkpointed._shareable_prefix(input_ids, attention_mask) == 0
+
+
 def test_value_head_learns_and_reads_position_t():
     policy = _policy()
     input_ids, attention_mask = _batch()

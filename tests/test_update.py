@@ -77,6 +77,32 @@ def test_on_policy_single_pass_has_ratio_exactly_one_and_updates_weights():
     assert any(not torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
 
 
+@pytest.mark.parametrize("check", [False, True])
+def test_mismatch_distribution_reports_mean_median_p99_and_max(check):
+    """Engine log-probs offset by 0.01 on every sampled token but one, which is off by 0.3:
+    the no-grad pass (step-0 check) and the first forward (no pass) report the same figures."""
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 0.0], [0.0, 1.0]])
+    first = True
+    for t in trajs:
+        shifted = []
+        for lp, m in zip(t.behavior_logprobs, t.loss_mask):
+            offset = (0.3 if first else 0.01) if m else 0.0
+            first = first and not m
+            shifted.append(lp + offset)
+        t.behavior_logprobs = shifted
+    n = sum(sum(t.loss_mask[1:]) for t in trajs)
+    opt, sched = _adam(policy)
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}),
+                       check_logprobs=check)
+    assert stats["train/logprob_mismatch"] == pytest.approx((0.3 + 0.01 * (n - 1)) / n, abs=1e-5)
+    assert stats["train/logprob_mismatch_p50"] == pytest.approx(0.01, abs=1e-5)
+    assert stats["train/logprob_mismatch_max"] == pytest.approx(0.3, abs=1e-5)
+    # p99 interpolates between the two largest of n values: 0.01 + frac * 0.29
+    frac = 0.99 * (n - 1) - math.floor(0.99 * (n - 1))
+    assert stats["train/logprob_mismatch_p99"] == pytest.approx(0.01 + frac * 0.29, abs=1e-4)
+
+
 def test_step0_check_refuses_mismatched_engine_logprobs_and_leaves_weights_alone():
     policy = _policy(value_head=False)
     trajs = _trajectories(policy, [[1.0, 0.0]])
