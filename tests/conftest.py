@@ -1,11 +1,21 @@
-"""Shared fixtures: the real SmolLM2 tokenizer and a tiny random-init model over its vocabulary."""
+"""Shared fixtures: the real SmolLM2 tokenizer, a tiny random-init model over its vocabulary, and
+a module-wide event loop with a real SharedToolManager over bundled MCP server subprocesses."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
 
 from grpo.model_source import build_tiny_model, load_tokenizer
+from tools.config import MCPServerConfig, ToolsConfig
+from tools.manager import SharedToolManager
+
+REPO = Path(__file__).resolve().parents[1]
 
 torch.set_num_threads(2)
 
@@ -19,3 +29,27 @@ def tokenizer():
 def tiny_model(tokenizer):
     """A fresh 2-layer random Llama (seeded: identical in every test)."""
     return build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One event loop per test module, so a module-scoped manager can serve every test in it."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@contextmanager
+def running_manager(loop, *servers: str, **tools_options) -> Iterator[SharedToolManager]:
+    """A started SharedToolManager over the bundled servers `servers` (python -m tools.servers.X),
+    closed afterwards; `tools_options` go to ToolsConfig (e.g. call_timeout)."""
+    configs = {
+        name: MCPServerConfig(command="python", args=["-m", f"tools.servers.{name}"], cwd=str(REPO))
+        for name in servers
+    }
+    manager = SharedToolManager(ToolsConfig(servers=configs, **tools_options))
+    loop.run_until_complete(manager.start())
+    try:
+        yield manager
+    finally:
+        loop.run_until_complete(manager.close())

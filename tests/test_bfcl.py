@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is not installed: pip install --no-deps bfcl-eval mpmath")
 
+from conftest import running_manager
+
 import environments  # noqa: F401  (registers bfcl)
 from environments.base import Environment, resolve
 from environments.bfcl import BFCLEnvironment
@@ -36,27 +38,15 @@ from environments.bfcl_scoring import bfcl_reward, official_check
 from environments.config import BFCLEnvConfig, DatasetSource, EnvironmentConfig
 from environments.data import TaskDataError, load_tasks
 from environments.parsing import format_tool_call
-from tools.config import MCPServerConfig, ToolsConfig
-from tools.manager import SharedToolManager
 from tools.servers import bfcl as bfcl_server
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def tools(loop):
-    server = MCPServerConfig(command="python", args=["-m", "tools.servers.bfcl"], cwd=str(REPO))
-    manager = SharedToolManager(ToolsConfig(servers={"bfcl": server}, call_timeout=30.0))
-    loop.run_until_complete(manager.start())
-    yield manager
-    loop.run_until_complete(manager.close())
+    with running_manager(loop, "bfcl", call_timeout=30.0) as manager:
+        yield manager
 
 
 def task_by_id(task_id: str):

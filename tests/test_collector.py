@@ -17,6 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import running_manager
 
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import StepResult
@@ -28,30 +29,14 @@ from grpo.collector import TrajectoryCollector, turn_seed
 from grpo.config import RolloutConfig
 from grpo.rollout.base import GenerationResult, RolloutEngine
 from grpo.rollout.hf import HFEngine
-from tools.config import MCPServerConfig, ToolsConfig
-from tools.manager import SharedToolManager
 
 # -- fixtures ----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def tools(loop):
-    config = ToolsConfig(
-        servers={
-            "calculator": MCPServerConfig(command="python", args=["-m", "tools.servers.calculator"])
-        }
-    )
-    manager = SharedToolManager(config)
-    loop.run_until_complete(manager.start())
-    yield manager
-    loop.run_until_complete(manager.close())
+    with running_manager(loop, "calculator") as manager:
+        yield manager
 
 
 @pytest.fixture(scope="module")

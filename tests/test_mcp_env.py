@@ -3,10 +3,10 @@ the real SharedToolManager and the real bundled calculator and kv servers, rewar
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
+from conftest import running_manager
 
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import Environment, resolve
@@ -14,27 +14,14 @@ from environments.config import EnvironmentConfig
 from environments.data import generate_tasks, parse_record
 from environments.mcp_tool_env import CALL_TEMPLATES, MCPToolEnvironment, render_system_prompt
 from environments.parsing import FORMATS, format_tool_call
-from tools.config import MCPServerConfig, ToolsConfig
-from tools.manager import SharedToolManager
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture(scope="module")
 def tools(loop):
-    servers = {name: MCPServerConfig(command="python", args=["-m", f"tools.servers.{name}"], cwd=str(REPO))
-               for name in ("calculator", "kv")}
-    manager = SharedToolManager(ToolsConfig(servers=servers))
-    loop.run_until_complete(manager.start())
-    yield manager
-    loop.run_until_complete(manager.close())
+    with running_manager(loop, "calculator", "kv") as manager:
+        yield manager
 
 
 def calculator_task(a=964, b=494, **ground_truth) -> dict:
