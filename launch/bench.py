@@ -112,7 +112,7 @@ def _tools(calls: int) -> dict:
     return out
 
 
-def run(sections: list[str], steps: int, threads: int, tool_calls: int) -> dict:
+def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zero_advantage: bool = True) -> dict:
     from launch.bench_steps import multi_turn_step, standard_step
 
     torch.set_num_threads(threads)
@@ -127,7 +127,8 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int) -> dict:
         if section == "peak":
             report["peak"] = _peaks()
         elif section == "standard":
-            report["standard"] = standard_step(steps=steps, threads=threads)
+            report["standard"] = standard_step(steps=steps, threads=threads,
+                                               skip_zero_advantage=skip_zero_advantage)
         elif section == "generation":
             report["generation"] = _generation([1, 16, 64])
         elif section == "training":
@@ -206,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tool-calls", type=int, default=1000, help="calls per side and concurrency")
     parser.add_argument("--out", default="outputs/bench", help="directory for report.json")
+    parser.add_argument("--no-skip", action="store_true",
+                        help="standard step: train every sequence (no zero-advantage skipping)")
     args = parser.parse_args(argv)
-    report = run(args.sections, args.steps, args.threads, args.tool_calls)
+    report = run(args.sections, args.steps, args.threads, args.tool_calls, not args.no_skip)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))

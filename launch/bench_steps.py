@@ -37,7 +37,7 @@ def closeness_reward(text: str, truth: int) -> float:
     return 1.0 / (1.0 + abs(math.log(int(digits) / truth)))
 
 
-def _standard_config(threads: int, micro_batch_size: int):
+def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True):
     from grpo.config import RunConfig
 
     return RunConfig.model_validate({
@@ -47,13 +47,17 @@ def _standard_config(threads: int, micro_batch_size: int):
         "algorithm": {
             "group_size": 4, "kl_coef": 0.01, "learning_rate": 1e-6, "ppo_epochs": 1,
             "num_minibatches": 1, "micro_batch_size": micro_batch_size, "ref_update_every": 1,
+            "skip_zero_advantage": skip_zero_advantage,
         },
         "rollout": {"temperature": 1.0, "max_new_tokens": 48},
     })
 
 
-def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, seed: int = 0) -> dict:
-    """Run 1 warm-up + `steps` timed steps of the standard work; medians and per-step times."""
+def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, seed: int = 0,
+                  skip_zero_advantage: bool = True) -> dict:
+    """Run 1 warm-up + `steps` timed steps of the standard work; medians and per-step times.
+    `skip_zero_advantage=False` trains every sequence (for comparisons of the other levers: which
+    groups have zero variance depends on what was sampled)."""
     from grpo.policy import PolicyWithValueHead
     from grpo.reference import make_reference
     from grpo.rollout import GenerationRequest, SamplingParams, make_engine
@@ -62,7 +66,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = _standard_config(threads, micro_batch_size)
+    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage)
     policy, tok = PolicyWithValueHead.from_config(cfg.model, cfg.lora, "cpu", seed=seed)
     reference = make_reference(policy, cfg.algorithm)
     optimizer = make_optimizer(policy, cfg.algorithm)
@@ -141,6 +145,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
         "step_0_logprob_mismatch": records[0]["logprob_mismatch"],
         "steps": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in records],
         "micro_batch_size": micro_batch_size,
+        "skip_zero_advantage": skip_zero_advantage,
     }
 
 
