@@ -1,0 +1,45 @@
+"""make bench's pure parts: the standard work's graded reward and the report's headline figures."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from launch.bench import headline
+from launch.bench_steps import closeness_reward
+
+
+@pytest.mark.parametrize(
+    ("text", "truth", "expected"),
+    [
+        ("224", 224, 1.0),
+        ("The answer is 1,000.", 1000, 1.0),
+        ("448 is it", 224, 1.0 / (1.0 + math.log(2.0))),
+        ("112", 224, 1.0 / (1.0 + math.log(2.0))),  # half and double score alike
+        ("no number here", 224, 0.0),
+        ("-224", 224, 0.0),
+        ("0", 224, 0.0),
+        ("12 and then 224", 224, 1.0 / (1.0 + math.log(224 / 12))),  # the first number counts
+    ],
+)
+def test_closeness_reward(text, truth, expected):
+    assert closeness_reward(text, truth) == pytest.approx(expected, abs=1e-12)
+
+
+def test_headline_fractions_of_the_bf16_peak_and_worst_tool_overhead():
+    report = {
+        "peak": {"fp32_gflops": 200.0, "bf16_gflops": 1000.0},
+        "standard": {"standard_step_median_s": 5.0},
+        "generation": {"parameters": 100_000_000, "b64_tokens_per_s": 500.0},
+        "training": {"parameters": 100_000_000, "tokens_per_s": 400.0},
+        "tools": {"c1": {"overhead_pct": 2.0}, "c32": {"overhead_pct": 7.5}},
+        "multiturn": {"multi_turn_step_s": 40.0},
+    }
+    out = headline(report)
+    assert out["standard_step_median_s"] == 5.0
+    assert out["gen_fraction_of_bf16_peak"] == pytest.approx(500 * 2 * 1e8 / 1e12)  # 0.1
+    assert out["train_fraction_of_bf16_peak"] == pytest.approx(400 * 6 * 1e8 / 1e12)  # 0.24
+    assert out["tool_overhead_fraction"] == 0.075
+    assert out["multi_turn_step_s"] == 40.0
+    assert headline({})["gen_fraction_of_bf16_peak"] is None  # sections that did not run
