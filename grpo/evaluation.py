@@ -61,6 +61,6 @@ async def evaluate(
     metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
     if transcripts_path is not None:
         transcripts_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(transcripts_path, "w") as fh:
-            fh.writelines(json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories))
+        lines = [json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories)]
+        transcripts_path.write_text("".join(lines))  # one small write after the collection
     return metrics

@@ -65,7 +65,8 @@ class MetricsLogger:
         if not self.enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
+        # Held open for the run (closed in close()): one line per step, line-buffered.
+        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
         if wandb_config is not None and wandb_config.enabled:
             self._wandb = _start_wandb(wandb_config, run_dir, run_name, config_dict)
 
@@ -79,7 +80,7 @@ class MetricsLogger:
         if self._wandb is not None:
             try:
                 self._wandb.log(kept, step=step)
-            except Exception as exc:  # wandb must never stop a run
+            except Exception as exc:  # noqa: BLE001 - wandb must never stop a run
                 log.warning("wandb log failed (%s); continuing without it", exc)
                 self._wandb = None
         if step % self.log_every == 0 or any(k.startswith("eval/") for k in kept):
@@ -92,8 +93,8 @@ class MetricsLogger:
         if self._wandb is not None:
             try:
                 self._wandb.finish()
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001 - wandb must never stop a run
+                log.warning("wandb finish failed (%s)", exc)
             self._wandb = None
 
 
@@ -121,7 +122,7 @@ def _start_wandb(wandb_config, run_dir: Path, run_name: str, config_dict: dict |
             mode=mode,
             config=config_dict,
         )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - wandb must never stop a run
         log.warning("wandb.init failed (%s); continuing without wandb", exc)
         return None
 
