@@ -1,5 +1,11 @@
 """Tool-call parsing of model text. `parse_tool_calls` never raises.
 
+This module holds the call types (`ToolCall`, `ParseResult`), the scanner with one handler per
+kind of markup, and final-answer extraction. The near-JSON reader lives in
+`environments.near_json`, reading python-syntax calls in `environments.python_calls`, and writing
+calls (`format_tool_call`, `FORMATS`) in `environments.tool_call_format`; the public names of those
+are re-exported here.
+
 Accepted tool-call formats (`format` names, as in `EnvironmentConfig.call_format`):
 
 - `hermes`:   `<tool_call>{"name": "f", "arguments": {...}}</tool_call>`; the closing tag may be
@@ -31,16 +37,31 @@ Markup that is present but cannot be read becomes a readable message in `ParseRe
 
 from __future__ import annotations
 
-import ast
-import json
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-FORMATS: tuple[str, ...] = ("hermes", "tool_tag", "json", "openai", "react", "python")
-"""Every call format the parser reads and `format_tool_call` writes."""
+from environments.near_json import (
+    NearJSONError,
+    NearJSONReader,
+    loads_near_json,
+    read_value_at,
+    snippet,
+)
+from environments.python_calls import python_calls
+from environments.tool_call_format import FORMATS, format_tool_call
+
+__all__ = [
+    "FORMATS",
+    "NearJSONError",
+    "ParseResult",
+    "ToolCall",
+    "extract_final_answer",
+    "format_tool_call",
+    "loads_near_json",
+    "parse_tool_calls",
+]
 
 
 @dataclass
@@ -61,158 +82,6 @@ class ParseResult:
     final_answer: str | None = None
     had_markup: bool = False
     """Tool-call markup was present (whether or not it parsed)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Near-JSON reader
-
-
-class NearJSONError(ValueError):
-    def __init__(self, message: str, pos: int, at_end: bool = False, too_deep: bool = False):
-        super().__init__(message)
-        self.pos = pos
-        self.at_end = at_end
-        """The text ended before the value did (a missing closing bracket or quote)."""
-        self.too_deep = too_deep
-
-
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-_WORDS = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
-_ESCAPES = {'"': '"', "'": "'", "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
-
-
-class _NearJSONReader:
-    """A recursive-descent reader of JSON plus the near-JSON forms listed in the module doc."""
-
-    MAX_DEPTH = 200
-
-    def __init__(self, text: str, close_at_end: bool = False):
-        self.text = text
-        self.close_at_end = close_at_end
-
-    def _skip_ws(self, pos: int) -> int:
-        text = self.text
-        while pos < len(text) and text[pos] in " \t\r\n":
-            pos += 1
-        return pos
-
-    def _fail(self, message: str, pos: int) -> NearJSONError:
-        at_end = pos >= len(self.text)
-        where = "at the end" if at_end else f"before {_snippet(self.text[pos:], 20)!r}"
-        return NearJSONError(f"{message} {where}", pos, at_end)
-
-    def value(self, pos: int, depth: int = 0) -> tuple[Any, int]:
-        if depth > self.MAX_DEPTH:
-            raise NearJSONError("nesting too deep", pos, too_deep=True)
-        pos = self._skip_ws(pos)
-        if pos >= len(self.text):
-            raise self._fail("expected a value", pos)
-        ch = self.text[pos]
-        if ch == "{":
-            return self._container(pos, depth, "}")
-        if ch == "[":
-            return self._container(pos, depth, "]")
-        if ch in "\"'":
-            return self._string(pos)
-        m = _NUMBER.match(self.text, pos)
-        if m:
-            s = m.group()
-            try:
-                number: Any = int(s) if re.fullmatch(r"[-+]?\d+", s) else float(s)
-            except (ValueError, OverflowError):
-                raise self._fail(f"bad number {s!r}", pos) from None
-            return number, m.end()
-        m = _IDENT.match(self.text, pos)
-        if m and m.group() in _WORDS:
-            return _WORDS[m.group()], m.end()
-        raise self._fail(f"unexpected {self.text[pos]!r}", pos)
-
-    def _string(self, pos: int) -> tuple[str, int]:
-        text, quote = self.text, self.text[pos]
-        out: list[str] = []
-        i = pos + 1
-        while i < len(text):
-            ch = text[i]
-            if ch == quote:
-                return "".join(out), i + 1
-            if ch == "\\":
-                if i + 1 >= len(text):
-                    break
-                esc = text[i + 1]
-                if esc == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", text[i + 2 : i + 6]):
-                    code = int(text[i + 2 : i + 6], 16)
-                    i += 6
-                    # A UTF-16 surrogate pair written as two escapes is one character.
-                    if 0xD800 <= code < 0xDC00 and re.fullmatch(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}", text[i : i + 6]):
-                        low = int(text[i + 2 : i + 6], 16)
-                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
-                        i += 6
-                    out.append(chr(code))
-                    continue
-                out.append(_ESCAPES.get(esc, "\\" + esc))
-                i += 2
-                continue
-            out.append(ch)
-            i += 1
-        raise self._fail("unterminated string", len(text))
-
-    def _container(self, pos: int, depth: int, closer: str) -> tuple[Any, int]:
-        is_object = closer == "}"
-        result: Any = {} if is_object else []
-        i = pos + 1
-        while True:
-            i = self._skip_ws(i)
-            if i >= len(self.text):
-                if self.close_at_end:
-                    return result, i
-                raise self._fail(f"expected {closer!r}", i)
-            if self.text[i] == closer:
-                return result, i + 1
-            if is_object:
-                key, i = self._key(i)
-                i = self._skip_ws(i)
-                if i >= len(self.text) or self.text[i] != ":":
-                    raise self._fail(f"expected ':' after key {key!r}", i)
-                item, i = self.value(i + 1, depth + 1)
-                result[key] = item
-            else:
-                item, i = self.value(i, depth + 1)
-                result.append(item)
-            i = self._skip_ws(i)
-            if i < len(self.text) and self.text[i] == ",":
-                i += 1  # a trailing comma before the closer is accepted by the loop above
-            elif i < len(self.text) and self.text[i] == closer:
-                return result, i + 1
-            elif i >= len(self.text) and self.close_at_end:
-                return result, i
-            else:
-                raise self._fail(f"expected ',' or {closer!r}", i)
-
-    def _key(self, pos: int) -> tuple[str, int]:
-        if self.text[pos] in "\"'":
-            return self._string(pos)
-        m = _IDENT.match(self.text, pos)
-        if m and m.group() not in _WORDS:
-            return m.group(), m.end()
-        raise self._fail("expected a quoted key", pos)
-
-
-def loads_near_json(text: str, *, close_at_end: bool = False) -> Any:
-    """Read one near-JSON value that fills `text` (surrounding whitespace allowed).
-
-    Raises `NearJSONError` (a ValueError) with a message that says where reading stopped.
-    """
-    reader = _NearJSONReader(text, close_at_end)
-    value, end = reader.value(0)
-    end = reader._skip_ws(end)
-    if end != len(text):
-        raise reader._fail("unexpected text after the value", end)
-    return value
-
-
-def _read_value_at(text: str, pos: int, close_at_end: bool = False) -> tuple[Any, int]:
-    return _NearJSONReader(text, close_at_end).value(pos)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,11 +146,6 @@ def _calls_from_object(obj: Any, raw: str, fmt: str, strict: bool) -> list[ToolC
     return [ToolCall(name=name.strip(), arguments=_arguments_of(obj), raw=raw, format=fmt)]
 
 
-def _snippet(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 # ---------------------------------------------------------------------------------------------
 # The scanner: finds markup left to right, each handler consumes its span.
 
@@ -344,10 +208,10 @@ def _tag_block(scan: _Scan, start: int, open_tag: str, close_tag: str, fmt: str)
 
 def _read_values(text: str, pos: int) -> tuple[list[Any], int, NearJSONError | None]:
     """Consecutive JSON values from `pos` (separated by whitespace or commas)."""
-    reader = _NearJSONReader(text)
+    reader = NearJSONReader(text)
     values: list[Any] = []
     while True:
-        pos = reader._skip_ws(pos)
+        pos = reader.skip_ws(pos)
         if pos >= len(text) or text[pos] not in "{[":
             return values, pos, None
         try:
@@ -373,7 +237,7 @@ def _read_region(region: str) -> tuple[list[Any], NearJSONError | None]:
                 return [loads_near_json(line, close_at_end=True) for line in lines], None
             except NearJSONError:
                 pass
-        entries = _python_calls(region.strip())  # e.g. <tool_call>multiply(a=3, b=4)</tool_call>
+        entries = python_calls(region.strip())  # e.g. <tool_call>multiply(a=3, b=4)</tool_call>
         if entries and all(e.error is None for e in entries):
             return [{"name": e.name, "arguments": e.arguments} for e in entries], None
         return [], exc
@@ -384,14 +248,14 @@ def _bare_json(scan: _Scan, start: int) -> int:
     # Only an object is reported when unreadable; a broken list's items are tried one by one.
     looks_like_call = bool(_CALL_SHAPE_HINT.match(text, start))
     try:
-        value, end = _read_value_at(text, start)
+        value, end = read_value_at(text, start)
     except NearJSONError as exc:
         if not looks_like_call:
             # Past a too-deep nest at once: retrying from each inner bracket would be quadratic.
             return exc.pos if exc.too_deep else start + 1
         if exc.at_end:
             try:
-                value, end = _read_value_at(text, start, close_at_end=True)
+                value, end = read_value_at(text, start, close_at_end=True)
             except NearJSONError as exc2:
                 exc = exc2
             else:
@@ -399,7 +263,7 @@ def _bare_json(scan: _Scan, start: int) -> int:
         # Resume where reading stopped: a following call may be fine.
         end = max(exc.pos, start + 1)
         scan.markup(start, end)
-        scan.error(f"could not parse the tool call {_snippet(text[start:end])!r} ({exc}); write {_CALL_EXAMPLE}")
+        scan.error(f"could not parse the tool call {snippet(text[start:end])!r} ({exc}); write {_CALL_EXAMPLE}")
         return end
     return _bare_json_value(scan, start, end, value, looks_like_call)
 
@@ -411,7 +275,7 @@ def _bare_json_value(scan: _Scan, start: int, end: int, value: Any, looks_like_c
     except _NotACall as exc:
         calls = []
         scan.markup(start, end)
-        scan.error(f"bad tool call {_snippet(raw)!r}: {exc}")
+        scan.error(f"bad tool call {snippet(raw)!r}: {exc}")
     calls = [c for c in calls if c.format in scan.formats]
     if calls:
         scan.result.calls.extend(calls)
@@ -442,10 +306,10 @@ def _react(scan: _Scan, match: re.Match) -> int:
             pos = rest_end
         elif pos < len(text) and text[pos] in "{[":
             try:
-                arguments, pos = _read_value_at(text, pos)
+                arguments, pos = read_value_at(text, pos)
             except NearJSONError as exc:
                 try:
-                    arguments, pos = _read_value_at(text[:rest_end], pos, close_at_end=True)
+                    arguments, pos = read_value_at(text[:rest_end], pos, close_at_end=True)
                 except NearJSONError:
                     end = max(exc.pos, pos + 1)
                     scan.markup(start, end)
@@ -455,7 +319,7 @@ def _react(scan: _Scan, match: re.Match) -> int:
             value = text[pos:rest_end].strip()
             end = rest_end
             scan.markup(start, end)
-            scan.error(f"the Action Input of {name!r} must be a JSON object, got {_snippet(value)!r}")
+            scan.error(f"the Action Input of {name!r} must be a JSON object, got {snippet(value)!r}")
             return end
         else:
             pos = rest_end
@@ -475,81 +339,6 @@ def _react(scan: _Scan, match: re.Match) -> int:
     return max(pos, start + 1)
 
 
-
-def _literal(node: ast.AST) -> Any:
-    """The value of a literal expression; JSON spellings true/false/null are accepted too."""
-    if isinstance(node, ast.Name) and node.id in _WORDS:
-        return _WORDS[node.id]
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(elt) for elt in node.elts]
-    if isinstance(node, ast.Dict):
-        if any(k is None for k in node.keys):
-            raise ValueError("** inside a dict")
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
-    value = ast.literal_eval(node)
-    if isinstance(value, (set, frozenset, bytes, complex)):
-        raise TypeError(f"{type(value).__name__} is not a JSON value")
-    if isinstance(value, tuple):
-        return list(value)
-    return value
-
-
-def _dotted_name(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted_name(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
-@dataclass
-class _PyCall:
-    name: str | None
-    arguments: dict | None
-    source: str
-    error: str | None = None
-
-
-def _python_calls(code: str) -> list[_PyCall] | None:
-    """One entry per top-level statement of a python tool block (an error for anything but a
-    call with literal keyword arguments); None when the block holds no call statement (it is
-    not tool-call markup then)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        m = re.search(r"(?m)^[ \t]*([A-Za-z_][\w.]*)[ \t]*\(", code)
-        if m is None:
-            return None
-        message = f"could not parse the python tool call ({getattr(exc, 'msg', exc)}); write tool_name(arg=value)"
-        return [_PyCall(m.group(1), None, code, message)]
-    stmts = tree.body
-    if not any(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) for s in stmts):
-        return None
-    return [_python_call(code, stmt) for stmt in stmts]
-
-
-def _python_call(code: str, stmt: ast.stmt) -> _PyCall:
-    source = ast.get_source_segment(code, stmt) or ""
-    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
-        return _PyCall(None, None, source, f"only tool calls may appear in a python tool block, not {_snippet(source)!r}")
-    call = stmt.value
-    name = _dotted_name(call.func)
-    if name is None:
-        return _PyCall(None, None, source, f"cannot tell which tool {_snippet(source)!r} calls; write tool_name(arg=value)")
-    if call.args:
-        return _PyCall(name, None, source, f"{name}: pass arguments by name, e.g. {name}(arg=value)")
-    arguments: dict[str, Any] = {}
-    for kw in call.keywords:
-        if kw.arg is None:
-            return _PyCall(name, None, source, f"{name}: **arguments are not supported; write each arg=value")
-        try:
-            arguments[kw.arg] = _literal(kw.value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return _PyCall(name, None, source, f"{name}: argument {kw.arg!r} must be a literal value (number, string, list, ...)")
-    return _PyCall(name, arguments, source)
-
-
 _FENCE = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n")
 _PYTHON_LANGS = ("python", "py", "tool_code", "")
 
@@ -562,7 +351,7 @@ def _fenced(scan: _Scan, match: re.Match) -> int:
     close = text.find("```", match.end())
     body_end = len(text) if close < 0 else close
     end = len(text) if close < 0 else close + 3
-    entries = _python_calls(text[match.end() : body_end])
+    entries = python_calls(text[match.end() : body_end])
     if entries is None:
         return match.end()
     if scan.tool_names is not None and not any(e.name in scan.tool_names for e in entries):
@@ -665,53 +454,3 @@ def parse_tool_calls(
     if answer is not None:
         result.final_answer = answer
     return result
-
-
-def _json_for_tag(obj: Any) -> str:
-    # "</" written as "<\/" (valid JSON) so a string can never close the tag early.
-    return json.dumps(obj, ensure_ascii=False).replace("</", "<\\/")
-
-
-def _python_literal(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_python_literal(k)}: {_python_literal(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_python_literal(v) for v in value) + "]"
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{value!r} has no literal form")
-    if value is None or isinstance(value, (bool, int, float, str)):
-        # Backticks only occur inside string literals here; escaped so they never end the fence.
-        return repr(value).replace("`", "\\x60")
-    raise ValueError(f"{type(value).__name__} is not a JSON value")
-
-
-def format_tool_call(name: str, arguments: dict, format: str = "hermes") -> str:
-    """The text of one call in `format` (`auto` means `hermes`); `parse_tool_calls` reads it back
-    to exactly `name` and `arguments`. Raises ValueError for a call the format cannot express."""
-    fmt = "hermes" if format == "auto" else format
-    call = {"name": name, "arguments": arguments}
-    if fmt == "hermes":
-        # One line: the form measured to work best as SmolLM2's in-context example.
-        return f"<tool_call>{_json_for_tag(call)}</tool_call>"
-    if fmt == "tool_tag":
-        return f"<tool>{_json_for_tag(call)}</tool>"
-    if fmt == "json":
-        return json.dumps(call, ensure_ascii=False)
-    if fmt == "openai":
-        function = {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
-        return json.dumps({"tool_calls": [{"type": "function", "function": function}]}, ensure_ascii=False)
-    if fmt == "react":
-        if "\n" in name or not name.strip() or name != name.strip():
-            raise ValueError(f"react cannot express the tool name {name!r}")
-        return f"Action: {name}\nAction Input: {json.dumps(arguments, ensure_ascii=False)}"
-    if fmt == "python":
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise ValueError(f"python cannot express the tool name {name!r}")
-        bad = [k for k in arguments if not (isinstance(k, str) and k.isidentifier()) or k in _WORDS]
-        if bad:
-            raise ValueError(f"python cannot express the argument names {bad!r}")
-        args = ", ".join(f"{k}={_python_literal(v)}" for k, v in arguments.items())
-        return f"```python\n{name}({args})\n```"
-    raise ValueError(f"unknown call format {format!r}; choose one of: {', '.join(FORMATS)}, auto")
-
-

@@ -2,9 +2,13 @@
 
 `TrajectoryCollector.collect(tasks, G)` runs every episode as an asyncio task (at most
 `rollout.max_concurrent_episodes` at once). Episodes never call the engine themselves: they hand a
-`GenerationRequest` to the `_GenerationBatcher`, which gathers the requests of all live episodes
+`GenerationRequest` to the `GenerationBatcher`, which gathers the requests of all live episodes
 into one `engine.generate` call running in a worker thread, so tool calls of some episodes overlap
 with generation for the others.
+
+This module holds `TrajectoryCollector` (episode play, retries, group assembly), `CollectResult`
+and `turn_seed`. The batcher is `grpo.generation_batcher`, the per-episode record
+`grpo.episode`, time accounting and the `rollout/` metrics `grpo.collection_metrics`.
 
 Token in, token out: an episode's token ids are the prompt ids, then each turn's sampled ids exactly
 as the engine returned them (loss_mask 1, the engine's behavior log-probs), then each observation
@@ -28,17 +32,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
-import time
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.base import Environment, Message, StepResult, resolve
+from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
 from grpo import chat_tokens
+from grpo.collection_metrics import Timeline, collection_metrics
 from grpo.config import RolloutConfig
+from grpo.episode import Episode, GroupAbandoned, episode_stats, task_id_of
+from grpo.generation_batcher import GenerationBatcher
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
 from grpo.trajectory import Trajectory
 
@@ -72,317 +76,6 @@ def turn_seed(
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & ((1 << 62) - 1)
 
 
-def task_id_of(task: Any, index: int) -> str:
-    """A task's id: `task.id` or `task.task_id`, else `reward_spec.ground_truth.task_id`, else
-    `task<index>`."""
-    for name in ("id", "task_id"):
-        value = getattr(task, name, None)
-        if isinstance(value, (str, int)) and value != "":
-            return str(value)
-    reward_spec = getattr(task, "reward_spec", None)
-    ground_truth = getattr(reward_spec, "ground_truth", None)
-    value = (
-        ground_truth.get("task_id")
-        if isinstance(ground_truth, dict)
-        else getattr(ground_truth, "task_id", None)
-    )
-    return str(value) if value not in (None, "") else f"task{index}"
-
-
-class _Timeline:
-    """Splits wall time by what the collection was doing.
-
-    - generating: an `engine.generate` call is in flight (batches run one at a time, so this is
-      the summed duration of engine calls).
-    - tools_only: at least one episode is inside its environment (`reset`/`step`, which is where
-      tool calls happen) while no generation runs: time the engine sits idle waiting on tools.
-    - tools_overlapped: episodes are in their environment while generation runs (hidden cost).
-    - other: neither (batching waits, tokenization, bookkeeping).
-    """
-
-    def __init__(self) -> None:
-        self.start = self._last = time.perf_counter()
-        self.generating = False
-        self.in_env = 0
-        self.seconds = {"generating": 0.0, "tools_only": 0.0, "tools_overlapped": 0.0, "other": 0.0}
-
-    def _flush(self) -> None:
-        now = time.perf_counter()
-        dt, self._last = now - self._last, now
-        if self.generating:
-            self.seconds["generating"] += dt
-            if self.in_env:
-                self.seconds["tools_overlapped"] += dt
-        elif self.in_env:
-            self.seconds["tools_only"] += dt
-        else:
-            self.seconds["other"] += dt
-
-    def set_generating(self, value: bool) -> None:
-        self._flush()
-        self.generating = value
-
-    def add_in_env(self, delta: int) -> None:
-        self._flush()
-        self.in_env += delta
-
-    def wall(self) -> float:
-        self._flush()
-        return self._last - self.start
-
-
-class _GenerationBatcher:
-    """Gathers generation requests of live episodes into engine batches.
-
-    Each live episode is in one of three states: *active* (running collector code on the event
-    loop), *in env* (awaiting its environment's reset/step/close: tool calls), or *waiting* (its
-    request is pending). A batch of all pending requests is dispatched when
-
-    - no episode is active and none is in its environment (everyone who will ask soon has asked), or
-    - the oldest pending request has waited `max_wait()` seconds: the larger of `min_wait_s` and
-      `wait_fraction` of the previous engine call's duration (`initial_generate_s` before the
-      first). An episode stuck in a slow tool call therefore delays the others by at most a small
-      fraction of a generation, while a tool call that ends within it joins the batch instead of
-      waiting out a whole generation for the next one (on a CPU a batch of 16 costs nearly as much
-      as a batch of 32, so splitting one turn's requests into two batches nearly doubles its time).
-
-    One engine call runs at a time, in a worker thread; requests arriving meanwhile form the next
-    batch.
-    """
-
-    def __init__(
-        self,
-        engine: RolloutEngine,
-        timeline: _Timeline,
-        *,
-        min_wait_s: float,
-        wait_fraction: float,
-        last_generate_s: float,
-    ) -> None:
-        self.engine = engine
-        self.timeline = timeline
-        self.min_wait_s = min_wait_s
-        self.wait_fraction = wait_fraction
-        self.last_generate_s = last_generate_s
-        self.active = 0
-        self.in_env = 0
-        self._pending: list[tuple[GenerationRequest, asyncio.Future, float]] = []
-        self._changed = asyncio.Event()
-        self._closed = False
-        self.fatal: BaseException | None = None
-        """Set when the engine raised something that is not an Exception (e.g. SystemExit): no
-        further batches run and the collection re-raises it."""
-        self.batch_sizes: list[int] = []
-        self.generated_tokens = 0
-
-    def max_wait(self) -> float:
-        return max(self.min_wait_s, self.wait_fraction * self.last_generate_s)
-
-    # -- episode side ------------------------------------------------------------------------
-    def episode_started(self) -> None:
-        self.active += 1
-        self._changed.set()
-
-    def episode_finished(self) -> None:
-        self.active -= 1
-        self._changed.set()
-
-    @contextmanager
-    def inside_env(self):
-        self.active -= 1
-        self.in_env += 1
-        self.timeline.add_in_env(+1)
-        self._changed.set()
-        try:
-            yield
-        finally:
-            self.in_env -= 1
-            self.active += 1
-            self.timeline.add_in_env(-1)
-            self._changed.set()
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if self.fatal is not None:
-            raise RuntimeError(f"generation stopped: {self.fatal!r}")
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future, time.perf_counter()))
-        self.active -= 1
-        self._changed.set()
-        try:
-            # The batcher moves the episode back to active when it resolves the future.
-            return await future
-        except asyncio.CancelledError:
-            if future.cancelled():  # never resolved: the batcher did not restore the state
-                self.active += 1
-            raise
-
-    # -- batching loop -----------------------------------------------------------------------
-    def close(self) -> None:
-        self._closed = True
-        self._changed.set()
-
-    async def _wait_changed(self, timeout: float | None) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-        self._changed.clear()
-
-    async def run(self) -> None:
-        while True:
-            # Requests of cancelled episodes are dropped, never generated.
-            self._pending = [entry for entry in self._pending if not entry[1].done()]
-            if not self._pending:
-                if self._closed:
-                    return
-                await self._wait_changed(None)
-                continue
-            everyone_asked = self.active <= 0 and self.in_env <= 0
-            remaining = self._pending[0][2] + self.max_wait() - time.perf_counter()
-            if not everyone_asked and remaining > 0:
-                await self._wait_changed(remaining)
-                continue
-            batch, self._pending = self._pending, []
-            await self._dispatch(batch)
-
-    async def _dispatch(self, batch: list[tuple[GenerationRequest, asyncio.Future, float]]) -> None:
-        requests = [request for request, _, _ in batch]
-        self.batch_sizes.append(len(requests))
-        self.timeline.set_generating(True)
-        started = time.perf_counter()
-        try:
-            results = await asyncio.to_thread(self.engine.generate, requests)
-            self.last_generate_s = time.perf_counter() - started
-            if len(results) != len(requests):
-                raise RuntimeError(
-                    f"engine returned {len(results)} results for {len(requests)} requests"
-                )
-            error = None
-        # Any engine failure fails every episode of the batch (each is then retried).
-        except Exception as exc:  # noqa: BLE001
-            results, error = None, exc
-        # Cancellation or an exit: fail every waiting episode so that none hangs, then stop.
-        except BaseException as exc:  # noqa: BLE001
-            self.fatal = exc
-            results, error = None, RuntimeError(f"generation stopped: {exc!r}")
-        finally:
-            self.timeline.set_generating(False)
-        waiting = batch + (self._pending if self.fatal is not None else [])
-        for i, (_, future, _) in enumerate(waiting):
-            if future.done():  # the episode was cancelled meanwhile and restored its own state
-                continue
-            self.active += 1
-            if error is not None:
-                future.set_exception(error)
-            else:
-                self.generated_tokens += len(results[i].token_ids)
-                future.set_result(results[i])
-        if self.fatal is not None:
-            self._pending = []
-            raise self.fatal
-
-
-class _GroupAbandoned(Exception):
-    """Another episode of the group failed for good: this one's result would be dropped anyway."""
-
-
-@dataclass
-class _EpisodeStats:
-    parse_failures: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-
-
-@dataclass
-class _Episode:
-    """One episode being played: who it is and the token sequence built so far."""
-
-    task: Any
-    task_id: str
-    group_id: str
-    sample_index: int
-    episode_id: str
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    behavior_logprobs: list[float] = field(default_factory=list)
-    prompt_length: int = 0
-    transcript: list[Message] = field(default_factory=list)
-    finish_reasons: list[str] = field(default_factory=list)
-    turn_rewards: list[tuple[int, float]] = field(default_factory=list)
-    reward: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    done: bool = False
-    truncated: bool = False
-    """Ended because the next prompt would not fit under rollout.max_total_tokens."""
-
-    @property
-    def num_turns(self) -> int:
-        return len(self.finish_reasons)
-
-    def start(self, prompt_ids: list[int], messages: list[Message], max_total_tokens: int) -> None:
-        if len(prompt_ids) >= max_total_tokens:
-            raise ValueError(
-                f"task {self.task_id}: the prompt is {len(prompt_ids)} tokens, which leaves no "
-                "room "
-                f"under rollout.max_total_tokens={max_total_tokens}"
-            )
-        self.prompt_length = len(prompt_ids)
-        self.token_ids = list(prompt_ids)
-        self.loss_mask = [0] * len(prompt_ids)
-        self.behavior_logprobs = [0.0] * len(prompt_ids)
-        self.transcript = list(messages)
-        self.prompt_messages = len(messages)
-
-    def add_sampled(self, ids: list[int], logprobs: Sequence[float], finish_reason: str) -> None:
-        self.token_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.behavior_logprobs += [float(x) for x in logprobs]
-        self.finish_reasons.append(finish_reason)
-
-    def add_observation(self, ids: list[int]) -> None:
-        self.token_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.behavior_logprobs += [0.0] * len(ids)
-
-    def add_reward(self, outcome: StepResult, *, final: bool) -> None:
-        reward = float(outcome.reward)
-        self.reward += reward
-        self.info = dict(outcome.info or {})
-        if reward and not final:
-            # A non-final step's reward belongs to the last token of the turn just sampled.
-            self.turn_rewards.append((len(self.token_ids) - 1, reward))
-
-    def to_trajectory(self, stats: _EpisodeStats) -> Trajectory:
-        info = self.info
-        metadata = {
-            "reward_breakdown": info.get("reward_breakdown", {}),
-            "success": bool(info.get("success", False)),
-            "done_reason": info.get("done_reason", "max_total_tokens" if self.truncated else None),
-            "counts": info.get("counts", {}),
-            "transcript": self.transcript,
-            "prompt_messages": self.prompt_messages,  # transcript[:n] is the prompt (incl. examples)
-            "parse_failures": stats.parse_failures,
-            "tool_errors": stats.tool_errors,
-            "truncated_total_tokens": self.truncated,
-            "episode_id": self.episode_id,
-            "sample_index": self.sample_index,
-            "info": info,
-        }
-        return Trajectory(
-            task_id=self.task_id,
-            group_id=self.group_id,
-            token_ids=self.token_ids,
-            loss_mask=self.loss_mask,
-            behavior_logprobs=self.behavior_logprobs,
-            prompt_length=self.prompt_length,
-            reward=self.reward,
-            turn_rewards=self.turn_rewards,
-            num_turns=self.num_turns,
-            num_tool_calls=stats.tool_calls,
-            finish_reasons=list(self.finish_reasons),
-            metadata=metadata,
-        )
-
 
 class TrajectoryCollector:
     """Plays groups of episodes and returns their trajectories (see the module docstring).
@@ -408,7 +101,7 @@ class TrajectoryCollector:
         generation request may wait for episodes still in their environment before a batch is
         dispatched without them: max(batch_wait_s, batch_wait_fraction x the last engine call's
         seconds), with `initial_generate_s` standing in before the first call (see
-        `_GenerationBatcher`)."""
+        `GenerationBatcher`)."""
         self.engine = engine
         self.tokenizer = tokenizer
         self.tools = tools
@@ -437,8 +130,8 @@ class TrajectoryCollector:
     # -- one episode -------------------------------------------------------------------------
     async def _play(
         self,
-        batcher: _GenerationBatcher,
-        episode: _Episode,
+        batcher: GenerationBatcher,
+        episode: Episode,
         *,
         temperature: float,
         seed: int | None,
@@ -456,7 +149,7 @@ class TrajectoryCollector:
             )
             while not episode.done:
                 if abandoned():
-                    raise _GroupAbandoned()
+                    raise GroupAbandoned()
                 sampling = SamplingParams(
                     temperature=temperature,
                     top_p=self.rollout.top_p,
@@ -477,7 +170,7 @@ class TrajectoryCollector:
                 )
                 result = await batcher.generate(request)
                 await self._take_turn(batcher, env, episode, result)
-            return episode.to_trajectory(self._episode_stats(episode.info, episode.transcript))
+            return episode.to_trajectory(episode_stats(episode.info, episode.transcript))
         finally:
             with batcher.inside_env():
                 try:
@@ -488,9 +181,9 @@ class TrajectoryCollector:
 
     async def _take_turn(
         self,
-        batcher: _GenerationBatcher,
+        batcher: GenerationBatcher,
         env: Environment,
-        episode: _Episode,
+        episode: Episode,
         result: GenerationResult,
     ) -> None:
         """Append one sampled turn, let the environment answer, append its observation delta."""
@@ -532,30 +225,10 @@ class TrajectoryCollector:
             with batcher.inside_env():
                 episode.add_reward(await finish("max_total_tokens"), final=True)
 
-    @staticmethod
-    def _episode_stats(info: dict[str, Any], transcript: list[Message]) -> _EpisodeStats:
-        """Counts from the environment's final info (falling back to the transcript for calls)."""
-        counts = info.get("counts") if isinstance(info.get("counts"), dict) else info
-
-        def count(*names: str) -> int | None:
-            for name in names:
-                value = counts.get(name)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    return int(value)
-            return None
-
-        tool_calls = count("tool_calls", "num_tool_calls")
-        if tool_calls is None:
-            tool_calls = sum(1 for m in transcript if m.get("role") == "tool")
-        return _EpisodeStats(
-            parse_failures=count("parse_failures", "num_parse_failures") or 0,
-            tool_calls=tool_calls,
-            tool_errors=count("tool_errors", "num_tool_errors") or 0,
-        )
 
     async def _episode_with_retries(
         self,
-        batcher: _GenerationBatcher,
+        batcher: GenerationBatcher,
         semaphore: asyncio.Semaphore,
         task: Any,
         task_id: str,
@@ -570,14 +243,14 @@ class TrajectoryCollector:
         last_error: BaseException | None = None
         for attempt in range(self.rollout.episode_retries + 1):
             if group_failed[group_id]:
-                return _GroupAbandoned()
+                return GroupAbandoned()
             episode_id = f"s{step}-{task_id}-{sample_index}-a{attempt}"
             async with semaphore:
                 batcher.episode_started()
                 self._live += 1
                 self.max_live_episodes = max(self.max_live_episodes, self._live)
                 try:
-                    episode = _Episode(task, task_id, group_id, sample_index, episode_id)
+                    episode = Episode(task, task_id, group_id, sample_index, episode_id)
                     return await self._play(
                         batcher,
                         episode,
@@ -586,7 +259,7 @@ class TrajectoryCollector:
                         step=step,
                         abandoned=lambda: group_failed[group_id],
                     )
-                except _GroupAbandoned as exc:
+                except GroupAbandoned as exc:
                     return exc
                 # Engine, environment or tool-layer failure: retry the episode from scratch.
                 except Exception as exc:  # noqa: BLE001
@@ -620,8 +293,8 @@ class TrajectoryCollector:
     ) -> CollectResult:
         """Play `group_size` episodes of every task; return the whole groups in task order."""
         temperature = self.rollout.temperature if temperature is None else temperature
-        timeline = _Timeline()
-        batcher = _GenerationBatcher(
+        timeline = Timeline()
+        batcher = GenerationBatcher(
             self.engine,
             timeline,
             min_wait_s=self.batch_wait_s,
@@ -677,7 +350,7 @@ class TrajectoryCollector:
             failures = [
                 (k, o)
                 for k, o in enumerate(group)
-                if isinstance(o, BaseException) and not isinstance(o, _GroupAbandoned)
+                if isinstance(o, BaseException) and not isinstance(o, GroupAbandoned)
             ]
             if failures:
                 excluded_groups += 1
@@ -695,82 +368,7 @@ class TrajectoryCollector:
                 continue
             trajectories.extend(group)
 
-        metrics = self._metrics(
+        metrics = collection_metrics(
             trajectories, batcher, timeline, wall, failed_episodes, excluded_groups
         )
         return CollectResult(trajectories, metrics, excluded_groups, failed_episodes, errors)
-
-    @staticmethod
-    def _metrics(
-        trajectories: list[Trajectory],
-        batcher: _GenerationBatcher,
-        timeline: _Timeline,
-        wall: float,
-        failed_episodes: int,
-        excluded_groups: int,
-    ) -> dict[str, float]:
-        """Flat `rollout/` metrics. Rates and means are over the kept trajectories, except
-        `gen_tokens` (every token the engine produced, failed episodes included).
-
-        - episodes_per_s: kept episodes / wall seconds of the collection.
-        - gen_tokens_per_s: generated tokens / wall seconds; engine_tokens_per_s: / generating s.
-        - time_generating_s: wall time with an engine call in flight (calls run one at a time).
-        - time_in_tools_s: wall time with at least one episode inside its environment (reset, step,
-          close: where tool calls happen) and no engine call in flight: the engine idles on tools.
-        - time_tools_overlapped_s: environment time hidden under generation.
-        - tool_wait_share / generating_share: those two times over the wall time.
-        - parse_failure_rate: turns whose tool-call markup could not be read / turns;
-          tool_error_rate: tool calls that returned an error / tool calls.
-        """
-        n = len(trajectories)
-
-        def mean(values: list[float]) -> float:
-            return sum(values) / len(values) if values else 0.0
-
-        rewards = [t.reward for t in trajectories]
-        reward_mean = mean(rewards)
-        turns = sum(t.num_turns for t in trajectories)
-        calls = sum(t.num_tool_calls for t in trajectories)
-        lengths = [len(t.token_ids) for t in trajectories]
-        seconds = timeline.seconds
-        return {
-            "rollout/episodes": float(n),
-            "rollout/wall_s": wall,
-            "rollout/episodes_per_s": n / wall if wall > 0 else 0.0,
-            "rollout/gen_tokens_per_s": batcher.generated_tokens / wall if wall > 0 else 0.0,
-            "rollout/engine_tokens_per_s": (
-                batcher.generated_tokens / seconds["generating"]
-                if seconds["generating"] > 0
-                else 0.0
-            ),
-            "rollout/gen_tokens": float(batcher.generated_tokens),
-            "rollout/turns_per_episode": turns / n if n else 0.0,
-            "rollout/tool_calls_per_episode": calls / n if n else 0.0,
-            "rollout/parse_failure_rate": (
-                sum(t.metadata.get("parse_failures", 0) for t in trajectories) / turns
-                if turns
-                else 0.0
-            ),
-            "rollout/tool_error_rate": (
-                sum(t.metadata.get("tool_errors", 0) for t in trajectories) / calls
-                if calls
-                else 0.0
-            ),
-            "rollout/traj_len_mean": mean([float(x) for x in lengths]),
-            "rollout/traj_len_max": float(max(lengths, default=0)),
-            "rollout/reward_mean": reward_mean,
-            "rollout/reward_std": math.sqrt(mean([(r - reward_mean) ** 2 for r in rewards])),
-            "rollout/success_rate": mean([1.0 if t.success else 0.0 for t in trajectories]),
-            "rollout/truncated_rate": mean(
-                [1.0 if t.metadata.get("truncated_total_tokens") else 0.0 for t in trajectories]
-            ),
-            "rollout/time_generating_s": seconds["generating"],
-            "rollout/time_in_tools_s": seconds["tools_only"],
-            "rollout/time_tools_overlapped_s": seconds["tools_overlapped"],
-            "rollout/tool_wait_share": seconds["tools_only"] / wall if wall > 0 else 0.0,
-            "rollout/generating_share": seconds["generating"] / wall if wall > 0 else 0.0,
-            "rollout/engine_batches": float(len(batcher.batch_sizes)),
-            "rollout/mean_batch_size": mean([float(b) for b in batcher.batch_sizes]),
-            "rollout/failed_episodes": float(failed_episodes),
-            "rollout/excluded_groups": float(excluded_groups),
-        }

@@ -51,6 +51,39 @@ def _complexity(calls: int) -> str:
     return "easy" if calls <= 1 else "medium" if calls <= 3 else "hard"
 
 
+def _task_record(
+    *,
+    data_source: str,
+    prompt: list[dict[str, str]],
+    methods: list[str],
+    ground_truth: dict[str, Any],
+    extra_info: dict[str, Any],
+    env_class: str = "mcp_tool",
+) -> dict[str, Any]:
+    """One task record in the dataset layout; `ground_truth` holds task_id, complexity,
+    max_turns, success, tool_sequence and limits."""
+    return {
+        "data_source": data_source,
+        "env_class": env_class,
+        "prompt": prompt,
+        "reward_spec": {"method": methods, "ground_truth": ground_truth},
+        "extra_info": extra_info,
+    }
+
+
+def _synthetic_task(
+    data_source: str, question: str, methods: list[str], extra_info: dict[str, Any], **ground_truth: Any
+) -> dict[str, Any]:
+    """A generated task: one user message; its task id is assigned later ("pending")."""
+    return _task_record(
+        data_source=data_source,
+        prompt=[{"role": "user", "content": question}],
+        methods=methods,
+        ground_truth={"task_id": "pending", **ground_truth},
+        extra_info=extra_info,
+    )
+
+
 def calculator_tasks(
     rng: random.Random,
     digits: int | list[int] = 3,
@@ -83,24 +116,13 @@ def calculator_tasks(
             expression = f"{left} {op} {operand}"
         question = f"What is {expression}?" + (f" {instruction.strip()}" if instruction.strip() else "")
         complexity = "easy" if terms == 2 else "medium" if terms <= 4 else "hard"
-        yield {
-            "data_source": "synthetic/calculator",
-            "env_class": "mcp_tool",
-            "prompt": [{"role": "user", "content": question}],
-            "reward_spec": {
-                "method": methods,
-                "ground_truth": {
-                    "task_id": "pending",
-                    "complexity": complexity,
-                    "max_turns": max_turns,
-                    "success": {"answer": value, "must_call_tool": [tool]},
-                    "tool_sequence": [{"step": 1, "server": server, "tool": tool,
-                                       "params": {CALCULATOR_ARG: expression}}],
-                    "limits": {"max_tool_calls": 2 * terms, "max_servers": 1},
-                },
-            },
-            "extra_info": {"expression": expression},
-        }
+        yield _synthetic_task(
+            "synthetic/calculator", question, methods, {"expression": expression},
+            complexity=complexity, max_turns=max_turns,
+            success={"answer": value, "must_call_tool": [tool]},
+            tool_sequence=[{"step": 1, "server": server, "tool": tool, "params": {CALCULATOR_ARG: expression}}],
+            limits={"max_tool_calls": 2 * terms, "max_servers": 1},
+        )
 
 
 _KEY_WORDS = ["alpha", "beta", "gamma", "delta", "omega", "total", "subtotal", "result", "left", "right",
@@ -136,30 +158,20 @@ def multistep_tasks(
             f"the key \"{first_key}\". Then compute the value stored under \"{first_key}\" {word} {c}, "
             f"store that under the key \"{second_key}\", and give it as your final answer."
         )
-        yield {
-            "data_source": "synthetic/multistep",
-            "env_class": "mcp_tool",
-            "prompt": [{"role": "user", "content": question}],
-            "reward_spec": {
-                "method": methods,
-                "ground_truth": {
-                    "task_id": "pending",
-                    "complexity": "medium",
-                    "max_turns": max_turns,
-                    "success": {"answer": result, "state": {kv_server: {first_key: product, second_key: result}}},
-                    "tool_sequence": [
-                        {"step": 1, "server": calculator_server, "tool": CALCULATOR_TOOL,
-                         "params": {CALCULATOR_ARG: f"{a} * {b}"}},
-                        {"step": 2, "server": kv_server, "tool": KV_PUT, "params": {"key": first_key, "value": product}},
-                        {"step": 3, "server": calculator_server, "tool": CALCULATOR_TOOL,
-                         "params": {CALCULATOR_ARG: f"{product} {op} {c}"}},
-                        {"step": 4, "server": kv_server, "tool": KV_PUT, "params": {"key": second_key, "value": result}},
-                    ],
-                    "limits": {"max_tool_calls": 10, "max_servers": 2},
-                },
-            },
-            "extra_info": {"keys": [first_key, second_key]},
-        }
+        sequence = [
+            {"step": 1, "server": calculator_server, "tool": CALCULATOR_TOOL,
+             "params": {CALCULATOR_ARG: f"{a} * {b}"}},
+            {"step": 2, "server": kv_server, "tool": KV_PUT, "params": {"key": first_key, "value": product}},
+            {"step": 3, "server": calculator_server, "tool": CALCULATOR_TOOL,
+             "params": {CALCULATOR_ARG: f"{product} {op} {c}"}},
+            {"step": 4, "server": kv_server, "tool": KV_PUT, "params": {"key": second_key, "value": result}},
+        ]
+        yield _synthetic_task(
+            "synthetic/multistep", question, methods, {"keys": [first_key, second_key]},
+            complexity="medium", max_turns=max_turns,
+            success={"answer": result, "state": {kv_server: {first_key: product, second_key: result}}},
+            tool_sequence=sequence, limits={"max_tool_calls": 10, "max_servers": 2},
+        )
 
 
 _SPEC_FIELDS = {"question", "tool_sequence", "answer", "state", "task_id", "complexity", "max_turns", "system",
@@ -197,22 +209,20 @@ def from_tool_sequence(record: dict[str, Any]) -> Task:
         {"role": "user", "content": question}]
     digest = hashlib.sha1(question.encode()).hexdigest()[:10]
     try:
-        return Task.model_validate({
-            "data_source": record.get("data_source", "tool_sequence"),
-            "env_class": record.get("env_class", "mcp_tool"),
-            "prompt": prompt,
-            "reward_spec": {
-                "method": record.get("methods", methods),
-                "ground_truth": {
-                    "task_id": str(record.get("task_id") or f"seq-{digest}"),
-                    "complexity": record.get("complexity", _complexity(len(steps))),
-                    "max_turns": record.get("max_turns"),
-                    "success": success,
-                    "tool_sequence": sequence,
-                    "limits": record.get("limits") or {},
-                },
+        return Task.model_validate(_task_record(
+            data_source=record.get("data_source", "tool_sequence"),
+            env_class=record.get("env_class", "mcp_tool"),
+            prompt=prompt,
+            methods=record.get("methods", methods),
+            ground_truth={
+                "task_id": str(record.get("task_id") or f"seq-{digest}"),
+                "complexity": record.get("complexity", _complexity(len(steps))),
+                "max_turns": record.get("max_turns"),
+                "success": success,
+                "tool_sequence": sequence,
+                "limits": record.get("limits") or {},
             },
-            "extra_info": record.get("extra_info") or {},
-        })
+            extra_info=record.get("extra_info") or {},
+        ))
     except ValidationError as exc:
         raise ValueError("; ".join(describe_error(err) for err in exc.errors())) from None
