@@ -31,7 +31,8 @@ def test_headline_fractions_of_the_bf16_peak_and_worst_tool_overhead():
     report = {
         "peak": {"fp32_gflops": 200.0, "bf16_gflops": 1000.0},
         "standard": {"standard_step_median_s": 5.0},
-        "generation": {"parameters": 100_000_000, "b64_tokens_per_s": 500.0},
+        "generation": {"parameters": 100_000_000, "b64_tokens_per_s": 500.0,
+                       "b64_decode_matmul_ceiling_gflops": 250.0},
         "training": {"parameters": 100_000_000, "tokens_per_s": 400.0},
         "tools": {"c1": {"overhead_pct": 2.0}, "c32": {"overhead_pct": 7.5}},
         "multiturn": {"multi_turn_step_s": 40.0},
@@ -39,6 +40,7 @@ def test_headline_fractions_of_the_bf16_peak_and_worst_tool_overhead():
     out = headline(report)
     assert out["standard_step_median_s"] == 5.0
     assert out["gen_fraction_of_bf16_peak"] == pytest.approx(500 * 2 * 1e8 / 1e12)  # 0.1
+    assert out["gen_fraction_of_decode_matmul_ceiling"] == pytest.approx(500 * 2 * 1e8 / 2.5e11)  # 0.4
     assert out["train_fraction_of_bf16_peak"] == pytest.approx(400 * 6 * 1e8 / 1e12)  # 0.24
     assert out["tool_overhead_fraction"] == 0.075
     assert out["multi_turn_step_s"] == 40.0
