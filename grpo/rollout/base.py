@@ -46,6 +46,18 @@ class GenerationResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def check_request(request: GenerationRequest, *, has_tokenizer: bool) -> None:
+    """The checks every engine makes before sampling: a prompt, valid sampling parameters, and a
+    tokenizer when stop strings must be matched. Raises ValueError naming the request."""
+    s = request.sampling
+    if not request.prompt_ids:
+        raise ValueError(f"request {request.request_id!r} has an empty prompt")
+    if s.max_new_tokens < 0 or s.temperature < 0 or not 0 < s.top_p <= 1:
+        raise ValueError(f"request {request.request_id!r}: invalid sampling parameters {s}")
+    if s.stop_strings and not has_tokenizer:
+        raise ValueError("stop_strings need the engine to have a tokenizer")
+
+
 class RolloutEngine(ABC):
     """Samples continuations of token-id prompts."""
 

@@ -40,7 +40,7 @@ import time
 import torch
 from torch import nn
 
-from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine
+from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
 from grpo.rollout.sequence import Sequence
@@ -191,13 +191,7 @@ class HFEngine(RolloutEngine):
             return results  # type: ignore[return-value]
 
     def _validate(self, request: GenerationRequest) -> None:
-        s = request.sampling
-        if not request.prompt_ids:
-            raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        if s.max_new_tokens < 0 or s.temperature < 0 or not 0 < s.top_p <= 1:
-            raise ValueError(f"request {request.request_id!r}: invalid sampling parameters {s}")
-        if s.stop_strings and self.tokenizer is None:
-            raise ValueError("stop_strings need the engine to have a tokenizer")
+        check_request(request, has_tokenizer=self.tokenizer is not None)
 
     def _autocast(self):
         if self.autocast_dtype is None:

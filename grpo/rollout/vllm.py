@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine
+from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
 from grpo.rollout.vllm_params import (
     check_request_logprobs,
     choose_logprobs_mode,
@@ -238,11 +238,8 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ generation
     def _validate(self, request: GenerationRequest) -> None:
+        check_request(request, has_tokenizer=True)  # vLLM matches stop strings itself
         s = request.sampling
-        if not request.prompt_ids:
-            raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        if s.max_new_tokens < 0 or s.temperature < 0 or not 0 < s.top_p <= 1:
-            raise ValueError(f"request {request.request_id!r}: invalid sampling parameters {s}")
         if len(request.prompt_ids) + s.max_new_tokens > self.max_model_len:
             raise ValueError(
                 f"request {request.request_id!r}: prompt {len(request.prompt_ids)} + "
