@@ -20,6 +20,13 @@ REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)
 
 
+def assert_close_to(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
+    """`actual` (detached, as fp32) equals the hand-computed `expected` within `atol`, exactly
+    in relative terms (rtol 0)."""
+    expected = torch.as_tensor(expected, dtype=torch.float32)
+    torch.testing.assert_close(actual.detach().float(), expected, atol=atol, rtol=0)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer("tiny-random")

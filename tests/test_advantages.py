@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_close_to
 
 from grpo.advantages import (
     broadcast_to_tokens,
@@ -21,11 +22,6 @@ def tensor(*rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
-def close(actual, expected, atol: float = 1e-6) -> None:
-    expected = torch.as_tensor(expected, dtype=torch.float32)
-    torch.testing.assert_close(actual.float(), expected, atol=atol, rtol=0)
-
-
 # Group [1, 2, 3, 6]: mean 3, deviations [-2, -1, 0, 3], population variance (4+1+0+9)/4 = 3.5,
 # population std 1.8708287 (the sample std, 2.1602469, would give different numbers).
 GROUP = [1.0, 2.0, 3.0, 6.0]
@@ -34,26 +30,26 @@ GROUP = [1.0, 2.0, 3.0, 6.0]
 def test_grpo_normalises_by_the_population_std():
     # [-2, -1, 0, 3] / (1.8708287 + 1e-6)
     expected = [d / (1.8708287 + 1e-6) for d in (-2, -1, 0, 3)]
-    close(grpo_advantages(tensor(GROUP)), [expected])
+    assert_close_to(grpo_advantages(tensor(GROUP)), [expected])
     # [1, 0, 0, 1]: mean 0.5, std 0.5 -> +-0.5 / (0.5 + 1e-6)
-    close(grpo_advantages(tensor([1, 0, 0, 1])), [[a * 0.5 / 0.500001 for a in (1, -1, -1, 1)]])
+    assert_close_to(grpo_advantages(tensor([1, 0, 0, 1])), [[a * 0.5 / 0.500001 for a in (1, -1, -1, 1)]])
 
 
 def test_grpo_without_std_and_dr_grpo_subtract_the_mean_only():
-    close(grpo_advantages(tensor(GROUP), normalize_std=False), [[-2, -1, 0, 3]])
-    close(dr_grpo_advantages(tensor(GROUP)), [[-2, -1, 0, 3]])
+    assert_close_to(grpo_advantages(tensor(GROUP), normalize_std=False), [[-2, -1, 0, 3]])
+    assert_close_to(dr_grpo_advantages(tensor(GROUP)), [[-2, -1, 0, 3]])
 
 
 def test_rloo_uses_the_mean_of_the_other_episodes():
     # sum 12; mean of the others: 11/3, 10/3, 9/3, 6/3 -> A = [1 - 11/3, 2 - 10/3, 0, 6 - 2]
-    close(rloo_advantages(tensor(GROUP)), [[-8 / 3, -4 / 3, 0.0, 4.0]])
+    assert_close_to(rloo_advantages(tensor(GROUP)), [[-8 / 3, -4 / 3, 0.0, 4.0]])
 
 
 def test_groups_are_independent():
     rewards = tensor(GROUP, [10.0, 10.0, 12.0, 12.0])
     # second group: mean 11, deviations [-1, -1, 1, 1], std 1
-    close(dr_grpo_advantages(rewards)[1], [-1, -1, 1, 1])
-    close(grpo_advantages(rewards)[1], [-1 / 1.000001, -1 / 1.000001, 1 / 1.000001, 1 / 1.000001])
+    assert_close_to(dr_grpo_advantages(rewards)[1], [-1, -1, 1, 1])
+    assert_close_to(grpo_advantages(rewards)[1], [-1 / 1.000001, -1 / 1.000001, 1 / 1.000001, 1 / 1.000001])
 
 
 @pytest.mark.parametrize("method", ["grpo", "dr_grpo", "rloo"])
@@ -98,8 +94,8 @@ def test_gae_three_tokens():
     advantages, returns = gae(
         tensor([0, 0, 1]), tensor([0.5, 0.6, 0.7]), tensor([1, 1, 1]), 0.9, 0.8
     )
-    close(advantages, [THREE_ADV])
-    close(returns, [THREE_RET])
+    assert_close_to(advantages, [THREE_ADV])
+    assert_close_to(returns, [THREE_RET])
 
 
 def test_gae_skips_observation_tokens():
@@ -113,8 +109,8 @@ def test_gae_skips_observation_tokens():
     advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.8)
     a0, a1, a2 = THREE_ADV
     r0, r1, r2 = THREE_RET
-    close(advantages, [[0, a0, a1, 0, 0, a2, 0], [a0, a1, a2, 0, 0, 0, 0]])
-    close(returns, [[0, r0, r1, 0, 0, r2, 0], [r0, r1, r2, 0, 0, 0, 0]])
+    assert_close_to(advantages, [[0, a0, a1, 0, 0, a2, 0], [a0, a1, a2, 0, 0, 0, 0]])
+    assert_close_to(returns, [[0, r0, r1, 0, 0, r2, 0], [r0, r1, r2, 0, 0, 0, 0]])
 
 
 def test_gae_with_gamma_and_lambda_one_is_reward_to_go_minus_value():
@@ -123,8 +119,8 @@ def test_gae_with_gamma_and_lambda_one_is_reward_to_go_minus_value():
     # reward-to-go [1.5, 1, 1] -> A = [1.3, 0.6, 0.9], returns = reward-to-go
     mask = tensor([1, 0, 1, 1])
     advantages, returns = gae(tensor([0.5, 0, 0, 1]), tensor([0.2, 9, 0.4, 0.1]), mask, 1.0, 1.0)
-    close(advantages, [[1.3, 0, 0.6, 0.9]])
-    close(returns, [[1.5, 0, 1.0, 1.0]])
+    assert_close_to(advantages, [[1.3, 0, 0.6, 0.9]])
+    assert_close_to(returns, [[1.5, 0, 1.0, 1.0]])
 
 
 def _gae_reference(rewards, values, mask, gamma, lam):
@@ -149,8 +145,8 @@ def test_gae_matches_a_plain_loop_across_chunk_boundaries():
     rewards = torch.randn(3, 300, generator=gen) * mask
     advantages, returns = gae(rewards, values, mask, gamma=0.99, lam=0.95)
     expected = _gae_reference(rewards, values, mask, 0.99, 0.95)
-    close(advantages, expected, atol=1e-5)  # sums of ~200 terms in fp32
-    close(returns, (expected + values) * mask, atol=1e-5)
+    assert_close_to(advantages, expected, atol=1e-5)  # sums of ~200 terms in fp32
+    assert_close_to(returns, (expected + values) * mask, atol=1e-5)
 
 
 def test_gae_rejects_rewards_on_skipped_tokens():
@@ -163,9 +159,9 @@ def test_gae_whitening_flag():
     rewards, values = tensor([0, 0, 1, 0]), tensor([0.5, 0.6, 0.7, 0])
     raw, raw_returns = gae(rewards, values, mask, 0.9, 0.8)
     whitened, returns = gae(rewards, values, mask, 0.9, 0.8, whiten=True)
-    close(returns, raw_returns)  # returns are value targets, never whitened
-    close(whitened, whiten_advantages(raw, mask))
-    close((whitened * mask).sum(), 0.0)
+    assert_close_to(returns, raw_returns)  # returns are value targets, never whitened
+    assert_close_to(whitened, whiten_advantages(raw, mask))
+    assert_close_to((whitened * mask).sum(), 0.0)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -173,7 +169,7 @@ def test_gae_whitening_flag():
 
 def test_broadcast_to_tokens():
     mask = tensor([0, 1, 1, 0], [1, 0, 1, 1])
-    close(broadcast_to_tokens(tensor(2.0, -1.0), mask), [[0, 2, 2, 0], [-1, 0, -1, -1]])
+    assert_close_to(broadcast_to_tokens(tensor(2.0, -1.0), mask), [[0, 2, 2, 0], [-1, 0, -1, -1]])
 
 
 def test_token_rewards_from_outcome_and_turn_rewards():
@@ -184,7 +180,7 @@ def test_token_rewards_from_outcome_and_turn_rewards():
     rewards = token_rewards_from_outcome(
         tensor(1.0, 0.5, 0.0), mask, [[(2, 0.25)], [(1, 0.25)], []]
     )
-    close(rewards, [[0, 0, 0.25, 0, 1.0, 0], [0, 0.75, 0, 0, 0, 0], [0] * 6])
+    assert_close_to(rewards, [[0, 0, 0.25, 0, 1.0, 0], [0, 0.75, 0, 0, 0, 0], [0] * 6])
     with pytest.raises(ValueError, match="not on a sampled token"):
         token_rewards_from_outcome(tensor(1.0, 0.5, 0.0), mask, [[(3, 0.25)], [], []])
     with pytest.raises(ValueError, match="no sampled token"):
@@ -196,8 +192,8 @@ def test_whiten_advantages():
     advantages = tensor([1, 2, 50], [3, 6, -50])
     mask = tensor([1, 1, 0], [1, 1, 0])
     s = 1.8708287
-    close(whiten_advantages(advantages, mask), [[-2 / s, -1 / s, 0], [0, 3 / s, 0]])
-    close(
+    assert_close_to(whiten_advantages(advantages, mask), [[-2 / s, -1 / s, 0], [0, 3 / s, 0]])
+    assert_close_to(
         whiten_advantages(advantages, mask, shift_mean=False),
         [[1 / s, 2 / s, 0], [3 / s, 6 / s, 0]],
     )

@@ -26,7 +26,7 @@ def _naive(hidden, weight, targets, temperature):
     return logprobs, entropy
 
 
-def _compare(dtype, temperature, chunk_size, atol, rtol):
+def _assert_matches_naive(dtype, temperature, chunk_size, atol, rtol):
     hidden, weight, targets = _inputs(dtype=dtype)
     logprobs, entropy = token_logprobs_and_entropy(
         hidden, weight, targets, temperature=temperature, chunk_size=chunk_size, with_entropy=True
@@ -56,14 +56,14 @@ def _compare(dtype, temperature, chunk_size, atol, rtol):
 @pytest.mark.parametrize("chunk_size", [1, 4, 5, 100])
 def test_exact_in_fp64(temperature, chunk_size):
     """In fp64 the chunked computation is the naive one up to summation order."""
-    _compare(torch.float64, temperature, chunk_size, atol=1e-10, rtol=1e-10)
+    _assert_matches_naive(torch.float64, temperature, chunk_size, atol=1e-10, rtol=1e-10)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_matches_naive_in_fp32(temperature):
     # Weight gradients sum over 21 positions with magnitudes ~10: fp32 summation order alone moves
     # them by ~1e-6 relative, hence rtol next to the absolute 1e-5.
-    _compare(torch.float32, temperature, chunk_size=4, atol=1e-5, rtol=1e-5)
+    _assert_matches_naive(torch.float32, temperature, chunk_size=4, atol=1e-5, rtol=1e-5)
 
 
 def test_logprobs_only_gradient_and_module_head():

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import assert_close_to
 
 from grpo.config import AlgorithmConfig
 from grpo.loss import (
@@ -25,11 +26,6 @@ NAN = float("nan")
 
 def tensor(*rows, requires_grad: bool = False) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32, requires_grad=requires_grad)
-
-
-def close(actual, expected, atol: float = 1e-6) -> None:
-    expected = torch.as_tensor(expected, dtype=torch.float32)
-    torch.testing.assert_close(actual.detach().float(), expected, atol=atol, rtol=0)
 
 
 def log_ratios(*ratios: float) -> torch.Tensor:
@@ -56,18 +52,18 @@ def test_unclipped_ratio_inside_the_clip_range():
     policy = log_ratios(1.1, 0.9)
     advantages = tensor([2.0, -1.0])
     terms = ppo_token_loss(policy, torch.zeros(1, 2), advantages, torch.ones(1, 2), 0.2, 0.2)
-    close(terms.loss, [[-2.2, 0.9]])
+    assert_close_to(terms.loss, [[-2.2, 0.9]])
     loss, metrics, grad = policy_grad(policy, advantages, ONLY_PG)
     # token_mean: (-2.2 + 0.9) / 2 = -0.65; d/dlogp (-A r / 2) = -A r / 2 = [-1.1, 0.45]
-    close(loss, -0.65)
-    close(grad, [[-1.1, 0.45]])
-    close(metrics["ratio_mean"], 1.0)  # (1.1 + 0.9) / 2
-    close(metrics["ratio_std"], 0.1)  # population std of {1.1, 0.9}
-    close(metrics["clip_frac_low"], 0.0)
-    close(metrics["clip_frac_high"], 0.0)
+    assert_close_to(loss, -0.65)
+    assert_close_to(grad, [[-1.1, 0.45]])
+    assert_close_to(metrics["ratio_mean"], 1.0)  # (1.1 + 0.9) / 2
+    assert_close_to(metrics["ratio_std"], 0.1)  # population std of {1.1, 0.9}
+    assert_close_to(metrics["clip_frac_low"], 0.0)
+    assert_close_to(metrics["clip_frac_high"], 0.0)
     # k3(old vs policy) = exp(old - policy) - 1 - (old - policy):
     # 1/1.1 - 1 + ln 1.1 = 0.0044011, 1/0.9 - 1 + ln 0.9 = 0.0057506, mean 0.0050758
-    close(metrics["approx_kl_old"], 0.0050758422)
+    assert_close_to(metrics["approx_kl_old"], 0.0050758422)
 
 
 def test_clipped_with_positive_advantage():
@@ -76,10 +72,10 @@ def test_clipped_with_positive_advantage():
     policy = log_ratios(1.5, 0.5)
     advantages = tensor([2.0, 2.0])
     loss, metrics, grad = policy_grad(policy, advantages, ONLY_PG)
-    close(loss, (-2.4 - 1.0) / 2)
-    close(grad, [[0.0, -2.0 * 0.5 / 2]])  # d(-A r)/dlogp = -A r, over 2 tokens
-    close(metrics["clip_frac_high"], 0.5)
-    close(metrics["clip_frac_low"], 0.0)
+    assert_close_to(loss, (-2.4 - 1.0) / 2)
+    assert_close_to(grad, [[0.0, -2.0 * 0.5 / 2]])  # d(-A r)/dlogp = -A r, over 2 tokens
+    assert_close_to(metrics["clip_frac_high"], 0.5)
+    assert_close_to(metrics["clip_frac_low"], 0.0)
 
 
 def test_clipped_with_negative_advantage():
@@ -88,10 +84,10 @@ def test_clipped_with_negative_advantage():
     policy = log_ratios(0.5, 1.5)
     advantages = tensor([-1.0, -1.0])
     loss, metrics, grad = policy_grad(policy, advantages, ONLY_PG)
-    close(loss, (0.8 + 1.5) / 2)
-    close(grad, [[0.0, 1.5 / 2]])
-    close(metrics["clip_frac_low"], 0.5)
-    close(metrics["clip_frac_high"], 0.0)
+    assert_close_to(loss, (0.8 + 1.5) / 2)
+    assert_close_to(grad, [[0.0, 1.5 / 2]])
+    assert_close_to(metrics["clip_frac_low"], 0.5)
+    assert_close_to(metrics["clip_frac_high"], 0.0)
 
 
 def test_asymmetric_clip_higher():
@@ -102,11 +98,11 @@ def test_asymmetric_clip_higher():
     policy = log_ratios(1.25, 1.4, 0.7)
     advantages = tensor([1.0, 1.0, -1.0])
     terms = ppo_token_loss(policy, torch.zeros(1, 3), advantages, torch.ones(1, 3), 0.2, 0.28)
-    close(terms.loss, [[-1.25, -1.28, 0.8]])
+    assert_close_to(terms.loss, [[-1.25, -1.28, 0.8]])
     assert terms.clipped_high.tolist() == [[False, True, False]]
     assert terms.clipped_low.tolist() == [[False, False, True]]
     symmetric = ppo_token_loss(policy, torch.zeros(1, 3), advantages, torch.ones(1, 3), 0.2, 0.2)
-    close(symmetric.loss, [[-1.2, -1.2, 0.8]])
+    assert_close_to(symmetric.loss, [[-1.2, -1.2, 0.8]])
 
 
 def test_dual_clip_bounds_negative_advantage_loss():
@@ -116,11 +112,11 @@ def test_dual_clip_bounds_negative_advantage_loss():
     policy = log_ratios(4.0, 2.0, 4.0)
     advantages = tensor([-1.0, -1.0, 1.0])
     loss, metrics, grad = policy_grad(policy, advantages, LossSettings(kl_coef=0.0, dual_clip=3.0))
-    close(loss, (3.0 + 2.0 - 1.2) / 3)
-    close(grad, [[0.0, 2.0 / 3, 0.0]])
-    close(metrics["dual_clip_frac"], 1 / 3)
+    assert_close_to(loss, (3.0 + 2.0 - 1.2) / 3)
+    assert_close_to(grad, [[0.0, 2.0 / 3, 0.0]])
+    assert_close_to(metrics["dual_clip_frac"], 1 / 3)
     without, _, _ = policy_grad(policy, advantages, ONLY_PG)
-    close(without, (4.0 + 2.0 - 1.2) / 3)
+    assert_close_to(without, (4.0 + 2.0 - 1.2) / 3)
 
 
 def test_sequence_advantages_broadcast_like_token_advantages():
@@ -131,7 +127,7 @@ def test_sequence_advantages_broadcast_like_token_advantages():
     per_token = per_seq.unsqueeze(-1).expand(2, 3)
     loss_seq, _ = compute_policy_loss(LossInputs(policy, old, per_seq, mask), ONLY_PG)
     loss_tok, _ = compute_policy_loss(LossInputs(policy, old, per_token, mask), ONLY_PG)
-    close(loss_seq, loss_tok.item())
+    assert_close_to(loss_seq, loss_tok.item())
 
 
 # --- masks ---------------------------------------------------------------------------------------
@@ -148,10 +144,10 @@ def test_fully_masked_row_contributes_nothing_even_with_nan_padding():
         loss, metrics = compute_policy_loss(LossInputs(policy, old, advantages, mask), settings)
         (grad,) = torch.autograd.grad(loss, policy)
         # every mode divides by 1 here: 1 token, 1 non-empty sequence, L = 1
-        close(loss, -2.2)
-        close(grad, [[-2.2], [0.0]])
-        close(metrics["ratio_mean"], 1.1)
-        close(metrics["num_tokens"], 1.0)
+        assert_close_to(loss, -2.2)
+        assert_close_to(grad, [[-2.2], [0.0]])
+        assert_close_to(metrics["ratio_mean"], 1.1)
+        assert_close_to(metrics["num_tokens"], 1.0)
 
 
 def test_fully_masked_batch_is_zero_and_finite():
@@ -203,9 +199,9 @@ def test_kl_estimators_on_a_hand_worked_example():
     # k3 = e^log_r - 1 - log_r = [0.5 - 1 + 0.6931472, 2 - 1 - 0.6931472] = [0.1931472, 0.3068528]
     policy = torch.log(tensor([0.5, 0.25]))
     ref = torch.log(tensor([0.25, 0.5]))
-    close(kl_per_token(policy, ref, "k1"), [[0.6931472, -0.6931472]])
-    close(kl_per_token(policy, ref, "k2"), [[0.2402265, 0.2402265]])
-    close(kl_per_token(policy, ref, "k3"), [[0.1931472, 0.3068528]])
+    assert_close_to(kl_per_token(policy, ref, "k1"), [[0.6931472, -0.6931472]])
+    assert_close_to(kl_per_token(policy, ref, "k2"), [[0.2402265, 0.2402265]])
+    assert_close_to(kl_per_token(policy, ref, "k3"), [[0.1931472, 0.3068528]])
     with pytest.raises(ValueError, match="k4"):
         kl_per_token(policy, ref, "k4")
 
@@ -221,10 +217,10 @@ def test_kl_in_loss_and_gradients_only_through_policy_logprobs():
     inputs = LossInputs(policy, old, advantages, torch.ones(1, 2), ref_logprobs=ref)
     settings = LossSettings(kl_coef=0.1, kl_estimator="k3")
     loss, metrics = compute_policy_loss(inputs, settings)
-    close(loss, 0.025)
-    close(metrics["kl_ref"], 0.25)
+    assert_close_to(loss, 0.025)
+    assert_close_to(metrics["kl_ref"], 0.25)
     grads = torch.autograd.grad(loss, [policy, old, ref, advantages], allow_unused=True)
-    close(grads[0], [[0.025, -0.05]])
+    assert_close_to(grads[0], [[0.025, -0.05]])
     assert grads[1] is None and grads[2] is None and grads[3] is None
 
 
@@ -237,14 +233,14 @@ def test_kl_in_reward_removes_the_kl_term_from_the_loss():
     loss, metrics = compute_policy_loss(inputs, LossSettings(kl_coef=0.1, kl_in_reward=True))
     assert loss.item() == 0.0
     assert "kl_loss" not in metrics
-    close(metrics["kl_ref"], 0.25)  # still reported
+    assert_close_to(metrics["kl_ref"], 0.25)  # still reported
     # penalty = kl_coef * k1(old vs ref) = 0.1 * (ln 0.5 - ln 0.25) = 0.0693147 on the sampled
     # token; 0 on the masked-out one (whose NaN is ignored).
     old = torch.log(tensor([0.5, 0.25], [1.0, 1.0]))
     ref2 = torch.log(tensor([0.25, 0.5], [0.5, 1.0]))
     ref2[1, 1] = NAN
     penalty = kl_reward_penalty(old, ref2, tensor([1, 0], [1, 0]), kl_coef=0.1, estimator="k1")
-    close(penalty, [[0.0693147, 0.0], [0.0693147, 0.0]])
+    assert_close_to(penalty, [[0.0693147, 0.0], [0.0693147, 0.0]])
     assert not penalty.requires_grad
 
 
@@ -267,10 +263,10 @@ def test_value_clipping():
     old_values = tensor([1.0, 1.0, 1.0])
     returns = tensor([2.0, 1.0, 0.0])
     per_token, clipped = value_token_loss(values, returns, old_values, value_clip=0.2)
-    close(per_token, [[0.32, 0.125, 0.405]])
+    assert_close_to(per_token, [[0.32, 0.125, 0.405]])
     assert clipped.tolist() == [[True, False, False]]
     unclipped, _ = value_token_loss(values, returns)
-    close(unclipped, [[0.125, 0.125, 0.405]])
+    assert_close_to(unclipped, [[0.125, 0.125, 0.405]])
 
     # In the loss: value_coef 0.5 * token mean (0.32 + 0.125 + 0.405) / 3 = 0.5 * 0.2833333
     # d/dV = 0.5 / 3 * (V - R) where unclipped: [0 (clipped), 0.5 / 3 * 0.5, 0.5 / 3 * 0.9]
@@ -281,11 +277,11 @@ def test_value_clipping():
     loss, metrics = compute_policy_loss(
         inputs, LossSettings(kl_coef=0.0, value_coef=0.5, value_clip=0.2)
     )
-    close(loss, 0.5 * 0.85 / 3)
-    close(metrics["value_loss"], 0.85 / 3)
-    close(metrics["value_clip_frac"], 1 / 3)
+    assert_close_to(loss, 0.5 * 0.85 / 3)
+    assert_close_to(metrics["value_loss"], 0.85 / 3)
+    assert_close_to(metrics["value_clip_frac"], 1 / 3)
     (grad,) = torch.autograd.grad(loss, values)
-    close(grad, [[0.0, 0.5 / 3 * 0.5, 0.5 / 3 * 0.9]])
+    assert_close_to(grad, [[0.0, 0.5 / 3 * 0.5, 0.5 / 3 * 0.9]])
 
 
 def test_entropy_bonus_is_subtracted():
@@ -295,10 +291,10 @@ def test_entropy_bonus_is_subtracted():
     zeros = torch.zeros(1, 3)
     inputs = LossInputs(zeros, zeros, zeros, tensor([1, 1, 0]), entropy=entropy)
     loss, metrics = compute_policy_loss(inputs, LossSettings(kl_coef=0.0, entropy_coef=0.01))
-    close(loss, -0.015)
-    close(metrics["entropy"], 1.5)
+    assert_close_to(loss, -0.015)
+    assert_close_to(metrics["entropy"], 1.5)
     (grad,) = torch.autograd.grad(loss, entropy)
-    close(grad, [[-0.005, -0.005, 0.0]])
+    assert_close_to(grad, [[-0.005, -0.005, 0.0]])
     with pytest.raises(ValueError, match="entropy"):
         compute_policy_loss(
             LossInputs(zeros, zeros, zeros, tensor([1, 1, 0])),
@@ -316,19 +312,19 @@ AGG_MASK = tensor([1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0])
 def test_token_mean_denominator():
     # 6 unmasked tokens; (1 + 2 + 3 + 4 + 5 + 6) / 6 = 21 / 6 = 3.5
     assert loss_denominator(AGG_MASK, "token_mean") == 6.0
-    close(aggregate_loss(AGG_VALUES, AGG_MASK, "token_mean"), 3.5)
+    assert_close_to(aggregate_loss(AGG_VALUES, AGG_MASK, "token_mean"), 3.5)
 
 
 def test_seq_mean_token_mean_denominator():
     # 2 non-empty sequences (row 2 excluded); row means 10/4 = 2.5 and 11/2 = 5.5 -> 8 / 2 = 4.0
     assert loss_denominator(AGG_MASK, "seq_mean_token_mean") == 2.0
-    close(aggregate_loss(AGG_VALUES, AGG_MASK, "seq_mean_token_mean"), 4.0)
+    assert_close_to(aggregate_loss(AGG_VALUES, AGG_MASK, "seq_mean_token_mean"), 4.0)
 
 
 def test_seq_mean_token_sum_norm_denominator():
     # Dr. GRPO, L = 8: row sums 10 and 11, each / 8, then / 2 sequences = 21 / 16 = 1.3125
     assert loss_denominator(AGG_MASK, "seq_mean_token_sum_norm") == 2.0
-    close(aggregate_loss(AGG_VALUES, AGG_MASK, "seq_mean_token_sum_norm", norm_length=8), 1.3125)
+    assert_close_to(aggregate_loss(AGG_VALUES, AGG_MASK, "seq_mean_token_sum_norm", norm_length=8), 1.3125)
     with pytest.raises(ValueError, match="norm_length"):
         LossSettings(loss_agg="seq_mean_token_sum_norm")
 
@@ -401,9 +397,9 @@ def test_micro_batch_losses_sum_to_the_full_minibatch_loss(loss_agg):
     assert denominator == loss_denominator(inputs.loss_mask, loss_agg)
     micro_losses = [compute_policy_loss(m, settings, denominator)[0] for m in micro]
     summed = micro_losses[0] + micro_losses[1]
-    close(summed, full_loss.item())
+    assert_close_to(summed, full_loss.item())
     for full_grad, micro_grad in zip(full_grads, torch.autograd.grad(summed, leaves)):
-        close(micro_grad, full_grad)
+        assert_close_to(micro_grad, full_grad)
 
     # Each micro-batch dividing by its own count would give a different (wrong) loss.
     own = sum(compute_policy_loss(m, settings)[0] for m in micro)
@@ -414,32 +410,21 @@ def test_micro_batch_losses_sum_to_the_full_minibatch_loss(loss_agg):
 
 
 def test_settings_from_config_and_validation():
-    algorithm = AlgorithmConfig(
-        clip_low=0.1,
-        clip_high=0.28,
-        dual_clip=3.0,
-        kl_coef=0.05,
-        kl_estimator="k2",
-        kl_in_reward=True,
-        value_coef=0.25,
-        value_clip=None,
-        entropy_coef=0.001,
-        loss_agg="seq_mean_token_sum_norm",
-    )
-    settings = LossSettings.from_config(algorithm, norm_length=512)
-    assert settings == LossSettings(
-        clip_low=0.1,
-        clip_high=0.28,
-        dual_clip=3.0,
-        kl_coef=0.05,
-        kl_estimator="k2",
-        kl_in_reward=True,
-        value_coef=0.25,
-        value_clip=None,
-        entropy_coef=0.001,
-        loss_agg="seq_mean_token_sum_norm",
-        norm_length=512,
-    )
+    # Every loss field of the algorithm config, each set away from its default.
+    fields = {
+        "clip_low": 0.1,
+        "clip_high": 0.28,
+        "dual_clip": 3.0,
+        "kl_coef": 0.05,
+        "kl_estimator": "k2",
+        "kl_in_reward": True,
+        "value_coef": 0.25,
+        "value_clip": None,
+        "entropy_coef": 0.001,
+        "loss_agg": "seq_mean_token_sum_norm",
+    }
+    settings = LossSettings.from_config(AlgorithmConfig(**fields), norm_length=512)
+    assert settings == LossSettings(**fields, norm_length=512)
     assert not settings.kl_in_loss
     assert LossSettings().kl_in_loss and LossSettings().kl_coef == 0.01
     with pytest.raises(ValueError, match="token_sum"):
