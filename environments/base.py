@@ -33,6 +33,19 @@ class Environment(Protocol):
     async def close(self) -> None: ...
 
 
+def load_callable(path: str, what: str, error: type[Exception] = ValueError):
+    """`module:function` → the function. An unimportable module, a missing attribute or one that
+    is not callable raises `error`, naming `what` (e.g. "generator") and `path`."""
+    module_name, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise error(f"{what} {path!r}: cannot load it: {exc}") from exc
+    if not callable(fn):
+        raise error(f"{what} {path!r} is not callable")
+    return fn
+
+
 _REGISTRY: dict[str, str] = {}
 
 

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import random
@@ -26,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from environments.base import load_callable
 from environments.config import DataConfig, DatasetSource
 from environments.tasks.schema import (
     COMPONENTS,
@@ -68,14 +68,7 @@ def resolve_generator(name: str) -> Generator:
     if name in GENERATORS:
         return GENERATORS[name]
     if ":" in name:
-        module_name, _, attr = name.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise TaskDataError(f"generator {name!r}: cannot load it: {exc}") from exc
-        if not callable(fn):
-            raise TaskDataError(f"generator {name!r} is not callable")
-        return fn
+        return load_callable(name, "generator", TaskDataError)
     raise TaskDataError(f"unknown generator {name!r}; registered: {', '.join(sorted(GENERATORS))}, "
                         "or give module:function")
 

@@ -28,14 +28,13 @@ state matches), the limits (when given) are respected, and custom rewards passed
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from environments.base import Message
+from environments.base import Message, load_callable
 from environments.config import EnvironmentConfig
 from environments.tasks.schema import COMPONENTS, SuccessCriteria, Task, ToolStep
 
@@ -249,14 +248,7 @@ _CUSTOM_CACHE: dict[str, Callable] = {}
 def resolve_custom_reward(path: str) -> Callable:
     """`module:function` → the function (cached); an unloadable path is a clear error."""
     if path not in _CUSTOM_CACHE:
-        module_name, _, attr = path.partition(":")
-        try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"custom reward {path!r}: cannot load it: {exc}") from exc
-        if not callable(fn):
-            raise ValueError(f"custom reward {path!r} is not callable")
-        _CUSTOM_CACHE[path] = fn
+        _CUSTOM_CACHE[path] = load_callable(path, "custom reward")
     return _CUSTOM_CACHE[path]
 
 

@@ -113,13 +113,18 @@ def test_split_batch_gradient_equals_single_process_gradient(tmp_path, kind):
     assert result["ok"]
 
 
-def test_running_without_accelerate_launch_is_a_clear_error():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("ACCELERATE_") and k not in ("LOCAL_RANK", "WORLD_SIZE", "RANK")}
-    result = subprocess.run(
+def _run_distributed_alone(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """launch/distributed.py on the smoke config as one plain process with environment `env`."""
+    return subprocess.run(
         [sys.executable, "launch/distributed.py", "--config", "configs/smoke.yaml"],
         check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
+
+
+def test_running_without_accelerate_launch_is_a_clear_error():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ACCELERATE_") and k not in ("LOCAL_RANK", "WORLD_SIZE", "RANK")}
+    result = _run_distributed_alone(env)
     assert result.returncode == 2
     assert "must be started by `accelerate launch`" in result.stderr
 
@@ -129,10 +134,7 @@ def test_accelerate_cpu_flag_single_process_is_a_clear_error():
     for several CPU processes): say so instead of silently training alone."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "True"}
     env.pop("WORLD_SIZE", None)
-    result = subprocess.run(
-        [sys.executable, "launch/distributed.py", "--config", "configs/smoke.yaml"],
-        check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )
+    result = _run_distributed_alone(env)
     assert result.returncode == 2
     assert "--multi_gpu --num_processes 2" in result.stderr
 
