@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import statistics
@@ -153,32 +152,18 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
     """`steps` training steps of `config_path` (8 tasks x G=4 on the calculator server) through
     GRPOTrainer; the first is a warm-up. Seconds per step and where the time went."""
     import environments  # noqa: F401  (registers the environments)
-    from grpo.collector import TrajectoryCollector
     from grpo.config import load_config
     from grpo.trainer import GRPOTrainer
-    from tools.manager import SharedToolManager
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(config_path, [
-            f"output_dir={out}", "run_name=bench", f"threads={threads}", "train.tasks_per_step=8",
-            "algorithm.group_size=4", "train.eval_before=false", "train.eval_after=false",
-            "logging.progress=false",
+            f"output_dir={out}", "run_name=bench", f"threads={threads}", f"train.steps={steps}",
+            "train.tasks_per_step=8", "algorithm.group_size=4", "train.eval_before=false",
+            "train.eval_after=false", "train.save_final_model=false", "logging.progress=false",
         ])
         trainer = GRPOTrainer(cfg)
-        trainer.setup()
-
-        async def run() -> list[dict]:
-            out_steps = []
-            async with SharedToolManager(cfg.tools) as tools:
-                trainer.collector = TrajectoryCollector(
-                    trainer.engine, trainer.tokenizer, tools, cfg.environment, cfg.rollout)
-                for _ in range(steps):
-                    out_steps.append(await trainer._one_step(tools))
-            return out_steps
-
-        metrics = asyncio.run(run())
-        trainer.engine.close()
-        trainer.logger.close()
+        trainer.run()  # the closing checkpoint is written after the timed steps
+        metrics = trainer.history  # every step's float metrics, in order
     rows = []
     for m in metrics:
         step_s = m["time/step_s"]
