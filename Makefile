@@ -44,7 +44,7 @@ smoke: install
 	$(PY) -m launch.smoke $(ARGS)
 
 lint: install
-	$(PY) -m ruff check grpo environments tools launch tests
+	$(PY) -m ruff check grpo environments tools launch bench tests
 
 validate: install
 	$(PY) -m launch.validate_setup --config configs/cpu.yaml $(ARGS)
@@ -60,7 +60,7 @@ train-vllm:
 	$(PY) -m launch.train --config configs/vllm.yaml $(ARGS)
 
 bench: install
-	$(PY) -m launch.bench $(ARGS)
+	$(PY) -m bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -3,5 +3,5 @@ and task datasets. Importing the package registers the built-in environments."""
 
 from environments.base import register
 
-register("mcp_tool", "environments.mcp_tool_env:MCPToolEnvironment")
-register("bfcl", "environments.bfcl:BFCLEnvironment")
+register("mcp_tool", "environments.mcp_tool.env:MCPToolEnvironment")
+register("bfcl", "environments.bfcl.env:BFCLEnvironment")

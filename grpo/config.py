@@ -39,7 +39,7 @@ class ModelConfig(Section):
     attn_implementation: Literal["auto", "sdpa", "eager"] = "auto"
     """Attention kernel of the trained policy (rollout engines choose their own). `auto`: `eager`
     on CPU, where its backward ran 1.2-1.4x faster than SDPA's on sequences under ~200 tokens and
-    as fast on longer ones (`python -m launch.bench`), `sdpa` elsewhere."""
+    as fast on longer ones (`python -m bench.run`), `sdpa` elsewhere."""
     load_in_4bit: bool = False
     """QLoRA: 4-bit base weights through bitsandbytes (CUDA only; needs `lora.enabled`)."""
     value_head: bool = True

@@ -30,7 +30,7 @@ from grpo.config import ConfigError, RunConfig, load_config
 
 def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | None) -> list:
     """BFCL tasks, with the config pointed at the `bfcl` environment and server."""
-    from environments.bfcl_data import load_bfcl_tasks
+    from environments.bfcl.data import load_bfcl_tasks
     from tools.config import MCPServerConfig
 
     tasks = load_bfcl_tasks(category, split, limit=num_tasks)
@@ -44,8 +44,8 @@ def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | No
 async def evaluate_bfcl(collector, tasks: list, *, k: int, temperature: float, seed: int,
                         transcripts_path: Path) -> dict[str, float]:
     """Play the BFCL tasks; generic eval metrics plus per-category official accuracy and turn credit."""
-    from environments.bfcl_scoring import summarize as summarize_bfcl
-    from grpo.evaluation import summarize, transcript_records
+    from environments.bfcl.scoring import summarize as summarize_bfcl
+    from grpo.train.evaluation import summarize, transcript_records
 
     result = await collector.collect(tasks, group_size=k, temperature=temperature, seed=seed, step=-1)
     metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
@@ -62,12 +62,12 @@ async def evaluate_bfcl(collector, tasks: list, *, k: int, temperature: float, s
 async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, temperature: float,
                           num_tasks: int | None, name: str, tasks: list | None = None) -> dict[str, float]:
     """Evaluate on `tasks` (BFCL tasks are scored by category), else on the config's held-out tasks."""
-    from environments.data import train_validation_split
+    from environments.tasks.loading import train_validation_split
     from grpo.backends import make_backend
-    from grpo.checkpoint import load_checkpoint
-    from grpo.collector import TrajectoryCollector
-    from grpo.evaluation import evaluate
-    from grpo.policy import PolicyWithValueHead
+    from grpo.train.checkpoint import load_checkpoint
+    from grpo.collect.collector import TrajectoryCollector
+    from grpo.train.evaluation import evaluate
+    from grpo.models.policy import PolicyWithValueHead
     from tools.manager import SharedToolManager
 
     backend = make_backend(config.backend)
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
         temperature = config.rollout.eval_temperature if args.k == 1 else 1.0
     tasks = None
     if args.env == "bfcl":
-        from environments.bfcl_data import BFCLUnavailable
+        from environments.bfcl.data import BFCLUnavailable
 
         try:
             tasks = bfcl_setup(config, args.category, args.split, args.tasks)

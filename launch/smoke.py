@@ -18,7 +18,7 @@ import time
 import torch
 
 from grpo.config import load_config
-from grpo.trainer import GRPOTrainer
+from grpo.train.trainer import GRPOTrainer
 
 
 def _trainable_snapshot(policy) -> dict[str, torch.Tensor]:

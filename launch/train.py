@@ -35,7 +35,7 @@ def main(argv=None) -> int:
 
         report = asyncio.run(validate(config))
         return 0 if report.ok else 1
-    from grpo.trainer import GRPOTrainer
+    from grpo.train.trainer import GRPOTrainer
 
     summary = GRPOTrainer(config).run()
     print(json.dumps(summary, indent=2))

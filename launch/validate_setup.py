@@ -51,7 +51,7 @@ async def validate(config: RunConfig) -> Report:
     except (BackendUnavailable, ValueError) as exc:
         report.add(False, f"backend: {exc}")
 
-    from grpo.model_source import ModelSourceError, load_tokenizer, resolve_model_dir
+    from grpo.models.source import ModelSourceError, load_tokenizer, resolve_model_dir
 
     try:
         t0 = time.time()
@@ -62,7 +62,7 @@ async def validate(config: RunConfig) -> Report:
     except (ModelSourceError, OSError, ValueError) as exc:
         report.add(False, f"model: {exc}")
 
-    from environments.data import TaskDataError, train_validation_split
+    from environments.tasks.loading import TaskDataError, train_validation_split
 
     try:
         train, val = train_validation_split(config.data)

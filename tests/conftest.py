@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo.model_source import build_tiny_model, load_tokenizer
+from grpo.models.source import build_tiny_model, load_tokenizer
 from tools.config import MCPServerConfig, ToolsConfig
 from tools.manager import SharedToolManager
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import assert_close_to
 
-from grpo.advantages import (
+from grpo.algorithm.advantages import (
     broadcast_to_tokens,
     dr_grpo_advantages,
     gae,

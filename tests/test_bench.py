@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from launch.bench import headline
-from launch.bench_steps import closeness_reward
+from bench.run import headline
+from bench.steps import closeness_reward
 
 
 @pytest.mark.parametrize(

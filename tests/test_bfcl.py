@@ -21,8 +21,8 @@ from conftest import running_manager
 
 import environments  # noqa: F401  (registers bfcl)
 from environments.base import Environment, resolve
-from environments.bfcl import BFCLEnvironment
-from environments.bfcl_data import (
+from environments.bfcl.env import BFCLEnvironment
+from environments.bfcl.data import (
     CATEGORIES,
     BFCLUnavailable,
     declared_split,
@@ -34,10 +34,10 @@ from environments.bfcl_data import (
     scenario_index,
     split_rule,
 )
-from environments.bfcl_scoring import bfcl_reward, official_check
+from environments.bfcl.scoring import bfcl_reward, official_check
 from environments.config import BFCLEnvConfig, DatasetSource, EnvironmentConfig
-from environments.data import TaskDataError, load_tasks
-from environments.parsing import format_tool_call
+from environments.tasks.loading import TaskDataError, load_tasks
+from environments.toolcalls.parsing import format_tool_call
 from tools.servers import bfcl as bfcl_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,7 +280,7 @@ def test_server_without_bfcl_eval_exits_naming_the_pip_command():
 def test_summary_reports_official_accuracy_and_turn_credit_per_category_apart():
     from types import SimpleNamespace
 
-    from environments.bfcl_scoring import summarize
+    from environments.bfcl.scoring import summarize
 
     tasks = load_bfcl_tasks("base", "eval", limit=2) + load_bfcl_tasks("miss_func", "eval", limit=1)
 

@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import pytest
 
-from grpo import chat_tokens
-from grpo.chat_tokens import ChatTemplateError
+from grpo.collect import chat_tokens
+from grpo.collect.chat_tokens import ChatTemplateError
 
 
 def _encode(tokenizer, text):

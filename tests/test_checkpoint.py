@@ -2,7 +2,7 @@ import random
 
 import torch
 
-from grpo.checkpoint import (
+from grpo.train.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -28,7 +28,7 @@ def test_rng_state_round_trip(tmp_path):
     torch.manual_seed(5)
     path = save_checkpoint(tmp_path, 7, {})
     expected = (random.random(), torch.rand(3))
-    from grpo.checkpoint import restore_rng_state
+    from grpo.train.checkpoint import restore_rng_state
 
     restore_rng_state(load_checkpoint(path)["rng"])
     assert random.random() == expected[0]

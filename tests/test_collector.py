@@ -22,10 +22,10 @@ from conftest import running_manager
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import StepResult
 from environments.config import EnvironmentConfig
-from environments.data import generate_tasks
-from environments.mcp_tool_env import MCPToolEnvironment
-from grpo import chat_tokens
-from grpo.collector import TrajectoryCollector, turn_seed
+from environments.tasks.loading import generate_tasks
+from environments.mcp_tool.env import MCPToolEnvironment
+from grpo.collect import chat_tokens
+from grpo.collect.collector import TrajectoryCollector, turn_seed
 from grpo.config import RolloutConfig
 from grpo.rollout.base import GenerationResult, RolloutEngine
 from grpo.rollout.hf import HFEngine

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from environments.config import DataConfig, DatasetSource
-from environments.data import (
+from environments.tasks.loading import (
     GENERATORS,
     TaskDataError,
     generate_tasks,

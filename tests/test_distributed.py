@@ -141,7 +141,7 @@ def test_accelerate_cpu_flag_single_process_is_a_clear_error():
 
 # ------------------------------------------------------------------ pieces, in one process
 def test_combine_metrics_sums_counts_maximises_maxima_and_weights_means():
-    from grpo.distributed import combine_metrics
+    from grpo.distributed.parallel import combine_metrics
 
     rank0 = ({"eval/success_rate": 1.0, "eval/num_tasks": 1.0, "train/logprob_mismatch_max": 0.1,
               "rollout/episodes_per_s": 2.0, "only/rank0": 5.0}, 1.0)
@@ -158,7 +158,7 @@ def test_combine_metrics_sums_counts_maximises_maxima_and_weights_means():
 def test_scale_grad_scales_only_the_gradient():
     import torch
 
-    from grpo.distributed import scale_grad
+    from grpo.distributed.parallel import scale_grad
 
     x = torch.tensor([1.0, -2.0], requires_grad=True)
     y = scale_grad(x * 3, 0.5)
@@ -168,8 +168,8 @@ def test_scale_grad_scales_only_the_gradient():
 
 
 def test_single_process_collectives_are_identities():
-    from grpo.distributed import balance_groups, local_denominator_scale
-    from launch.distributed_check import synthetic_groups
+    from grpo.distributed.parallel import balance_groups, local_denominator_scale
+    from grpo.distributed.gradient_check import synthetic_groups
 
     batch = synthetic_groups(num_groups=3, group_size=2)
     assert local_denominator_scale(batch, "token_mean") == 1.0

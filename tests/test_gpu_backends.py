@@ -19,9 +19,9 @@ import importlib.util
 import pytest
 import torch
 
-from grpo import chat_tokens
+from grpo.collect import chat_tokens
 from grpo.config import RunConfig
-from grpo.policy import PolicyWithValueHead
+from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 
 MODEL = "smollm2-135m-instruct"
@@ -178,8 +178,8 @@ def test_sleep_frees_memory_and_generate_wakes_the_engine():
 )
 def test_qlora_step_moves_only_the_adapters():
     from grpo.config import LoraConfig, ModelConfig
-    from grpo.policy import is_4bit_tensor
-    from grpo.reference import LoraEMAReference
+    from grpo.models.policy import is_4bit_tensor
+    from grpo.algorithm.reference import LoraEMAReference
 
     policy, tokenizer = PolicyWithValueHead.from_config(
         ModelConfig(name_or_path=MODEL, load_in_4bit=True, dtype="bfloat16"),

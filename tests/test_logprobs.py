@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo.logprobs import token_logprobs_and_entropy
+from grpo.models.logprobs import token_logprobs_and_entropy
 
 B, T, H, V = 3, 7, 16, 50  # N = 21 positions: chunk sizes 4 and 5 leave a ragged last chunk
 

@@ -9,7 +9,7 @@ import torch
 from conftest import assert_close_to
 
 from grpo.config import AlgorithmConfig
-from grpo.loss import (
+from grpo.algorithm.loss import (
     LossInputs,
     LossSettings,
     aggregate_loss,

@@ -11,9 +11,9 @@ from conftest import running_manager
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
-from environments.data import generate_tasks, parse_record
-from environments.mcp_tool_env import CALL_TEMPLATES, MCPToolEnvironment, render_system_prompt
-from environments.parsing import FORMATS, format_tool_call
+from environments.tasks.loading import generate_tasks, parse_record
+from environments.mcp_tool.env import CALL_TEMPLATES, MCPToolEnvironment, render_system_prompt
+from environments.toolcalls.parsing import FORMATS, format_tool_call
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 import json
 import logging
 
-from grpo.metrics import MetricsLogger, finite_metrics, format_console
+from grpo.train.logger import MetricsLogger, finite_metrics, format_console
 
 
 def test_non_finite_and_non_numeric_values_are_dropped():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from environments.parsing import (
+from environments.toolcalls.parsing import (
     FORMATS,
     extract_final_answer,
     format_tool_call,

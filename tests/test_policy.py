@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.config import LoraConfig, ModelConfig
-from grpo.devices import autocast_context, compute_dtype, pick_device
-from grpo.policy import VALUE_HEAD_FILE, PolicyWithValueHead
+from grpo.models.devices import autocast_context, compute_dtype, pick_device
+from grpo.models.policy import VALUE_HEAD_FILE, PolicyWithValueHead
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 
@@ -246,7 +246,7 @@ def _logprobs_of(model, input_ids, attention_mask):
 def test_save_pretrained_lora_writes_adapter_merged_model_and_value_head(tmp_path, tokenizer):
     from peft import PeftModel
 
-    from grpo.model_source import build_tiny_model
+    from grpo.models.source import build_tiny_model
 
     policy = _policy(lora=True)
     with torch.no_grad():
@@ -350,7 +350,7 @@ def test_pick_device_and_dtypes():
 
 
 def test_auto_dtype_follows_cpu_flags(monkeypatch):
-    from grpo import devices
+    from grpo.models import devices
 
     flags = Path("/proc/cpuinfo").read_text()
     expected = torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from grpo.config import AlgorithmConfig, LoraConfig, ModelConfig
-from grpo.model_source import build_tiny_model
-from grpo.policy import PolicyWithValueHead
-from grpo.reference import FullCopyEMAReference, LoraEMAReference, ema_update_, make_reference
+from grpo.models.source import build_tiny_model
+from grpo.models.policy import PolicyWithValueHead
+from grpo.algorithm.reference import FullCopyEMAReference, LoraEMAReference, ema_update_, make_reference
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 Q_PROJ = "base_model.model.model.layers.0.self_attn.q_proj"

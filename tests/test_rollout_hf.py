@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from grpo.model_source import build_tiny_model
+from grpo.models.source import build_tiny_model
 from grpo.rollout import ENGINES, make_engine
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine

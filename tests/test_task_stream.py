@@ -1,6 +1,6 @@
 import pytest
 
-from grpo.task_stream import TaskStream
+from grpo.train.task_stream import TaskStream
 
 
 def test_batches_cover_each_epoch_once_then_reshuffle():

@@ -356,7 +356,7 @@ def test_the_fast_validation_path_never_accepts_what_jsonschema_rejects():
 
 @pytest.mark.anyio
 async def test_the_managers_own_cost_per_call_is_small():
-    from tools.bench import manager_path_cost
+    from bench.tools import manager_path_cost
 
     # Measured ~6-13 us on the 2-core dev machine; the bound only catches a pathological hot path.
     assert (await manager_path_cost(2000))["manager_path_us_per_call"] < 500

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from grpo.config import AlgorithmConfig, LoraConfig, ModelConfig
-from grpo.loss import LossSettings
-from grpo.policy import PolicyWithValueHead
-from grpo.reference import make_reference
+from grpo.algorithm.loss import LossSettings
+from grpo.models.policy import PolicyWithValueHead
+from grpo.algorithm.reference import make_reference
 from grpo.trajectory import Trajectory
-from grpo.update import (
+from grpo.algorithm.update import (
     LogprobMismatchError,
     NonFiniteLossError,
     UpdateSettings,

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo.config import LoraConfig, ModelConfig, RunConfig
-from grpo.policy import PolicyWithValueHead
+from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.vllm import VLLMApi, VLLMEngine, VLLMUnavailable
 from grpo.rollout.vllm_params import RAW

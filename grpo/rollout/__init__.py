@@ -28,7 +28,7 @@ def make_engine(
     if name == "hf":
         import torch
 
-        from grpo.devices import compute_dtype
+        from grpo.models.devices import compute_dtype
         from grpo.rollout.hf import HFEngine, language_model_of
 
         if device is None:

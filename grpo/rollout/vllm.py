@@ -162,8 +162,8 @@ class VLLMEngine(RolloutEngine):
     def from_config(cls, policy, tokenizer, config, device, **options) -> VLLMEngine:
         """Build the engine from a RunConfig (its `vllm:` section with the environment applied);
         `options` go to the constructor (e.g. `api`)."""
-        from grpo.devices import compute_dtype
-        from grpo.model_source import resolve_model_dir
+        from grpo.models.devices import compute_dtype
+        from grpo.models.source import resolve_model_dir
 
         device = torch.device(device)
         settings = resolve_vllm_config(config.vllm)

@@ -175,7 +175,7 @@ def register_functions() -> MCPServer:
     global _registered
     if _registered:
         return server
-    from environments.bfcl_data import backend_classes, function_docs
+    from environments.bfcl.data import backend_classes, function_docs
 
     classes = backend_classes()
     for owner, docs in function_docs().items():
@@ -202,7 +202,7 @@ def bfcl_start(
     """Create the episode's backend instances; returns {"tools": [available function names]}."""
     from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
 
-    from environments.bfcl_data import backend_classes, function_docs
+    from environments.bfcl.data import backend_classes, function_docs
 
     classes = backend_classes()
     unknown = sorted(set(involved_classes) - set(classes))
@@ -233,7 +233,7 @@ def bfcl_call(
 ) -> str:
     """Run a function with arguments exactly as written, unchecked against its documented schema
     (what BFCL's executor does with a call that does not match the documentation)."""
-    from environments.bfcl_data import function_owner
+    from environments.bfcl.data import function_owner
 
     owner = function_owner().get(function)
     if owner is None:
@@ -274,7 +274,7 @@ def bfcl_end(episode_id: EpisodeId = "default") -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from environments.bfcl_data import BFCLUnavailable
+    from environments.bfcl.data import BFCLUnavailable
 
     args = _cli.parser("BFCL multi-turn backends as an MCP server, one state per episode").parse_args(argv)
     try:

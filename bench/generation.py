@@ -1,0 +1,149 @@
+"""Measure HFEngine sampling speed on the embedded default model against the CPU's bf16 peak.
+
+    .venv/bin/python -m bench.generation                     # batches 1, 16, 64
+    .venv/bin/python -m bench.generation --batches 64 --variants bf16 fp32
+    .venv/bin/python -m bench.generation --group 8 --compact 0 0.25 2
+
+The work: SmolLM2-135M-Instruct, chat-template prompts "What is A * B? Answer with the number
+only." (48 tokens, random 3-digit A and B, every prompt distinct unless --group G makes groups of
+G identical prompts), 64 new tokens each at temperature 1 and no stop token, so every row runs
+to the end (--stop: rows end at the eos token instead, at different steps). The peak is measured
+in the same run: a 2048² bf16 matmul on the same threads.
+Fraction of peak = tokens/s × 2 × parameters (FLOP per token of the forward) / peak.
+
+Variants (the engine's weight copy, grpo/rollout/weights.py):
+  bf16             Linear weights bf16 (packed, fused), the rest fp32: the engine's default
+  bf16-fp32-head   as bf16 with an fp32 LM head (closer log-probs, slower head)
+  fp32             an fp32 copy
+  autocast         no copy: the fp32 policy under bf16 autocast
+One warm-up call per variant and batch precedes the timed repeats (the median is reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+VARIANTS = {
+    "bf16": {"dtype": torch.bfloat16},
+    "bf16-fp32-head": {"dtype": torch.bfloat16, "head_dtype": torch.float32},
+    "fp32": {"dtype": None},
+    "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
+}
+
+
+def measure_peak_gflops(
+    dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 10
+) -> float:
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def make_prompts(tokenizer, n: int, group: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = []
+    for i in range(-(-n // group)):
+        a, b = (int(x) for x in torch.randint(100, 1000, (2,), generator=generator))
+        messages = [{"role": "user", "content": f"What is {a} * {b}? Answer with the number only."}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        prompts.extend([ids] * group)
+    return prompts[:n]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--variants", nargs="+", default=["bf16"], choices=sorted(VARIANTS))
+    parser.add_argument(
+        "--compact", type=float, nargs="+", default=[0.25], help="compact_fraction values"
+    )
+    parser.add_argument(
+        "--group", type=int, default=1, help="identical prompts per group (shared prefill)"
+    )
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--stop",
+        action="store_true",
+        help="stop at the eos token (rows finish at different steps: measures compaction)",
+    )
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    from grpo.models.source import load_causal_lm, load_tokenizer
+    from grpo.rollout.base import GenerationRequest, SamplingParams
+    from grpo.rollout.hf import HFEngine
+
+    tokenizer = load_tokenizer(args.model)
+    model = load_causal_lm(args.model).eval()
+    n_params = sum(p.numel() for p in model.parameters())  # tied embedding counted once
+    flop_per_token = 2 * n_params
+    peak = measure_peak_gflops()
+    print(
+        f"model {args.model}: {n_params / 1e6:.1f}M parameters, {flop_per_token / 1e6:.0f} MFLOP/token; "
+        f"bf16 peak (2048² matmul, {args.threads} threads): {peak:.0f} GFLOP/s"
+    )
+    header = (
+        f"{'variant':<16}{'compact':>8}{'batch':>6}{'tok/s':>9}{'decode tok/s':>14}{'prefill s':>10}"
+        f"{'decode s':>9}{'ms/step':>8}{'% peak':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    stop_ids = (tokenizer.eos_token_id,) if args.stop else ()
+    for variant in args.variants:
+        engine = None
+        for compact in args.compact:
+            engine = HFEngine(model, tokenizer, compact_fraction=compact, **VARIANTS[variant])
+            for batch in args.batches:
+                prompts = make_prompts(tokenizer, batch, args.group)
+                requests = [
+                    GenerationRequest(
+                        p,
+                        SamplingParams(
+                            temperature=1.0,
+                            max_new_tokens=args.new_tokens,
+                            seed=i,
+                            stop_token_ids=stop_ids,
+                        ),
+                    )
+                    for i, p in enumerate(prompts)
+                ]
+                engine.generate(requests)  # warm-up
+                runs = []
+                for _ in range(args.repeats):
+                    engine.generate(requests)
+                    runs.append(dict(engine.last_metrics))
+                m = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+                tps = m["tokens_generated"] / m["seconds"]
+                decode_tps = m["tokens_generated"] / m["decode_seconds"]
+                step_ms = 1000 * m["decode_seconds"] / max(m["decode_steps"], 1)
+                share = tps * flop_per_token / (peak * 1e9)
+                print(
+                    f"{variant:<16}{compact:>8.2f}{batch:>6}{tps:>9.1f}{decode_tps:>14.1f}"
+                    f"{m['prefill_seconds']:>10.2f}{m['decode_seconds']:>9.2f}{step_ms:>8.1f}{share:>8.1%}",
+                    flush=True,
+                )
+        del engine
+    print(
+        f"bf16 peak re-measured after the runs: {measure_peak_gflops():.0f} GFLOP/s "
+        "(a large drift means the machine was shared meanwhile)"
+    )
+
+
+if __name__ == "__main__":
+    main()

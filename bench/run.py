@@ -1,0 +1,259 @@
+"""`make bench`: how fast a training step runs here, and how close to this machine's limits.
+
+    .venv/bin/python -m bench.run                      # every section, ~5-8 minutes on 2 cores
+    .venv/bin/python -m bench.run --sections peak generation --out /tmp/bench
+
+Sections (all in one process, on `--threads` threads; the report says the load average, since
+on a shared machine every wall time is an upper bound):
+  peak        fp32 and bf16 2048² matmul GFLOP/s: this machine's compute limit, measured now
+  standard    the standard benchmark work of shared DESIGN.md (launch/bench_steps.py): median
+              seconds per optimizer step over `--steps` steps after a warm-up, split into rollout,
+              reference, update and weight push
+  generation  HF engine sampled tokens/s at batch 1, 16, 64 (64 new tokens, no stop) and the share
+              of the bf16 peak that the model's forward FLOPs (2 x parameters per token) reach
+  training    forward+backward tokens/s on 16 x 128-token sequences (fp32 weights, bf16 autocast,
+              full fine-tuning) and its share of the bf16 peak (6 x parameters per token)
+  tools       calls/s and p50/p99 latency through SharedToolManager vs the raw SDK client
+  multiturn   one step of configs/cpu.yaml (calculator server, 8 tasks x G=4) through the trainer:
+              seconds, and the share generating / waiting on tools / updating
+
+Writes `<out>/report.json` (default outputs/bench) and prints a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn")
+
+
+def _peaks() -> dict:
+    from bench.generation import measure_peak_gflops
+
+    return {
+        "fp32_gflops": round(measure_peak_gflops(torch.float32, repeats=5), 1),
+        "bf16_gflops": round(measure_peak_gflops(torch.bfloat16), 1),
+    }
+
+
+def _n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # a tied embedding is counted once
+
+
+def decode_matmul_ceiling(model, batch: int = 64, repeats: int = 5) -> float:
+    """GFLOP/s of one decode step's matmuls alone: every Linear of `model` (and its LM head) as a
+    bf16 [batch, in] x [in, out] product, each timed best-of-`repeats`. What a decode step could
+    reach if norms, attention, sampling and Python cost nothing: the ceiling for generation."""
+    import torch.nn.functional as F
+
+    shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights = {shape: torch.randn(shape).to(torch.bfloat16) for shape in set(shapes)}
+    x = {shape: torch.randn(batch, shape[1]).to(torch.bfloat16) for shape in weights}
+    best = {shape: float("inf") for shape in weights}
+    for sweep in range(3):  # the first sweep only warms up (oneDNN picks kernels on first use)
+        for shape, w in weights.items():
+            for _ in range(repeats):
+                start = time.perf_counter()
+                F.linear(x[shape], w)
+                if sweep:
+                    best[shape] = min(best[shape], time.perf_counter() - start)
+    seconds = sum(best[shape] for shape in shapes)
+    flop = sum(2 * batch * out_f * in_f for out_f, in_f in shapes)
+    return flop / seconds / 1e9
+
+
+def _generation(batches: list[int], new_tokens: int = 64) -> dict:
+    from grpo.models.devices import compute_dtype
+    from grpo.models.source import load_causal_lm, load_tokenizer
+    from grpo.rollout import GenerationRequest, SamplingParams
+    from grpo.rollout.hf import HFEngine
+    from bench.generation import make_prompts
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    model = load_causal_lm("smollm2-135m-instruct").eval()
+    engine = HFEngine(model, tok, dtype=compute_dtype(torch.device("cpu"), "auto"))
+    out = {"parameters": _n_params(model), "new_tokens": new_tokens,
+           "b64_decode_matmul_ceiling_gflops": round(decode_matmul_ceiling(model, 64), 1)}
+    for batch in batches:
+        requests = [
+            GenerationRequest(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i))
+            for i, p in enumerate(make_prompts(tok, batch, group=1))
+        ]
+        engine.generate(requests)  # warm-up: one-off kernel selection and allocations
+        runs = []
+        for _ in range(2):
+            start = time.perf_counter()
+            results = engine.generate(requests)
+            runs.append((sum(len(r.token_ids) for r in results) / (time.perf_counter() - start),
+                         dict(engine.last_metrics)))
+        best, metrics = max(runs, key=lambda run: run[0])
+        out[f"b{batch}_tokens_per_s"] = round(best, 1)
+        # Where a generate call's time went: prefill, the decode steps' forwards, sampling.
+        out[f"b{batch}_split_s"] = {key: round(metrics.get(key, 0.0), 3) for key in (
+            "seconds", "prefill_seconds", "decode_forward_seconds", "sample_seconds")}
+    engine.close()
+    return out
+
+
+def _training(batch: int = 16, length: int = 128, repeats: int = 3) -> dict:
+    from grpo.config import LoraConfig, ModelConfig
+    from grpo.models.policy import PolicyWithValueHead
+
+    policy, _ = PolicyWithValueHead.from_config(ModelConfig(), LoraConfig(enabled=False), "cpu")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 49152, (batch, length), generator=gen)  # [B, T]
+    mask = torch.ones_like(ids)  # [B, T]
+    seconds = []
+    for _ in range(repeats + 1):  # the first pass is a warm-up
+        for p in policy.parameters():
+            p.grad = None
+        start = time.perf_counter()
+        out = policy(ids, mask)
+        (-out.logprobs.mean()).backward()
+        seconds.append(time.perf_counter() - start)
+    best = min(seconds[1:])
+    return {
+        "parameters": _n_params(policy.language_model()),
+        "compute_dtype": str(policy.compute_dtype).removeprefix("torch."),
+        "tokens": batch * length,
+        "first_s": round(seconds[0], 3),
+        "steady_s": round(best, 3),
+        "tokens_per_s": round(batch * length / best, 1),
+    }
+
+
+def _tools(calls: int) -> dict:
+    from bench.tools import compare_with_raw_client
+
+    out = {}
+    for concurrency in (1, 32):
+        report = asyncio.run(compare_with_raw_client(calls, concurrency, rounds=10))
+        out[f"c{concurrency}"] = report
+    return out
+
+
+def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zero_advantage: bool = True) -> dict:
+    from bench.steps import multi_turn_step, standard_step
+
+    torch.set_num_threads(threads)
+    report: dict = {
+        "machine": {"cpus": os.cpu_count(), "threads": threads, "torch": torch.__version__,
+                    "processor": platform.processor() or platform.machine()},
+        "load_average_start": round(os.getloadavg()[0], 2),
+    }
+    timings = {}
+    for section in sections:
+        start = time.perf_counter()
+        if section == "peak":
+            report["peak"] = _peaks()
+        elif section == "standard":
+            report["standard"] = standard_step(steps=steps, threads=threads,
+                                               skip_zero_advantage=skip_zero_advantage)
+        elif section == "generation":
+            report["generation"] = _generation([1, 16, 64])
+        elif section == "training":
+            report["training"] = _training()
+        elif section == "tools":
+            report["tools"] = _tools(tool_calls)
+        elif section == "multiturn":
+            report["multiturn"] = multi_turn_step(threads=threads)
+        timings[section] = round(time.perf_counter() - start, 1)
+        print(f"[bench] {section}: {timings[section]} s (load average {os.getloadavg()[0]:.2f})", flush=True)
+    report["section_seconds"] = timings
+    report["load_average_end"] = round(os.getloadavg()[0], 2)
+    report.update(headline(report))
+    return report
+
+
+def headline(report: dict) -> dict:
+    """The report's top-level figures (null where a section did not run)."""
+    peak = report.get("peak", {}).get("bf16_gflops")
+    gen, train = report.get("generation", {}), report.get("training", {})
+    out = {
+        "standard_step_median_s": report.get("standard", {}).get("standard_step_median_s"),
+        "gen_tokens_per_s_b64": gen.get("b64_tokens_per_s"),
+        "gen_fraction_of_bf16_peak": None,
+        "gen_fraction_of_decode_matmul_ceiling": None,
+        "train_tokens_per_s": train.get("tokens_per_s"),
+        "train_fraction_of_bf16_peak": None,
+        "tool_overhead_fraction": None,
+        "multi_turn_step_s": report.get("multiturn", {}).get("multi_turn_step_s"),
+    }
+    if peak and gen.get("b64_tokens_per_s"):
+        out["gen_fraction_of_bf16_peak"] = round(gen["b64_tokens_per_s"] * 2 * gen["parameters"] / (peak * 1e9), 3)
+    if gen.get("b64_tokens_per_s") and gen.get("b64_decode_matmul_ceiling_gflops"):
+        # The same FLOPs against what the decode step's own matmul shapes reach on this CPU.
+        out["gen_fraction_of_decode_matmul_ceiling"] = round(
+            gen["b64_tokens_per_s"] * 2 * gen["parameters"] / (gen["b64_decode_matmul_ceiling_gflops"] * 1e9), 3)
+    if peak and train.get("tokens_per_s"):
+        out["train_fraction_of_bf16_peak"] = round(train["tokens_per_s"] * 6 * train["parameters"] / (peak * 1e9), 3)
+    if "tools" in report:
+        # The worse of the two concurrencies: the manager must stay within budget at both.
+        out["tool_overhead_fraction"] = round(
+            max(report["tools"][c]["overhead_pct"] for c in report["tools"]) / 100, 3)
+    return out
+
+
+def print_table(report: dict) -> None:
+    std = report.get("standard", {})
+    rows = [
+        ("standard step, median s", report["standard_step_median_s"], "target <= 7.5 (TRL 1.16: 31)"),
+    ]
+    for key, value in std.get("split_median_s", {}).items():
+        rows.append((f"  {key.removesuffix('_s')} s", value, ""))
+    gen = report.get("generation", {})
+    for b in (1, 16, 64):
+        rows.append((f"generation b{b}, tokens/s", gen.get(f"b{b}_tokens_per_s"), ""))
+    rows += [
+        ("generation b64, share of bf16 peak", report["gen_fraction_of_bf16_peak"], "target >= 0.40"),
+        ("  decode-shape matmul ceiling, GFLOP/s", gen.get("b64_decode_matmul_ceiling_gflops"),
+         "[64, in] x [in, out] bf16, every Linear"),
+        ("  share of that ceiling", report["gen_fraction_of_decode_matmul_ceiling"], ""),
+        ("training fwd+bwd, tokens/s", report["train_tokens_per_s"], "16 x 128"),
+        ("training, share of bf16 peak", report["train_fraction_of_bf16_peak"], ""),
+        ("tool manager overhead (worst of c=1, c=32)", report["tool_overhead_fraction"], "target <= 0.10"),
+        ("multi-turn step (8 x G=4), s", report["multi_turn_step_s"], ""),
+    ]
+    mt = report.get("multiturn")
+    if mt:
+        rows.append(("  shares: generating / tools / update",
+                     f"{mt['share_generating']} / {mt['share_waiting_on_tools']} / {mt['share_updating']}", ""))
+    peak = report.get("peak")
+    if peak:
+        rows.append(("peak GFLOP/s fp32 / bf16", f"{peak['fp32_gflops']} / {peak['bf16_gflops']}", "2048² matmul"))
+    width = max(len(r[0]) for r in rows) + 2
+    for name, value, note in rows:
+        print(f"{name:<{width}}{'-' if value is None else value!s:>16}   {note}")
+    print(f"load average {report['load_average_start']} at start, {report['load_average_end']} at end "
+          f"({report['machine']['cpus']} cpus): above the thread count, wall times are upper bounds")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--steps", type=int, default=4, help="timed standard steps after the warm-up")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tool-calls", type=int, default=1000, help="calls per side and concurrency")
+    parser.add_argument("--out", default="outputs/bench", help="directory for report.json")
+    parser.add_argument("--no-skip", action="store_true",
+                        help="standard step: train every sequence (no zero-advantage skipping)")
+    args = parser.parse_args(argv)
+    report = run(args.sections, args.steps, args.threads, args.tool_calls, not args.no_skip)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    print_table(report)
+    print(f"report: {out / 'report.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

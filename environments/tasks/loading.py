@@ -1,0 +1,322 @@
+"""Task datasets: loading files, running generators, and the train/validation split.
+
+- `load_tasks(source)`: a `DatasetSource` (a .json list, .jsonl or .parquet file, or a generator)
+  → validated `Task`s. A bad record is an error that names the file, the line (jsonl, 1-based),
+  item (json, 0-based) or row (parquet, 0-based), and the field. Nothing is skipped.
+  Records in the short tool-sequence form (`question` + `tool_sequence`, no `reward_spec`) are
+  converted to full tasks (`environments.tasks.generators.from_tool_sequence`). A path
+  `bfcl:<categories|all>:<train|eval|all>` loads BFCL multi-turn tasks (environments.bfcl.data).
+- Generators are functions `fn(rng: random.Random, **options) -> Iterable[Task | dict]`,
+  registered by name (`calculator`, `multistep`) or given as `module:function`. The seed and
+  the split name together seed `rng`, so validation tasks come from a stream disjoint from
+  training. Task ids are assigned here (`<name>-<split>-s<seed>-<index>`).
+- `train_validation_split(data_cfg)`: (train, validation) that never share a question
+  (compared with `normalize_question`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from environments.base import load_callable
+from environments.config import DataConfig, DatasetSource
+from environments.tasks.schema import (
+    COMPONENTS,
+    GroundTruth,
+    Limits,
+    PromptMessage,
+    RewardSpec,
+    SuccessCriteria,
+    Task,
+    ToolStep,
+    describe_error,
+    normalize_question,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "COMPONENTS", "GENERATORS", "GroundTruth", "Limits", "PromptMessage", "RewardSpec", "SuccessCriteria",
+    "Task", "TaskDataError", "ToolStep", "generate_tasks", "load_tasks", "normalize_question",
+    "parse_record", "register_generator", "resolve_generator", "save_tasks", "train_validation_split",
+]
+
+
+class TaskDataError(ValueError):
+    """A dataset problem, with the file, record and field it concerns in the message."""
+
+
+Generator = Callable[..., Iterable[Any]]
+GENERATORS: dict[str, Generator] = {}
+
+
+def register_generator(name: str, fn: Generator) -> None:
+    """Make `fn(rng, **options)` available as `generator: <name>`."""
+    GENERATORS[name] = fn
+
+
+def resolve_generator(name: str) -> Generator:
+    """A registered generator, or `module:function`; unknown names list the registered ones."""
+    _register_builtins()
+    if name in GENERATORS:
+        return GENERATORS[name]
+    if ":" in name:
+        return load_callable(name, "generator", TaskDataError)
+    raise TaskDataError(f"unknown generator {name!r}; registered: {', '.join(sorted(GENERATORS))}, "
+                        "or give module:function")
+
+
+def _register_builtins() -> None:
+    from environments.tasks import generators
+
+    GENERATORS.setdefault("calculator", generators.calculator_tasks)
+    GENERATORS.setdefault("multistep", generators.multistep_tasks)
+
+
+# -- records -----------------------------------------------------------------------------------
+
+def parse_record(record: Any, where: str) -> Task:
+    """Validate one record; `where` (e.g. "tasks.jsonl line 7") starts any error message."""
+    if not isinstance(record, dict):
+        raise TaskDataError(f"{where}: expected an object, got {type(record).__name__}")
+    if "reward_spec" not in record and "tool_sequence" in record:
+        from environments.tasks.generators import from_tool_sequence
+
+        try:
+            return from_tool_sequence(record)
+        except (ValueError, TypeError) as exc:
+            raise TaskDataError(f"{where}: {exc}") from exc
+    try:
+        return Task.model_validate(record)
+    except ValidationError as exc:
+        lines = [describe_error(err) for err in exc.errors()]
+        raise TaskDataError(f"{where}: " + "\n  ".join(lines)) from None
+
+
+def _decode_json_columns(row: dict) -> dict:
+    """Parquet rows may hold nested fields as JSON strings (what `save_tasks` writes)."""
+    out = dict(row)
+    for key in ("prompt", "reward_spec", "extra_info", "tool_sequence"):
+        if isinstance(out.get(key), str):
+            out[key] = json.loads(out[key])
+    # Struct columns give every row every key of the union; absent ones come back as null.
+    for key in ("reward_spec", "extra_info"):
+        if isinstance(out.get(key), dict):
+            out[key] = _drop_nulls(out[key])
+    return out
+
+
+def _drop_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+# -- files -------------------------------------------------------------------------------------
+
+def _read_records(path: Path) -> Iterable[tuple[Any, str]]:
+    name = str(path)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue  # blank lines separate nothing; they are not records
+                try:
+                    yield json.loads(line), f"{name} line {number}"
+                except json.JSONDecodeError as exc:
+                    raise TaskDataError(f"{name} line {number}: invalid JSON: {exc}") from None
+    elif suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise TaskDataError(f"{name}: invalid JSON: {exc}") from None
+        if not isinstance(data, list):
+            raise TaskDataError(f"{name}: expected a JSON list of task records, got {type(data).__name__}")
+        for index, item in enumerate(data):
+            yield item, f"{name} item {index}"
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for index, row in enumerate(pq.read_table(path).to_pylist()):
+            where = f"{name} row {index}"
+            try:
+                yield _decode_json_columns(row), where
+            except json.JSONDecodeError as exc:
+                raise TaskDataError(f"{where}: a JSON column is not valid JSON: {exc}") from None
+    else:
+        raise TaskDataError(f"{name}: unknown task file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+def load_file(path: str | Path) -> list[Task]:
+    path = Path(path)
+    if not path.is_file():
+        raise TaskDataError(f"task file {str(path)!r} does not exist")
+    tasks: list[Task] = []
+    seen: dict[str, str] = {}
+    for record, where in _read_records(path):
+        task = parse_record(record, where)
+        if task.task_id in seen:
+            raise TaskDataError(f"{where}: reward_spec.ground_truth.task_id: {task.task_id!r} is already "
+                                f"used at {seen[task.task_id]}")
+        seen[task.task_id] = where
+        tasks.append(task)
+    if not tasks:
+        raise TaskDataError(f"{path}: no task records")
+    return tasks
+
+
+def save_tasks(tasks: Iterable[Task], path: str | Path) -> None:
+    """Write tasks as .jsonl, .json or .parquet (nested fields as JSON strings in parquet)."""
+    path = Path(path)
+    records = [t.model_dump(mode="json", exclude_defaults=False) for t in tasks]
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    elif suffix == ".json":
+        path.write_text(json.dumps(records, indent=1), encoding="utf-8")
+    elif suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = [{**r, "reward_spec": json.dumps(r["reward_spec"]), "extra_info": json.dumps(r["extra_info"])}
+                for r in records]
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        raise TaskDataError(f"{path}: unknown task file type {suffix!r}; use .json, .jsonl or .parquet")
+
+
+# -- generators --------------------------------------------------------------------------------
+
+def _generator_label(name: str) -> str:
+    return name.rsplit(":", 1)[-1].replace("_", "-")
+
+
+def generate_tasks(
+    name: str,
+    num_tasks: int,
+    seed: int = 0,
+    options: dict | None = None,
+    split: str = "train",
+    exclude_questions: set[str] | frozenset[str] = frozenset(),
+) -> list[Task]:
+    """`num_tasks` tasks with distinct questions, none in `exclude_questions`.
+
+    The stream is seeded by (generator, split, seed): the same arguments give the same tasks,
+    and another split gives another stream.
+    """
+    fn = resolve_generator(name)
+    rng = random.Random(f"mcp-grpo|{name}|{split}|{seed}")
+    label = _generator_label(name)
+    try:
+        produced = iter(fn(rng, **(options or {})))
+    except TypeError as exc:
+        raise TaskDataError(f"generator {name!r}: bad options {options}: {exc}") from exc
+    tasks: list[Task] = []
+    questions = set(exclude_questions)
+    attempts, max_attempts = 0, 50 * num_tasks + 1000
+    while len(tasks) < num_tasks:
+        attempts += 1
+        item = next(produced, None)
+        if item is None or attempts > max_attempts:
+            raise TaskDataError(
+                f"generator {name!r} (options {options or {}}) gave only {len(tasks)} distinct questions for "
+                f"the {split} split after {attempts - 1} tries; {num_tasks} were asked for"
+            )
+        task = item if isinstance(item, Task) else parse_record(item, f"generator {name!r} item {attempts - 1}")
+        key = normalize_question(task)
+        if key in questions:
+            continue  # the same question twice (or one of the training questions)
+        questions.add(key)
+        task_id = f"{label}-{split}-s{seed}-{len(tasks):05d}"
+        gt = task.reward_spec.ground_truth.model_copy(update={"task_id": task_id})
+        tasks.append(task.model_copy(update={"reward_spec": task.reward_spec.model_copy(update={"ground_truth": gt})}))
+    return tasks
+
+
+def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: Iterable[str] = ()) -> list[Task]:
+    """The tasks of one source: a file's records, or `num_tasks` generated tasks. Custom reward
+    functions (`module:function` methods) are imported here, so a bad path fails before training."""
+    if source.path is not None and source.path.startswith("bfcl:"):
+        from environments.bfcl.data import load_path
+
+        try:
+            tasks = load_path(source.path)
+        except (ValueError, ImportError) as exc:  # a bad spec, or bfcl-eval missing (names the pip command)
+            raise TaskDataError(f"dataset {source.path!r}: {exc}") from exc
+    elif source.path is not None:
+        tasks = load_file(source.path)
+    else:
+        tasks = generate_tasks(source.generator, source.num_tasks, source.seed, source.options, split,
+                               frozenset(exclude_questions))
+    _check_custom_rewards(tasks, source.path or f"generator {source.generator!r}")
+    return tasks
+
+
+def _check_custom_rewards(tasks: list[Task], where: str) -> None:
+    from environments.rewards import resolve_custom_reward
+
+    checked: set[str] = set()
+    for task in tasks:
+        for method in task.reward_spec.method:
+            if method in COMPONENTS or method in checked:
+                continue
+            checked.add(method)
+            try:
+                resolve_custom_reward(method)
+            except ValueError as exc:
+                raise TaskDataError(f"{where}: task {task.task_id!r}: reward_spec.method: {exc}") from None
+
+
+def train_validation_split(data_cfg: DataConfig) -> tuple[list[Task], list[Task]]:
+    """Training and held-out tasks that never share a question.
+
+    - `validation` given: its tasks, minus any whose question is also a training question
+      (dropped with a warning; an empty result is an error).
+    - No `validation`, generator training source: `validation_size` tasks from the same
+      generator's validation stream, excluding every training question.
+    - No `validation`, file training source: `validation_size` distinct questions held out of the
+      file (seeded by `train.seed`), with every task that asks them.
+    """
+    if data_cfg.validation is None and data_cfg.train.path is not None:
+        return _split_file(load_tasks(data_cfg.train), data_cfg.validation_size, data_cfg.train.seed,
+                           data_cfg.train.path)
+    train = load_tasks(data_cfg.train, "train")
+    train_questions = {normalize_question(t) for t in train}
+    if data_cfg.validation is None:
+        source = data_cfg.train.model_copy(update={"num_tasks": data_cfg.validation_size})
+        return train, load_tasks(source, "validation", train_questions)
+    validation = load_tasks(data_cfg.validation, "validation", train_questions)
+    kept = [t for t in validation if normalize_question(t) not in train_questions]
+    if len(kept) < len(validation):
+        log.warning("data: dropped %d validation tasks whose question is also a training question",
+                    len(validation) - len(kept))
+    if not kept:
+        raise TaskDataError("every validation task asks a training question: nothing is held out")
+    return train, kept
+
+
+def _split_file(tasks: list[Task], size: int, seed: int, path: str) -> tuple[list[Task], list[Task]]:
+    by_question: dict[str, list[Task]] = {}
+    for task in tasks:
+        by_question.setdefault(normalize_question(task), []).append(task)
+    questions = list(by_question)
+    if size >= len(questions):
+        raise TaskDataError(
+            f"{path}: {len(questions)} distinct questions cannot give {size} held-out ones and leave any for "
+            "training; lower data.validation_size or give data.validation"
+        )
+    random.Random(f"mcp-grpo|split|{seed}").shuffle(questions)
+    held_out = set(questions[:size])
+    train = [t for t in tasks if normalize_question(t) not in held_out]
+    validation = [t for t in tasks if normalize_question(t) in held_out]
+    return train, validation

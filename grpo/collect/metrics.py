@@ -1,0 +1,134 @@
+"""Time accounting and metrics of one collection.
+
+`Timeline` splits a collection's wall time into generating / waiting on tools / tools hidden under
+generation / other; `collection_metrics` turns the kept trajectories, the batcher's counters and
+the timeline into the flat `rollout/...` metrics of a `CollectResult`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from grpo.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from grpo.collect.generation_batcher import GenerationBatcher
+
+
+class Timeline:
+    """Splits wall time by what the collection was doing.
+
+    - generating: an `engine.generate` call is in flight (batches run one at a time, so this is
+      the summed duration of engine calls).
+    - tools_only: at least one episode is inside its environment (`reset`/`step`, which is where
+      tool calls happen) while no generation runs: time the engine sits idle waiting on tools.
+    - tools_overlapped: episodes are in their environment while generation runs (hidden cost).
+    - other: neither (batching waits, tokenization, bookkeeping).
+    """
+
+    def __init__(self) -> None:
+        self.start = self._last = time.perf_counter()
+        self.generating = False
+        self.in_env = 0
+        self.seconds = {"generating": 0.0, "tools_only": 0.0, "tools_overlapped": 0.0, "other": 0.0}
+
+    def _flush(self) -> None:
+        now = time.perf_counter()
+        dt, self._last = now - self._last, now
+        if self.generating:
+            self.seconds["generating"] += dt
+            if self.in_env:
+                self.seconds["tools_overlapped"] += dt
+        elif self.in_env:
+            self.seconds["tools_only"] += dt
+        else:
+            self.seconds["other"] += dt
+
+    def set_generating(self, value: bool) -> None:
+        self._flush()
+        self.generating = value
+
+    def add_in_env(self, delta: int) -> None:
+        self._flush()
+        self.in_env += delta
+
+    def wall(self) -> float:
+        self._flush()
+        return self._last - self.start
+
+
+def collection_metrics(
+    trajectories: list[Trajectory],
+    batcher: GenerationBatcher,
+    timeline: Timeline,
+    wall: float,
+    failed_episodes: int,
+    excluded_groups: int,
+) -> dict[str, float]:
+    """Flat `rollout/` metrics. Rates and means are over the kept trajectories, except
+    `gen_tokens` (every token the engine produced, failed episodes included).
+
+    - episodes_per_s: kept episodes / wall seconds of the collection.
+    - gen_tokens_per_s: generated tokens / wall seconds; engine_tokens_per_s: / generating s.
+    - time_generating_s: wall time with an engine call in flight (calls run one at a time).
+    - time_in_tools_s: wall time with at least one episode inside its environment (reset, step,
+      close: where tool calls happen) and no engine call in flight: the engine idles on tools.
+    - time_tools_overlapped_s: environment time hidden under generation.
+    - tool_wait_share / generating_share: those two times over the wall time.
+    - parse_failure_rate: turns whose tool-call markup could not be read / turns;
+      tool_error_rate: tool calls that returned an error / tool calls.
+    """
+    n = len(trajectories)
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    rewards = [t.reward for t in trajectories]
+    reward_mean = mean(rewards)
+    turns = sum(t.num_turns for t in trajectories)
+    calls = sum(t.num_tool_calls for t in trajectories)
+    lengths = [len(t.token_ids) for t in trajectories]
+    seconds = timeline.seconds
+    return {
+        "rollout/episodes": float(n),
+        "rollout/wall_s": wall,
+        "rollout/episodes_per_s": n / wall if wall > 0 else 0.0,
+        "rollout/gen_tokens_per_s": batcher.generated_tokens / wall if wall > 0 else 0.0,
+        "rollout/engine_tokens_per_s": (
+            batcher.generated_tokens / seconds["generating"]
+            if seconds["generating"] > 0
+            else 0.0
+        ),
+        "rollout/gen_tokens": float(batcher.generated_tokens),
+        "rollout/turns_per_episode": turns / n if n else 0.0,
+        "rollout/tool_calls_per_episode": calls / n if n else 0.0,
+        "rollout/parse_failure_rate": (
+            sum(t.metadata.get("parse_failures", 0) for t in trajectories) / turns
+            if turns
+            else 0.0
+        ),
+        "rollout/tool_error_rate": (
+            sum(t.metadata.get("tool_errors", 0) for t in trajectories) / calls
+            if calls
+            else 0.0
+        ),
+        "rollout/traj_len_mean": mean([float(x) for x in lengths]),
+        "rollout/traj_len_max": float(max(lengths, default=0)),
+        "rollout/reward_mean": reward_mean,
+        "rollout/reward_std": math.sqrt(mean([(r - reward_mean) ** 2 for r in rewards])),
+        "rollout/success_rate": mean([1.0 if t.success else 0.0 for t in trajectories]),
+        "rollout/truncated_rate": mean(
+            [1.0 if t.metadata.get("truncated_total_tokens") else 0.0 for t in trajectories]
+        ),
+        "rollout/time_generating_s": seconds["generating"],
+        "rollout/time_in_tools_s": seconds["tools_only"],
+        "rollout/time_tools_overlapped_s": seconds["tools_overlapped"],
+        "rollout/tool_wait_share": seconds["tools_only"] / wall if wall > 0 else 0.0,
+        "rollout/generating_share": seconds["generating"] / wall if wall > 0 else 0.0,
+        "rollout/engine_batches": float(len(batcher.batch_sizes)),
+        "rollout/mean_batch_size": mean([float(b) for b in batcher.batch_sizes]),
+        "rollout/failed_episodes": float(failed_episodes),
+        "rollout/excluded_groups": float(excluded_groups),
+    }

@@ -1,0 +1,488 @@
+"""The trained policy: a causal LM (full weights or LoRA) plus a scalar value head.
+
+`PolicyWithValueHead.forward(input_ids, attention_mask)` returns the log-probs of every next token
+(`input_ids[:, 1:]`), optionally the entropy and the value-head outputs. It runs the decoder once
+for the final hidden states and computes the log-probs with the chunked function of
+grpo/logprobs.py: the LM head is never applied to all positions at once.
+
+`from_config` builds it: loads the model (grpo/model_source.py), optionally in 4-bit (CUDA only),
+wraps it with a peft LoRA adapter, turns on gradient checkpointing, and picks the autocast dtype
+for the device (grpo/devices.py). `save_pretrained` writes Hugging Face directories that
+transformers and vLLM load directly (for LoRA: the adapter and a merged full model);
+`state_dict` / `load_state_dict` hold what a checkpoint needs (LoRA: adapter + value head only).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict, namedtuple
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from grpo.config import LoraConfig, ModelConfig
+from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
+from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
+from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+ADAPTER_SUBDIR = "adapter"
+_WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+LoadResult = namedtuple("LoadResult", ["missing_keys", "unexpected_keys"])
+
+
+@dataclass
+class PolicyOutput:
+    """What one policy forward returns; position t scores the token input_ids[:, t + 1]."""
+
+    logprobs: torch.Tensor  # [B, T-1] log pi(input_ids[:, t+1] | input_ids[:, :t+1]) at temperature
+    entropy: torch.Tensor | None  # [B, T-1] entropy of that next-token distribution
+    values: torch.Tensor | None  # [B, T-1] value head at position t (the state before token t+1)
+
+
+def _is_peft_model(model: nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def is_4bit_tensor(param: torch.Tensor | None) -> bool:
+    """A bitsandbytes 4-bit packed weight (its values are not floats and are never averaged)."""
+    return type(param).__name__ == "Params4bit"
+
+
+def _checkpointing(model: nn.Module) -> bool:
+    """Whether transformers gradient checkpointing is on (it turns the KV cache off)."""
+    flag = getattr(model, "is_activation_checkpointing", None)
+    if flag is None:
+        flag = getattr(model, "is_gradient_checkpointing", False)
+    return bool(flag)
+
+
+def _scatter_rows(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[N] values of the True entries of `positions` ([B, T]) back to [B, T], 0 elsewhere."""
+    out = values.new_zeros(positions.shape)  # [B, T]
+    return out.masked_scatter(positions, values)
+
+
+class PolicyWithValueHead(nn.Module):
+    """A causal LM (transformers model or peft-wrapped one) plus a Linear(hidden, 1) value head."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        value_head: bool = True,
+        compute_dtype: torch.dtype = torch.float32,
+        logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
+        tokenizer=None,
+        share_prefix_min: int = 16,
+    ):
+        super().__init__()
+        self.model = model
+        self.share_prefix_min = share_prefix_min
+        """Shortest common prefix of a batch that runs once (see final_hidden_states); 0 = never."""
+        self.is_lora = _is_peft_model(model)
+        self.compute_dtype = compute_dtype
+        self.logprob_chunk_size = logprob_chunk_size
+        self.tokenizer = tokenizer
+        lm = self.language_model()
+        self.value_head: nn.Linear | None = None
+        if value_head:
+            # Zero init: values start at 0 and the head adds no gradient to the trunk until it learns.
+            head = nn.Linear(lm.config.hidden_size, 1, dtype=torch.float32, device=self.device)
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+            self.value_head = head
+        # What a checkpoint holds: for LoRA the adapter (all that is trainable in the LM) and the
+        # value head; for full fine-tuning every tensor (nn.Module's own state_dict).
+        self._checkpoint_names = [
+            name
+            for name, p in self.named_parameters()
+            if p.requires_grad or name.startswith("value_head.")
+        ]
+
+    # ----- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls, model_cfg: ModelConfig, lora_cfg: LoraConfig, device: torch.device | str, seed: int = 0
+    ) -> tuple[PolicyWithValueHead, object]:
+        """Load the model named by `model_cfg` onto `device`, apply LoRA / 4-bit / checkpointing."""
+        device = torch.device(device)
+        tokenizer = load_tokenizer(model_cfg.name_or_path, model_cfg.cache_dir)
+        weights_dtype = _WEIGHT_DTYPES[model_cfg.weights_dtype]
+        check_weights_dtype(device, weights_dtype)
+        autocast_dtype = compute_dtype(device, model_cfg.dtype)
+        extra: dict = {}
+        if model_cfg.load_in_4bit:
+            extra = _four_bit_kwargs(model_cfg, lora_cfg, device, autocast_dtype)
+        model = load_causal_lm(
+            model_cfg.name_or_path,
+            cache_dir=model_cfg.cache_dir,
+            dtype=weights_dtype,
+            tokenizer=tokenizer,
+            tiny_layers=model_cfg.tiny_layers,
+            tiny_hidden_size=model_cfg.tiny_hidden_size,
+            seed=seed,
+            **extra,
+        )
+        attn = model_cfg.attn_implementation
+        if attn == "auto":
+            attn = "eager" if device.type == "cpu" else "sdpa"
+        model.set_attn_implementation(attn)
+        checkpointing_kwargs = {"use_reentrant": False}
+        if model_cfg.load_in_4bit:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(
+                model,
+                use_gradient_checkpointing=model_cfg.gradient_checkpointing,
+                gradient_checkpointing_kwargs=checkpointing_kwargs,
+            )
+        else:
+            model.to(device)
+            if model_cfg.gradient_checkpointing:
+                _enable_checkpointing(model, checkpointing_kwargs)
+        if lora_cfg.enabled:
+            if model_cfg.gradient_checkpointing:
+                # Frozen embeddings give checkpointed blocks inputs without grad; with reentrant
+                # checkpointing the adapters would then get no gradient at all.
+                model.enable_input_require_grads()
+            model = _add_lora(model, lora_cfg, seed)
+        policy = cls(
+            model,
+            value_head=model_cfg.value_head,
+            compute_dtype=autocast_dtype,
+            tokenizer=tokenizer,
+        )
+        policy.train()
+        return policy, tokenizer
+
+    # ----- accessors --------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def language_model(self) -> nn.Module:
+        """The transformers causal LM (for LoRA: the base model with the adapter layers injected)."""
+        return self.model.get_base_model() if self.is_lora else self.model
+
+    def generation_model(self) -> nn.Module:
+        """The module a rollout engine samples from, with the current weights (LoRA: the peft model).
+
+        Call its `generate` with the policy in eval mode: transformers turns the KV cache off for
+        gradient-checkpointed models in training mode.
+        """
+        return self.model
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.trainable_parameters())
+
+    # ----- forward ----------------------------------------------------------------------------
+
+    def final_hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """[B, T, H] hidden states after the final norm, without applying the LM head.
+
+        When every row starts with the same `share_prefix_min` or more tokens (the system prompt
+        and tool docs of a batch of episodes, a group's prompt), that prefix runs once at batch 1
+        and its KV cache is repeated for the rows' suffixes: the same hidden states and, through
+        autograd, the same gradients, for (B - 1) x prefix fewer tokens of decoder work.
+        """
+        decoder = self.language_model().get_decoder()
+        # Positions count real tokens only, as generate() does, so left padding gives the same
+        # positions the rollout engine used.
+        position_ids = attention_mask.long().cumsum(-1) - 1  # [B, T]
+        position_ids = position_ids.masked_fill(attention_mask == 0, 0)
+        prefix = self._shareable_prefix(input_ids, attention_mask)
+        if prefix == 0:
+            out = decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+            )
+            return out.last_hidden_state  # [B, T, H]
+        batch = input_ids.shape[0]
+        head = decoder(
+            input_ids=input_ids[:1, :prefix],
+            attention_mask=attention_mask[:1, :prefix],
+            position_ids=position_ids[:1, :prefix],
+            use_cache=True,
+        )
+        cache = head.past_key_values
+        cache.batch_repeat_interleave(batch)  # [1, ...] -> [B, ...], differentiable
+        tail = decoder(
+            input_ids=input_ids[:, prefix:],
+            attention_mask=attention_mask,  # [B, T]: the cached prefix plus the suffix
+            position_ids=position_ids[:, prefix:],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        shared = head.last_hidden_state.expand(batch, -1, -1)  # [B, P, H]
+        return torch.cat([shared, tail.last_hidden_state], dim=1)  # [B, T, H]
+
+    def _shareable_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+        """Length of the token prefix that every row shares (0 when too short to pay, or when a
+        KV cache cannot be used: gradient checkpointing turns it off)."""
+        batch, length = input_ids.shape
+        if batch < 2 or self.share_prefix_min <= 0 or _checkpointing(self.language_model()):
+            return 0
+        same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
+        prefix = int(same.long().cumprod(0).sum())
+        prefix = min(prefix, length - 1)  # at least one suffix token
+        return prefix if prefix >= self.share_prefix_min else 0
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        with_values: bool = False,
+        positions: torch.Tensor | None = None,
+    ) -> PolicyOutput:
+        """Log-probs of input_ids[:, 1:] under softmax(logits / temperature); see PolicyOutput.
+
+        `positions` ([B, T-1] bool, optional): the target positions whose log-probs (and entropy)
+        are wanted, e.g. the loss mask. The LM head and the softmax over the vocabulary then run on
+        those rows only (the decoder still runs on every token); other positions read 0.
+        """
+        if with_values and self.value_head is None:
+            raise ValueError(
+                "with_values=True but this policy has no value head (model.value_head: false)"
+            )
+        with autocast_context(self.device, self.compute_dtype):
+            hidden = self.final_hidden_states(input_ids, attention_mask)  # [B, T, H]
+            head_hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, T-1, H], [B, T-1]
+            if positions is not None:
+                if positions.shape != targets.shape:
+                    raise ValueError(
+                        f"positions {tuple(positions.shape)} must have the targets' shape {tuple(targets.shape)}"
+                    )
+                head_hidden = head_hidden[positions].unsqueeze(0)  # [1, N, H]
+                targets = targets[positions].unsqueeze(0)  # [1, N]
+            logprobs, entropy = token_logprobs_and_entropy(
+                head_hidden,
+                self.language_model().get_output_embeddings(),
+                targets,
+                temperature=temperature,
+                chunk_size=self.logprob_chunk_size,
+                with_entropy=with_entropy,
+            )
+            if positions is not None:
+                logprobs = _scatter_rows(logprobs[0], positions)  # [B, T-1]
+                entropy = _scatter_rows(entropy[0], positions) if entropy is not None else None
+        values = None
+        if with_values:
+            values = self.value_head(hidden[:, :-1].float()).squeeze(-1)  # [B, T-1] fp32
+        return PolicyOutput(logprobs=logprobs, entropy=entropy, values=values)
+
+    # ----- checkpoints ------------------------------------------------------------------------
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """Full fine-tuning: every tensor. LoRA: only the adapter and the value head."""
+        if not self.is_lora:
+            return super().state_dict(
+                *args, destination=destination, prefix=prefix, keep_vars=keep_vars
+            )
+        out = OrderedDict() if destination is None else destination
+        params = dict(self.named_parameters())
+        for name in self._checkpoint_names:
+            out[prefix + name] = params[name] if keep_vars else params[name].detach()
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if not self.is_lora:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        params = dict(self.named_parameters())
+        expected = set(self._checkpoint_names)
+        missing = sorted(expected - set(state_dict))
+        unexpected = sorted(set(state_dict) - expected)
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"LoRA policy checkpoint mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        with torch.no_grad():
+            for name in expected & set(state_dict):
+                params[name].copy_(state_dict[name])
+        return LoadResult(missing, unexpected)
+
+    def load_value_head(self, path: str | Path) -> None:
+        """Load `value_head.safetensors` (a file, or a directory holding one)."""
+        from safetensors.torch import load_file
+
+        if self.value_head is None:
+            raise ValueError("this policy has no value head (model.value_head: false)")
+        path = Path(path)
+        if path.is_dir():
+            path = path / VALUE_HEAD_FILE
+        tensors = load_file(str(path), device=str(self.device))
+        self.value_head.load_state_dict(tensors)
+
+    # ----- export -----------------------------------------------------------------------------
+
+    def save_pretrained(
+        self, directory: str | Path, *, merged: bool = True, tokenizer=None
+    ) -> dict[str, Path]:
+        """Write Hugging Face directories that transformers and vLLM load directly.
+
+        Full fine-tuning: the model (and tokenizer) in `directory`. LoRA: the peft adapter in
+        `directory/adapter`, and with `merged` the full model with the adapter folded into the
+        weights in `directory`. The value head goes to `directory/value_head.safetensors`.
+        Returns the paths written: keys `model`, `adapter`, `value_head`.
+        """
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        written: dict[str, Path] = {}
+        if self.is_lora:
+            self.model.save_pretrained(str(directory / ADAPTER_SUBDIR))
+            written["adapter"] = directory / ADAPTER_SUBDIR
+            if merged:
+                self._save_merged(directory)
+                written["model"] = directory
+        else:
+            self.model.save_pretrained(str(directory))
+            written["model"] = directory
+        if tokenizer is not None and "model" in written:
+            tokenizer.save_pretrained(str(directory))
+        if self.value_head is not None:
+            path = directory / VALUE_HEAD_FILE
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()},
+                str(path),
+            )
+            written["value_head"] = path
+        return written
+
+    @torch.no_grad()
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LM's weights with the LoRA deltas folded in, under the plain model's key names.
+
+        Built tensor by tensor, leaving the training model untouched (merging in place and then
+        unmerging would round bf16 base weights). 4-bit base weights are dequantized.
+        """
+        from peft.tuners.lora import LoraLayer
+        from peft.utils.integrations import dequantize_module_weight
+
+        lm = self.language_model()
+        lora_layers = {name: m for name, m in lm.named_modules() if isinstance(m, LoraLayer)}
+        quantized = {
+            name: m for name, m in lm.named_modules() if is_4bit_tensor(getattr(m, "weight", None))
+        }
+        out: dict[str, torch.Tensor] = {}
+        for key, value in lm.state_dict().items():
+            if "lora_" in key:
+                continue  # adapter tensors: folded into their base weight below
+            module_name, _, leaf = key.rpartition(".")
+            if any(key.startswith(q + ".weight.") for q in quantized):
+                continue  # bitsandbytes quantization state (absmax, quant_map, ...)
+            if module_name in quantized and leaf == "weight":
+                value = dequantize_module_weight(quantized[module_name])
+            clean = key.replace(".base_layer.", ".")
+            owner = clean.rpartition(".")[0]
+            if owner in lora_layers and leaf == "weight":
+                layer = lora_layers[owner]
+                merged = value.float()
+                for adapter in layer.active_adapters:
+                    merged = merged + layer.get_delta_weight(adapter).float()
+                value = merged.to(value.dtype)
+            out[clean] = value.detach()
+        return out
+
+    def _save_merged(self, directory: Path) -> None:
+        from huggingface_hub import save_torch_state_dict
+
+        lm = self.language_model()
+        state = self.merged_state_dict()
+        # Tied weights (embeddings = LM head) are stored once, as transformers does.
+        seen: set[tuple[int, int]] = set()
+        unique: dict[str, torch.Tensor] = {}
+        for key, tensor in state.items():
+            ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if ident in seen:
+                continue
+            seen.add(ident)
+            unique[key] = tensor.cpu().contiguous()
+        config = copy.deepcopy(lm.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.architectures = [type(lm).__name__]
+        config.dtype = next(iter(unique.values())).dtype
+        config.save_pretrained(str(directory))
+        if getattr(lm, "generation_config", None) is not None:
+            lm.generation_config.save_pretrained(str(directory))
+        save_torch_state_dict(unique, str(directory))
+
+
+def _four_bit_kwargs(
+    model_cfg: ModelConfig, lora_cfg: LoraConfig, device: torch.device, dtype: torch.dtype
+) -> dict:
+    if device.type != "cuda":
+        raise ValueError(
+            f"model.load_in_4bit: true needs a CUDA GPU (bitsandbytes 4-bit QLoRA), but this run is on "
+            f"{device.type!r}; set model.load_in_4bit: false on CPU/MPS"
+        )
+    if not lora_cfg.enabled:
+        raise ValueError(
+            "model.load_in_4bit needs lora.enabled: 4-bit base weights cannot be trained"
+        )
+    if model_cfg.name_or_path == TINY_RANDOM:
+        raise ValueError(
+            "model.load_in_4bit needs a model directory; the tiny-random model is built in memory"
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "model.load_in_4bit: true needs the bitsandbytes package (pip install bitsandbytes)"
+        ) from None
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
+    )
+    return {"quantization_config": quantization, "device_map": {"": device.index or 0}}
+
+
+def _enable_checkpointing(model: nn.Module, kwargs: dict) -> None:
+    # transformers 5 renamed gradient checkpointing to activation checkpointing (old name deprecated).
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def _add_lora(model: nn.Module, lora_cfg: LoraConfig, seed: int) -> nn.Module:
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    peft_cfg = PeftLoraConfig(
+        r=lora_cfg.r,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        target_modules=list(lora_cfg.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # the A matrices are random; B starts at zero
+        return get_peft_model(model, peft_cfg)

@@ -1,0 +1,274 @@
+"""The GRPO trainer: wires policy, reference, engine, tools, data and collector into a run.
+
+`GRPOTrainer(config).run()` does: evaluate before → for each step: collect groups → update
+(grpo/update.py) → EMA reference → push weights to the engine → metrics → checkpoint →
+evaluate after → final model, summary.json and the reward/success curve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import torch
+
+from grpo.backends import Backend, make_backend
+from grpo.train.checkpoint import load_checkpoint, resolve_resume, restore_rng_state, save_checkpoint
+from grpo.config import RunConfig, save_config
+from grpo.train.evaluation import evaluate
+from grpo.train.logger import MetricsLogger, setup_console_logging
+from grpo.train.task_stream import TaskStream
+from grpo.algorithm.update import (
+    NonFiniteLossError,
+    UpdateSettings,
+    make_optimizer,
+    make_scheduler,
+    train_step,
+)
+
+log = logging.getLogger("mcp_grpo")
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on a health check; the message says which and why."""
+
+
+class GRPOTrainer:
+    def __init__(self, config: RunConfig, *, backend: Backend | None = None):
+        self.config = config
+        self.backend = backend or make_backend(config.backend)
+        self.run_dir = config.run_dir
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+        self._nonfinite_in_a_row = 0
+        self._saved_step: int | None = None
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> None:
+        from environments.tasks.loading import train_validation_split
+        from grpo.models.policy import PolicyWithValueHead
+        from grpo.algorithm.reference import make_reference
+
+        cfg = self.config
+        main = self.backend.is_main_process
+        # Other ranks of a data-parallel run report only warnings: rank 0 speaks for the run.
+        setup_console_logging(self.run_dir if main else None, logging.INFO if main else logging.WARNING)
+        torch.manual_seed(cfg.seed)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = self.backend.device()
+        log.info("backend: %s (%s); device %s", self.backend.name, self.backend.reason, self.device)
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+
+        self.train_tasks, self.val_tasks = train_validation_split(cfg.data)
+        log.info("data: %d training tasks, %d held-out tasks", len(self.train_tasks), len(self.val_tasks))
+        self.stream = TaskStream(self.train_tasks, cfg.train.tasks_per_step, cfg.seed, cfg.data.shuffle)
+
+        self.policy, self.tokenizer = PolicyWithValueHead.from_config(
+            cfg.model, cfg.lora, device=self.device, seed=cfg.seed
+        )
+        log.info("policy: %s, %.1fM trainable parameters", cfg.model.name_or_path,
+                 self.policy.num_trainable_parameters() / 1e6)
+        # With kl_coef = 0 nothing scores tokens under the reference: skip building it.
+        self.reference = make_reference(self.policy, cfg.algorithm) if cfg.algorithm.kl_coef > 0 else None
+        self.settings = UpdateSettings.from_config(cfg, pad_token_id=self.tokenizer.pad_token_id)
+        self.optimizer = make_optimizer(self.policy, cfg.algorithm)
+        self.scheduler = make_scheduler(self.optimizer, cfg.algorithm)
+        self.engine = self.backend.make_engine(self.policy, self.tokenizer, cfg)
+        self.logger = MetricsLogger(
+            self.run_dir if main else None,
+            is_main_process=main,
+            log_every=cfg.logging.log_every,
+            wandb_config=cfg.logging.wandb,
+            run_name=cfg.run_name,
+            config_dict=cfg.dump_masked(),
+        )
+        self._wrap_for_training()
+        self._maybe_resume()
+
+    # ------------------------------------------------ hooks (the distributed trainer overrides)
+    def _wrap_for_training(self) -> None:
+        """Wrap policy and optimizer for data parallelism; a single process has nothing to do."""
+
+    def _local_share(self, tasks: list) -> list:
+        """The tasks this process plays (data parallelism: its share of whole groups)."""
+        return list(tasks)
+
+    def _trajectories_to_train(self, collected) -> list:
+        """The trajectories this process updates on (data parallelism: balanced across ranks)."""
+        return collected.trajectories
+
+    def _train_step(self, trajectories: list) -> dict[str, float]:
+        return train_step(
+            self.policy, self.reference, self.optimizer, self.scheduler,
+            trajectories, self.settings, check_logprobs=(self.step == 0),
+        )
+
+    def _after_update(self) -> None:
+        """EMA reference step, then the engine samples from the updated weights."""
+        if self.reference is not None:
+            self.reference.maybe_update(self.step)
+        self.engine.sync_weights(self.policy)
+
+    def _reduce_metrics(self, metrics: dict[str, float], weight: float = 1.0) -> dict[str, float]:
+        """Metrics of the whole run from this process's (data parallelism: across ranks)."""
+        return metrics
+
+    def _save_final_model(self) -> None:
+        if self.backend.is_main_process:
+            self.policy.save_pretrained(self.run_dir / "final_model", tokenizer=self.tokenizer)
+
+    def _maybe_resume(self) -> None:
+        path = resolve_resume(self.config.train.resume, self.run_dir)
+        if path is None:
+            return
+        state = load_checkpoint(path)
+        if "policy" not in state:
+            raise ValueError(
+                f"{path} is a data-parallel checkpoint (written by launch/distributed.py); resume it "
+                "with `accelerate launch launch/distributed.py ... train.resume=...`"
+            )
+        self.policy.load_state_dict(state["policy"])
+        if self.reference is not None and state.get("reference") is not None:
+            self.reference.load_state_dict(state["reference"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stream.load_state_dict(state["data"])
+        self.history = state.get("history", [])
+        restore_rng_state(state["rng"])
+        self.step = state["step"]
+        self.engine.sync_weights(self.policy)
+        log.info("resumed from %s at step %d", path, self.step)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.state_dict(),
+            "reference": self.reference.state_dict() if self.reference is not None else None,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "data": self.stream.state_dict(),
+            "history": self.history,
+        }
+
+    # ---------------------------------------------------------------- the loop
+    async def run_async(self) -> dict[str, Any]:
+        from grpo.collect.collector import TrajectoryCollector
+        from tools.manager import SharedToolManager
+
+        cfg = self.config
+        started = time.time()
+        summary: dict[str, Any] = {"run_dir": str(self.run_dir), "backend": self.backend.name}
+        async with SharedToolManager(cfg.tools) as tools:
+            self.collector = TrajectoryCollector(
+                self.engine, self.tokenizer, tools, cfg.environment, cfg.rollout
+            )
+            if cfg.train.eval_before and self.step == 0:
+                before = await self._evaluate("before")
+                summary["success_before"] = before["eval/success_rate"]
+                summary["reward_before"] = before["eval/reward_mean"]
+            while self.step < cfg.train.steps:
+                metrics = await self._one_step(tools)
+                self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
+                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
+                    await self._evaluate(f"step{self.step}")
+                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                    self._save()
+            if cfg.train.eval_after:
+                after = await self._evaluate("after")
+                summary["success_after"] = after["eval/success_rate"]
+                summary["reward_after"] = after["eval/reward_mean"]
+        self._save()
+        if cfg.train.save_final_model:
+            self._save_final_model()
+        summary.update(steps=self.step, wall_minutes=(time.time() - started) / 60)
+        self._write_summary(summary)
+        self.logger.close()
+        self.engine.close()
+        return summary
+
+    def run(self) -> dict[str, Any]:
+        self.setup()
+        return asyncio.run(self.run_async())
+
+    async def _one_step(self, tools) -> dict[str, float]:
+        cfg = self.config
+        t0 = time.time()
+        tasks = self._local_share(self.stream.next_batch())
+        collected = await self.collector.collect(
+            tasks, cfg.algorithm.group_size, seed=cfg.seed, step=self.step
+        )
+        t_rollout = time.time() - t0
+        trajectories = self._trajectories_to_train(collected)
+        if not trajectories:
+            raise TrainingStopped(
+                f"step {self.step}: every episode group failed ({collected.excluded_groups} excluded); "
+                "see the warnings above for the episode errors"
+            )
+        self.engine.sleep()  # vLLM with sleep mode hands its GPU memory to the update meanwhile
+        try:
+            stats = self._train_step(trajectories)
+            self._nonfinite_in_a_row = 0
+        except NonFiniteLossError as exc:
+            self._nonfinite_in_a_row += 1
+            log.warning("step %d: %s; update skipped (%d in a row)", self.step, exc, self._nonfinite_in_a_row)
+            if self._nonfinite_in_a_row >= cfg.algorithm.max_nonfinite_steps:
+                raise TrainingStopped(
+                    f"{self._nonfinite_in_a_row} non-finite losses in a row: stopping "
+                    "(lower algorithm.learning_rate or check the data)"
+                ) from exc
+            stats = {"train/skipped_nonfinite": 1.0}
+        self.step += 1
+        self._after_update()
+        metrics = {
+            **collected.metrics,
+            **stats,
+            **tools.metrics(),
+            "time/rollout_s": t_rollout,
+            "time/step_s": time.time() - t0,
+            "train/lr": self.scheduler.get_last_lr()[0],
+        }
+        metrics = self._reduce_metrics(metrics)
+        tools.reset_metrics()
+        self.logger.log(metrics, self.step)
+        return metrics
+
+    async def _evaluate(self, tag: str) -> dict[str, float]:
+        cfg = self.config
+        held_out = self.val_tasks[: cfg.train.eval_tasks] if cfg.train.eval_tasks else self.val_tasks
+        tasks = self._local_share(held_out)
+        t0 = time.time()
+        metrics: dict[str, float] = {}
+        # evaluate() rejects an empty held-out set; with data parallelism one rank may get no share.
+        if tasks or not held_out:
+            # Transcripts come from the main process only (with data parallelism: its share).
+            transcripts = self.run_dir / "eval" / f"{tag}.jsonl" if self.backend.is_main_process else None
+            metrics = await evaluate(
+                self.collector, tasks, k=1, temperature=cfg.rollout.eval_temperature, seed=cfg.seed,
+                transcripts_path=transcripts,
+            )
+        metrics["eval/seconds"] = time.time() - t0
+        metrics = self._reduce_metrics(metrics, weight=float(len(tasks)))
+        log.info("eval %s: success %.1f%% on %d held-out tasks (%.0f s)", tag,
+                 100 * metrics["eval/success_rate"], len(held_out), metrics["eval/seconds"])
+        self.logger.log({f"{k}": v for k, v in metrics.items()}, self.step)
+        return metrics
+
+    def _save(self) -> None:
+        if self.backend.is_main_process and self._saved_step != self.step:
+            self._saved_step = self.step
+            path = save_checkpoint(self.run_dir, self.step, self.checkpoint_state(),
+                                   keep=self.config.train.keep_checkpoints)
+            log.info("checkpoint: %s", path)
+
+    def _write_summary(self, summary: dict[str, Any]) -> None:
+        if not self.backend.is_main_process:
+            return
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        from grpo.train.plots import plot_curves
+
+        plot_curves(self.history, summary, self.run_dir / "curves.png")
