@@ -34,7 +34,7 @@ def _child(args: argparse.Namespace) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from grpo.config import LoraConfig, ModelConfig
+    from grpo.models.config import LoraConfig, ModelConfig
     from grpo.models.policy import PolicyWithValueHead
 
     baseline_import = _maxrss_mib()

@@ -104,7 +104,7 @@ def _generation(batches: list[int], new_tokens: int = 64) -> dict:
 
 
 def _training(batch: int = 16, length: int = 128, repeats: int = 3) -> dict:
-    from grpo.config import LoraConfig, ModelConfig
+    from grpo.models.config import LoraConfig, ModelConfig
     from grpo.models.policy import PolicyWithValueHead
 
     policy, _ = PolicyWithValueHead.from_config(ModelConfig(), LoraConfig(enabled=False), "cpu")

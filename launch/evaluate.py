@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 from grpo.config import ConfigError, RunConfig, load_config
+from grpo.models.devices import resolve_device
+from grpo.rollout import choose_engine, make_engine
 
 
 def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | None) -> list:
@@ -63,20 +65,20 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
                           num_tasks: int | None, name: str, tasks: list | None = None) -> dict[str, float]:
     """Evaluate on `tasks` (BFCL tasks are scored by category), else on the config's held-out tasks."""
     from environments.tasks.loading import train_validation_split
-    from grpo.backends import make_backend
     from grpo.train.checkpoint import load_checkpoint
     from grpo.collect.collector import TrajectoryCollector
     from grpo.train.evaluation import evaluate
     from grpo.models.policy import PolicyWithValueHead
     from tools.manager import SharedToolManager
 
-    backend = make_backend(config.backend)
-    policy, tokenizer = PolicyWithValueHead.from_config(config.model, config.lora, device=backend.device(),
+    device, _ = resolve_device(config.device)
+    policy, tokenizer = PolicyWithValueHead.from_config(config.model, config.lora, device=device,
                                                         seed=config.seed)
     if checkpoint is not None:
         policy.load_state_dict(load_checkpoint(Path(checkpoint))["policy"])
     policy.eval()
-    engine = backend.make_engine(policy, tokenizer, config)
+    engine_name, _ = choose_engine(config.rollout.engine, device)
+    engine = make_engine(engine_name, policy=policy, tokenizer=tokenizer, config=config, device=device)
     bfcl = tasks is not None
     if tasks is None:
         _, tasks = train_validation_split(config.data)

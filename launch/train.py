@@ -1,6 +1,6 @@
 """Train: `python -m launch.train --config configs/cpu.yaml [dotted.key=value ...] [--dry-run]`.
 
-Resolves the backend (and says why), validates config, model, dataset and MCP servers, then runs
+Resolves the device and rollout engine (and says why), validates config, model, dataset and MCP servers, then runs
 GRPO. Prints the run directory at the end; `summary.json` there holds success before/after.
 """
 
@@ -17,7 +17,7 @@ from grpo.config import ConfigError, load_config
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML run config (see configs/)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.kl_coef=0.05")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.reference.kl_coef=0.05")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate config, model, dataset and MCP servers; do not train")
     return parser.parse_args(argv)

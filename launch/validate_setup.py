@@ -1,6 +1,6 @@
 """Check a run's setup without training: `python -m launch.validate_setup --config X.yaml`.
 
-Dependencies, device/backend, model resolvable, every MCP server starts and lists its tools,
+Dependencies, device and rollout engine, model resolvable, every MCP server starts and lists its tools,
 dataset validates, and the API keys that configured servers need are set (never printed).
 """
 
@@ -15,9 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 from grpo.config import ConfigError, RunConfig, load_config
+from grpo.models.devices import DeviceUnavailable, resolve_device
+from grpo.rollout import choose_engine
 
 _REQUIRED = ("torch", "transformers", "peft", "mcp", "pydantic", "yaml", "anyio")
-_OPTIONAL = {"vllm": "vllm backend", "deepspeed": "deepspeed backend", "bitsandbytes": "4-bit QLoRA",
+_OPTIONAL = {"vllm": "vllm rollout engine", "deepspeed": "ZeRO-3 under launch/distributed.py", "bitsandbytes": "4-bit QLoRA",
              "wandb": "wandb logging"}
 
 
@@ -43,13 +45,13 @@ async def validate(config: RunConfig) -> Report:
         found = importlib.util.find_spec(name) is not None
         print(f"  [{'ok' if found else '--'}] optional package {name} ({purpose})")
 
-    from grpo.backends import BackendUnavailable, make_backend
-
     try:
-        backend = make_backend(config.backend)
-        report.add(True, f"backend {backend.name} on {backend.device()} ({backend.reason})")
-    except (BackendUnavailable, ValueError) as exc:
-        report.add(False, f"backend: {exc}")
+        device, why = resolve_device(config.device)
+        report.add(True, f"device {device} ({why})")
+        engine, why = choose_engine(config.rollout.engine, device)
+        report.add(True, f"rollout engine {engine} ({why})")
+    except (DeviceUnavailable, ValueError) as exc:
+        report.add(False, f"device/engine: {exc}")
 
     from grpo.models.source import ModelSourceError, load_tokenizer, resolve_model_dir
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from grpo.algorithm.config import OutcomeAdvantageConfig
+from grpo.algorithm.estimators import ESTIMATORS
 from conftest import assert_close_to
 
 from grpo.algorithm.advantages import (
@@ -11,7 +14,6 @@ from grpo.algorithm.advantages import (
     dr_grpo_advantages,
     gae,
     grpo_advantages,
-    outcome_advantages,
     rloo_advantages,
     token_rewards_from_outcome,
     whiten_advantages,
@@ -57,21 +59,22 @@ def test_zero_variance_groups_give_exactly_zero(method):
     rewards = tensor([0.9, 0.9, 0.9], [1.0, 0.0, 1.0])
     # In fp32, 0.9 - mean([0.9, 0.9, 0.9]) is 6e-8, not 0: naive (r - mean) / (std + 1e-6) ~ 0.06.
     assert (rewards[0] - rewards[0].mean()).abs().max() > 0
-    advantages = outcome_advantages(rewards, method)
+    advantages = ESTIMATORS[method].compute(rewards, OutcomeAdvantageConfig(estimator=method))
     assert torch.equal(advantages[0], torch.zeros(3))
     assert advantages[1].abs().min() > 0.1
 
 
-def test_outcome_advantages_dispatch_and_errors():
+def test_estimator_registry_entries():
     rewards = tensor(GROUP)
-    assert torch.equal(outcome_advantages(rewards, "rloo"), rloo_advantages(rewards))
-    assert torch.equal(
-        outcome_advantages(rewards, "grpo", normalize_std=False), dr_grpo_advantages(rewards)
-    )
-    with pytest.raises(ValueError, match="token-level"):
-        outcome_advantages(rewards, "gae")
-    with pytest.raises(ValueError, match="options"):
-        outcome_advantages(rewards, "ppo")
+    config = OutcomeAdvantageConfig(estimator="rloo")
+    assert torch.equal(ESTIMATORS["rloo"].compute(rewards, config), rloo_advantages(rewards))
+    no_std = OutcomeAdvantageConfig(estimator="grpo", normalize_std=False)
+    assert torch.equal(ESTIMATORS["grpo"].compute(rewards, no_std), dr_grpo_advantages(rewards))
+    assert [(n, e.token_level, e.needs_values) for n, e in ESTIMATORS.items()] == [
+        ("grpo", False, False), ("dr_grpo", False, False), ("rloo", False, False), ("gae", True, True)]
+    # The config's estimator names and the registry's are the same set.
+    names = {*OutcomeAdvantageConfig.model_fields["estimator"].annotation.__args__, "gae"}
+    assert names == set(ESTIMATORS)
     with pytest.raises(ValueError, match="num_groups"):
         grpo_advantages(torch.tensor(GROUP))
 

@@ -26,7 +26,7 @@ from environments.tasks.loading import generate_tasks
 from environments.mcp_tool.env import MCPToolEnvironment
 from grpo.collect import chat_tokens
 from grpo.collect.collector import TrajectoryCollector, turn_seed
-from grpo.config import RolloutConfig
+from grpo.rollout.config import RolloutConfig
 from grpo.rollout.base import GenerationResult, RolloutEngine
 from grpo.rollout.hf import HFEngine
 

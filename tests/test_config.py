@@ -5,9 +5,9 @@ from grpo.config import ConfigError, RunConfig, load_config, parse_override, sav
 
 
 def test_defaults_and_dotted_overrides_parse_values_as_yaml():
-    cfg = load_config(None, ["algorithm.kl_coef=0.05", "train.steps=3", "lora.enabled=true",
+    cfg = load_config(None, ["algorithm.reference.kl_coef=0.05", "train.steps=3", "lora.enabled=true",
                              "lora.target_modules=[q_proj, v_proj]"])
-    assert cfg.algorithm.kl_coef == 0.05
+    assert cfg.algorithm.reference.kl_coef == 0.05
     assert cfg.train.steps == 3
     assert cfg.lora.enabled is True
     assert cfg.lora.target_modules == ["q_proj", "v_proj"]
@@ -15,15 +15,43 @@ def test_defaults_and_dotted_overrides_parse_values_as_yaml():
 
 def test_bad_choice_names_the_field_and_the_allowed_values():
     with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.reference.kl=sometimes"])
+    assert "algorithm.reference.kl: got 'sometimes'; allowed values: 'off', 'loss' or 'reward'" in str(err.value)
+
+
+def test_unknown_key_and_bad_device_are_named():
+    with pytest.raises(ConfigError, match=r"algorithm\.reference\.kl_coeff: unknown key"):
+        load_config(None, ["algorithm.reference.kl_coeff=0.1"])
+    with pytest.raises(ConfigError, match=r"device: got 'tpu'; allowed values: 'auto', 'cpu', 'cuda' or 'mps'"):
+        load_config(None, ["device=tpu"])
+    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'tgi'; allowed values: 'auto', 'hf' or 'vllm'"):
+        load_config(None, ["rollout.engine=tgi"])
+
+
+def test_advantage_is_a_union_on_the_estimator():
+    cfg = load_config(None, ["algorithm.advantage.estimator=gae", "algorithm.advantage.gamma=1.0"])
+    assert (cfg.algorithm.advantage.estimator, cfg.algorithm.advantage.gamma, cfg.algorithm.advantage.lam) == ("gae", 1.0, 0.95)
+    assert load_config(None, ["algorithm.advantage=rloo"]).algorithm.advantage.estimator == "rloo"
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.advantage.gamma=0.9"])  # gamma belongs to gae only
+    assert ("algorithm.advantage.gamma: unknown key for estimator 'grpo' (gamma and lam exist only "
+            "with estimator: gae)") in str(err.value)
+    with pytest.raises(ConfigError) as err:
         load_config(None, ["algorithm.advantage=ppo"])
-    assert "algorithm.advantage: got 'ppo'; allowed values: 'grpo', 'dr_grpo', 'rloo' or 'gae'" in str(err.value)
+    assert "algorithm.advantage.estimator: got 'ppo'; allowed values: 'grpo', 'dr_grpo', 'rloo', 'gae'" in str(err.value)
 
 
-def test_unknown_key_and_bad_backend_are_named():
-    with pytest.raises(ConfigError, match=r"algorithm\.kl_coeff: unknown key"):
-        load_config(None, ["algorithm.kl_coeff=0.1"])
-    with pytest.raises(ConfigError, match=r"backend: got 'tpu'; allowed values: 'auto', 'vllm', 'hf', 'deepspeed', 'mps' or 'cpu'"):
-        load_config(None, ["backend=tpu"])
+def test_keys_from_an_older_release_name_their_new_place():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["backend=hf", "algorithm.kl_in_reward=true", "algorithm.micro_batch_size=4"])
+    text = str(err.value)
+    assert "keys from an older release" in text
+    assert "backend: moved; `backend` was split in two: `device: auto|cpu|cuda|mps`" in text
+    assert "hf -> device=cuda rollout.engine=hf" in text
+    assert "algorithm.kl_in_reward: moved; algorithm.reference.kl: reward (or loss, or off)" in text
+    assert "algorithm.micro_batch_size: moved; algorithm.optimizer.micro_batch_size" in text
+    with pytest.raises(ConfigError, match="vllm.enabled: moved; use `rollout.engine: hf`"):
+        load_config(None, ["vllm.enabled=false"])
 
 
 def test_out_of_range_value_is_named():

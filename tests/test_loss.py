@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import assert_close_to
 
-from grpo.config import AlgorithmConfig
+from grpo.algorithm.config import AlgorithmConfig
 from grpo.algorithm.loss import (
     LossInputs,
     LossSettings,
@@ -33,7 +33,7 @@ def log_ratios(*ratios: float) -> torch.Tensor:
     return torch.tensor([[math.log(r) for r in ratios]], requires_grad=True)
 
 
-ONLY_PG = LossSettings(kl_coef=0.0)
+ONLY_PG = LossSettings(kl="off")
 
 
 def policy_grad(policy: torch.Tensor, advantages: torch.Tensor, settings: LossSettings):
@@ -111,7 +111,7 @@ def test_dual_clip_bounds_negative_advantage_loss():
     #        r = 4, A = +1: max(-4, -1.2) = -1.2; dual-clip leaves A > 0 alone.
     policy = log_ratios(4.0, 2.0, 4.0)
     advantages = tensor([-1.0, -1.0, 1.0])
-    loss, metrics, grad = policy_grad(policy, advantages, LossSettings(kl_coef=0.0, dual_clip=3.0))
+    loss, metrics, grad = policy_grad(policy, advantages, LossSettings(kl="off", dual_clip=3.0))
     assert_close_to(loss, (3.0 + 2.0 - 1.2) / 3)
     assert_close_to(grad, [[0.0, 2.0 / 3, 0.0]])
     assert_close_to(metrics["dual_clip_frac"], 1 / 3)
@@ -140,7 +140,7 @@ def test_fully_masked_row_contributes_nothing_even_with_nan_padding():
     advantages = tensor(2.0, NAN)
     mask = tensor([1.0], [0.0])
     for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
-        settings = LossSettings(kl_coef=0.0, loss_agg=agg, norm_length=1.0)
+        settings = LossSettings(kl="off", loss_agg=agg, norm_length=1.0)
         loss, metrics = compute_policy_loss(LossInputs(policy, old, advantages, mask), settings)
         (grad,) = torch.autograd.grad(loss, policy)
         # every mode divides by 1 here: 1 token, 1 non-empty sequence, L = 1
@@ -230,7 +230,7 @@ def test_kl_in_reward_removes_the_kl_term_from_the_loss():
     inputs = LossInputs(
         policy, policy.clone(), tensor([0.0, 0.0]), torch.ones(1, 2), ref_logprobs=ref
     )
-    loss, metrics = compute_policy_loss(inputs, LossSettings(kl_coef=0.1, kl_in_reward=True))
+    loss, metrics = compute_policy_loss(inputs, LossSettings(kl_coef=0.1, kl="reward"))
     assert loss.item() == 0.0
     assert "kl_loss" not in metrics
     assert_close_to(metrics["kl_ref"], 0.25)  # still reported
@@ -275,7 +275,7 @@ def test_value_clipping():
         zeros, zeros, zeros, torch.ones(1, 3), values=values, old_values=old_values, returns=returns
     )
     loss, metrics = compute_policy_loss(
-        inputs, LossSettings(kl_coef=0.0, value_coef=0.5, value_clip=0.2)
+        inputs, LossSettings(kl="off", value_coef=0.5, value_clip=0.2)
     )
     assert_close_to(loss, 0.5 * 0.85 / 3)
     assert_close_to(metrics["value_loss"], 0.85 / 3)
@@ -290,7 +290,7 @@ def test_entropy_bonus_is_subtracted():
     entropy = tensor([1.0, 2.0, 100.0], requires_grad=True)
     zeros = torch.zeros(1, 3)
     inputs = LossInputs(zeros, zeros, zeros, tensor([1, 1, 0]), entropy=entropy)
-    loss, metrics = compute_policy_loss(inputs, LossSettings(kl_coef=0.0, entropy_coef=0.01))
+    loss, metrics = compute_policy_loss(inputs, LossSettings(kl="off", entropy_coef=0.01))
     assert_close_to(loss, -0.015)
     assert_close_to(metrics["entropy"], 1.5)
     (grad,) = torch.autograd.grad(loss, entropy)
@@ -298,7 +298,7 @@ def test_entropy_bonus_is_subtracted():
     with pytest.raises(ValueError, match="entropy"):
         compute_policy_loss(
             LossInputs(zeros, zeros, zeros, tensor([1, 1, 0])),
-            LossSettings(kl_coef=0.0, entropy_coef=0.01),
+            LossSettings(kl="off", entropy_coef=0.01),
         )
 
 
@@ -410,27 +410,24 @@ def test_micro_batch_losses_sum_to_the_full_minibatch_loss(loss_agg):
 
 
 def test_settings_from_config_and_validation():
-    # Every loss field of the algorithm config, each set away from its default.
-    fields = {
-        "clip_low": 0.1,
-        "clip_high": 0.28,
-        "dual_clip": 3.0,
-        "kl_coef": 0.05,
-        "kl_estimator": "k2",
-        "kl_in_reward": True,
-        "value_coef": 0.25,
-        "value_clip": None,
-        "entropy_coef": 0.001,
-        "loss_agg": "seq_mean_token_sum_norm",
-    }
-    settings = LossSettings.from_config(AlgorithmConfig(**fields), norm_length=512)
-    assert settings == LossSettings(**fields, norm_length=512)
+    # Every loss field of the algorithm config's sections, each set away from its default.
+    loss = {"clip_low": 0.1, "clip_high": 0.28, "dual_clip": 3.0, "value_coef": 0.25,
+            "value_clip": None, "entropy_coef": 0.001, "loss_agg": "seq_mean_token_sum_norm"}
+    reference = {"kl": "reward", "kl_coef": 0.05, "kl_estimator": "k2"}
+    algorithm = AlgorithmConfig(loss=loss, reference=reference)
+    settings = LossSettings.from_config(algorithm, norm_length=512)
+    assert settings == LossSettings(**loss, **reference, norm_length=512)
     assert not settings.kl_in_loss
     assert LossSettings().kl_in_loss and LossSettings().kl_coef == 0.01
+    assert not LossSettings(kl="off").kl_in_loss
     with pytest.raises(ValueError, match="token_sum"):
         LossSettings(loss_agg="token_sum")
     with pytest.raises(ValueError, match="dual_clip"):
         LossSettings(dual_clip=1.0)
+    with pytest.raises(ValueError, match="kl_coef > 0"):
+        LossSettings(kl="loss", kl_coef=0.0)
+    with pytest.raises(ValueError, match="kl 'sometimes' is unknown"):
+        LossSettings(kl="sometimes")
 
 
 def test_shape_mismatch_names_the_tensor():

@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo.config import LoraConfig, ModelConfig
-from grpo.models.devices import autocast_context, compute_dtype, pick_device
-from grpo.models.policy import VALUE_HEAD_FILE, PolicyWithValueHead
+from grpo.models.config import LoraConfig, ModelConfig
+from grpo.models.devices import DeviceUnavailable, autocast_context, compute_dtype, resolve_device
+from grpo.models.export import VALUE_HEAD_FILE, load_value_head, save_pretrained
+from grpo.models.policy import PolicyWithValueHead
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 
@@ -251,7 +252,7 @@ def test_save_pretrained_lora_writes_adapter_merged_model_and_value_head(tmp_pat
     policy = _policy(lora=True)
     with torch.no_grad():
         policy.value_head.bias.fill_(0.5)
-    written = policy.save_pretrained(tmp_path, merged=True)
+    written = save_pretrained(policy, tmp_path, merged=True)
     assert written["model"] == tmp_path and (tmp_path / "config.json").is_file()
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     assert (tmp_path / VALUE_HEAD_FILE).is_file() and (tmp_path / "tokenizer_config.json").is_file()
@@ -278,12 +279,12 @@ def test_save_pretrained_lora_writes_adapter_merged_model_and_value_head(tmp_pat
         torch.testing.assert_close(policy(input_ids, attention_mask).logprobs, want, atol=0, rtol=0)
 
     fresh = _policy(lora=True, adapter_seed=9)
-    fresh.load_value_head(tmp_path)
+    load_value_head(fresh, tmp_path)
     torch.testing.assert_close(fresh.value_head.bias, torch.tensor([0.5]))
 
 
 def test_save_pretrained_lora_adapter_only(tmp_path):
-    written = _policy(lora=True).save_pretrained(tmp_path, merged=False)
+    written = save_pretrained(_policy(lora=True), tmp_path, merged=False)
     assert "model" not in written and not (tmp_path / "config.json").exists()
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
 
@@ -292,7 +293,7 @@ def test_save_pretrained_full_loads_in_transformers(tmp_path):
     policy = _policy()
     with torch.no_grad():
         policy.model.model.norm.weight.mul_(1.5)  # a trained-looking change
-    policy.save_pretrained(tmp_path)
+    save_pretrained(policy, tmp_path)
     input_ids, attention_mask = _batch()
     valid = attention_mask[:, 1:].bool()
     with torch.no_grad():
@@ -334,10 +335,13 @@ def test_no_value_head_refuses_values():
 # ----- grpo/devices.py ---------------------------------------------------------------------------
 
 
-def test_pick_device_and_dtypes():
-    assert pick_device("cpu") == torch.device("cpu")
-    with pytest.raises(ValueError, match="auto, vllm, hf, deepspeed, mps, cpu"):
-        pick_device("tpu")
+def test_resolve_device_and_dtypes():
+    assert resolve_device("cpu") == (torch.device("cpu"), "requested in config")
+    assert resolve_device("auto") == (torch.device("cpu"), "auto: no CUDA or MPS device found")
+    with pytest.raises(ValueError, match="allowed values: auto, cpu, cuda, mps"):
+        resolve_device("tpu")
+    with pytest.raises(DeviceUnavailable, match=r"device=cuda: torch.cuda.is_available\(\) is False"):
+        resolve_device("cuda")
     cpu = torch.device("cpu")
     assert compute_dtype(cpu, "float32") == torch.float32
     assert compute_dtype(cpu, "bfloat16") == torch.bfloat16

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo.models import devices
-from grpo.config import LoraConfig, ModelConfig
+from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.algorithm.reference import LoraEMAReference
 from grpo.rollout import sampling

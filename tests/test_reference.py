@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.config import AlgorithmConfig, LoraConfig, ModelConfig
+from grpo.algorithm.config import ReferenceConfig
+from grpo.models.config import LoraConfig, ModelConfig
+from grpo.models.peft_weights import lm_tensors
 from grpo.models.source import build_tiny_model
 from grpo.models.policy import PolicyWithValueHead
 from grpo.algorithm.reference import FullCopyEMAReference, LoraEMAReference, ema_update_, make_reference
@@ -79,7 +81,7 @@ def test_maybe_update_runs_every_n_steps():
 def test_lora_reference_starts_equal_to_policy_and_leaves_policy_untouched():
     policy = _policy(lora=True)
     _randomize(policy, seed=1, only="lora_B")
-    ref = make_reference(policy, AlgorithmConfig(ref_ema_decay=0.9, ref_update_every=1))
+    ref = make_reference(policy, ReferenceConfig(ema_decay=0.9, update_every=1))
     assert isinstance(ref, LoraEMAReference)
     start = _policy_logprobs(policy, temperature=0.8)
     torch.testing.assert_close(
@@ -132,10 +134,10 @@ def test_lora_ema_equals_merged_ema_when_only_b_moves(tokenizer):
     decay = 0.7
     policy = _policy(lora=True)
     _randomize(policy, seed=1, only="lora_B")
-    merged_before = {k: v.clone() for k, v in policy.merged_state_dict().items()}
+    merged_before = {k: v.clone() for k, v in lm_tensors(policy.model).items()}
     ref = LoraEMAReference(policy, decay=decay, update_every=1)
     _randomize(policy, seed=2, only="lora_B")
-    merged_after = policy.merged_state_dict()
+    merged_after = lm_tensors(policy.model)
     ref.update()
 
     # The full-weight EMA of the merged weights, in a plain model.
@@ -203,7 +205,7 @@ def test_full_copy_reference(offload):
     decay = 0.25
     policy = _policy(lora=False)
     ref = make_reference(
-        policy, AlgorithmConfig(ref_ema_decay=decay, ref_update_every=2, ref_offload_to_cpu=offload)
+        policy, ReferenceConfig(ema_decay=decay, update_every=2, offload_to_cpu=offload)
     )
     assert isinstance(ref, FullCopyEMAReference) and ref.offload_to_cpu == offload
     assert all(p.device.type == "cpu" and not p.requires_grad for p in ref.model.parameters())

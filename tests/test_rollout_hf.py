@@ -324,4 +324,4 @@ def test_make_engine_names_the_options(model, tokenizer):
     assert isinstance(make_engine("hf", policy=model, tokenizer=tokenizer), HFEngine)
     with pytest.raises(ValueError, match="options: hf, vllm"):
         make_engine("nope", policy=model)
-    assert ENGINES == ("hf", "vllm")
+    assert tuple(ENGINES) == ("hf", "vllm")

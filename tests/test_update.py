@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from grpo.config import AlgorithmConfig, LoraConfig, ModelConfig
+from grpo.algorithm.config import AlgorithmConfig, OptimizerConfig, ReferenceConfig
+from grpo.models.config import LoraConfig, ModelConfig
 from grpo.algorithm.loss import LossSettings
 from grpo.models.policy import PolicyWithValueHead
 from grpo.algorithm.reference import make_reference
@@ -49,14 +50,16 @@ def _trajectories(policy, rewards: list[list[float]], seed: int = 0) -> list[Tra
     return out
 
 
-def _settings(**overrides) -> UpdateSettings:
-    loss = LossSettings(**overrides.pop("loss", {}))
-    return UpdateSettings(loss=loss, micro_batch_size=overrides.pop("micro_batch_size", 4), **overrides)
+def _settings(*, loss=None, advantage="grpo", skip_zero_advantage=True, **schedule) -> UpdateSettings:
+    schedule.setdefault("micro_batch_size", 4)
+    return UpdateSettings(loss=LossSettings(**(loss or {})),
+                          advantage=AlgorithmConfig(advantage=advantage).advantage,
+                          schedule=OptimizerConfig(**schedule), skip_zero_advantage=skip_zero_advantage)
 
 
 def _adam(policy, lr=1e-3):
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
-    return opt, make_scheduler(opt, AlgorithmConfig(warmup_steps=0))
+    return opt, make_scheduler(opt, OptimizerConfig(warmup_steps=0))
 
 
 def _snapshot(policy):
@@ -68,7 +71,7 @@ def test_on_policy_single_pass_has_ratio_exactly_one_and_updates_weights():
     trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
     before = _snapshot(policy)
     opt, sched = _adam(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}))
     assert stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert stats["train/ratio_std"] == pytest.approx(0.0, abs=1e-6)
     assert stats["train/clip_frac"] == 0.0
@@ -93,7 +96,7 @@ def test_mismatch_distribution_reports_mean_median_p99_and_max(check):
         t.behavior_logprobs = shifted
     n = sum(sum(t.loss_mask[1:]) for t in trajs)
     opt, sched = _adam(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}),
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}),
                        check_logprobs=check)
     assert stats["train/logprob_mismatch"] == pytest.approx((0.3 + 0.01 * (n - 1)) / n, abs=1e-5)
     assert stats["train/logprob_mismatch_p50"] == pytest.approx(0.01, abs=1e-5)
@@ -111,7 +114,7 @@ def test_step0_check_refuses_mismatched_engine_logprobs_and_leaves_weights_alone
     before = _snapshot(policy)
     opt, sched = _adam(policy)
     with pytest.raises(LogprobMismatchError, match=r"mean \|trainer - engine\| log-prob .* 0\.5000"):
-        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}), check_logprobs=True)
+        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}), check_logprobs=True)
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
 
 
@@ -120,7 +123,7 @@ def test_zero_variance_groups_give_no_policy_gradient():
     trajs = _trajectories(policy, [[1.0, 1.0], [0.0, 0.0]])
     opt, sched = _adam(policy)
     stats = train_step(policy, None, opt, sched, trajs,
-                       _settings(loss={"kl_coef": 0.0}, skip_zero_advantage=False))
+                       _settings(loss={"kl": "off"}, skip_zero_advantage=False))
     assert stats["train/zero_variance_groups"] == 1.0
     assert stats["train/grad_norm"] == 0.0
     assert stats["train/policy_loss"] == 0.0
@@ -134,8 +137,8 @@ def test_zero_advantage_sequences_are_skipped_without_changing_the_update():
         policy = _policy(value_head=False)
         trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
         opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
-        stats = train_step(policy, None, opt, make_scheduler(opt, AlgorithmConfig()), trajs,
-                           _settings(loss={"kl_coef": 0.0}, skip_zero_advantage=skip))
+        stats = train_step(policy, None, opt, make_scheduler(opt, OptimizerConfig()), trajs,
+                           _settings(loss={"kl": "off"}, skip_zero_advantage=skip))
         assert stats["train/skipped_sequences"] == (0.5 if skip else 0.0)
         results.append(_snapshot(policy))
     for a, b in zip(*results):
@@ -147,7 +150,7 @@ def test_all_zero_advantages_skip_the_optimizer_step():
     trajs = _trajectories(policy, [[0.0, 0.0], [1.0, 1.0]])
     before = _snapshot(policy)
     opt, sched = _adam(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}))
     assert stats["train/skipped_sequences"] == 1.0 and stats["train/optimizer_steps"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
 
@@ -159,9 +162,9 @@ def test_micro_batch_size_does_not_change_the_gradient():
         policy = _policy(value_head=False)
         trajs = _trajectories(policy, [[1.0, 0.0, 0.5, 0.0], [0.2, 1.0, 0.0, 0.0]])
         opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
-        sched = make_scheduler(opt, AlgorithmConfig())
+        sched = make_scheduler(opt, OptimizerConfig())
         train_step(policy, None, opt, sched, trajs,
-                   _settings(loss={"kl_coef": 0.0, "loss_agg": "seq_mean_token_mean"}, micro_batch_size=micro))
+                   _settings(loss={"kl": "off", "loss_agg": "seq_mean_token_mean"}, micro_batch_size=micro))
         results.append(_snapshot(policy))
     for other in results[1:]:
         for a, b in zip(results[0], other):
@@ -170,7 +173,7 @@ def test_micro_batch_size_does_not_change_the_gradient():
 
 def test_several_epochs_move_ratios_and_report_kl_to_reference():
     policy = _policy(value_head=False)
-    reference = make_reference(policy, AlgorithmConfig(ref_ema_decay=1.0, ref_update_every=1))
+    reference = make_reference(policy, ReferenceConfig(ema_decay=1.0, update_every=1))
     trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
     opt, sched = _adam(policy, lr=3e-3)
     settings = _settings(loss={"kl_coef": 0.1, "clip_low": 0.1, "clip_high": 0.1}, ppo_epochs=3,
@@ -187,7 +190,7 @@ def test_gae_trains_the_value_head():
     trajs = _trajectories(policy, [[1.0, 0.0], [0.0, 1.0]])
     opt, sched = _adam(policy)
     head_before = policy.value_head.weight.detach().clone()
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}, advantage="gae"))
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}, advantage="gae"))
     assert stats["train/value_loss"] > 0.0
     assert not torch.equal(head_before, policy.value_head.weight)
 
@@ -198,20 +201,20 @@ def test_non_finite_reward_skips_the_update():
     before = _snapshot(policy)
     opt, sched = _adam(policy)
     with pytest.raises(NonFiniteLossError):
-        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl_coef": 0.0}))
+        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}))
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
 
 
 def test_kl_in_reward_lowers_the_reward_of_the_sequence_that_drifted():
     policy = _policy(value_head=False)
-    reference = make_reference(policy, AlgorithmConfig(ref_ema_decay=1.0))
+    reference = make_reference(policy, ReferenceConfig(ema_decay=1.0))
     with torch.no_grad():  # move the policy away from its reference
         for p in policy.trainable_parameters():
             p.add_(0.05 * torch.randn_like(p))
     trajs = _trajectories(policy, [[1.0, 1.0]])
     opt, sched = _adam(policy)
     stats = train_step(policy, reference, opt, sched, trajs,
-                       _settings(loss={"kl_coef": 1.0, "kl_in_reward": True, "kl_estimator": "k1"}))
+                       _settings(loss={"kl_coef": 1.0, "kl": "reward", "kl_estimator": "k1"}))
     # Equal rewards, but the KL penalties differ: the group is no longer zero-variance in effect.
     assert stats["train/grad_norm"] > 0.0
     assert "train/kl_loss" not in stats

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from grpo.config import LoraConfig, ModelConfig, RunConfig
+from grpo.config import RunConfig
+from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.vllm import VLLMApi, VLLMEngine, VLLMUnavailable
@@ -224,27 +224,28 @@ def test_missing_vllm_or_cuda_is_a_clear_error(tokenizer):
         make_engine("vllm", policy=_policy(False), tokenizer=tokenizer, config=RunConfig())
 
 
-def test_enable_vllm_0_falls_back_to_the_hf_engine(monkeypatch, caplog, tokenizer):
-    from grpo.backends import VLLMBackend
-    from grpo.rollout.hf import HFEngine
+def test_choose_engine_resolves_auto_and_the_enable_vllm_fallback(monkeypatch):
+    from grpo.rollout import choose_engine
 
-    monkeypatch.setattr(VLLMBackend, "device", lambda self: torch.device("cpu"))
-    monkeypatch.setenv("ENABLE_VLLM", "0")
-    with caplog.at_level(logging.INFO, logger="grpo.backends"):
-        engine = VLLMBackend().make_engine(_policy(False), tokenizer, RunConfig())
-    assert isinstance(engine, HFEngine) and "disabled by ENABLE_VLLM" in caplog.text
-    monkeypatch.delenv("ENABLE_VLLM")
-    config = RunConfig.model_validate({"vllm": {"enabled": False}})
-    assert isinstance(VLLMBackend().make_engine(_policy(False), tokenizer, config), HFEngine)
-    monkeypatch.setenv("ENABLE_VLLM", "perhaps")
-    with pytest.raises(ValueError, match="ENABLE_VLLM"):
-        VLLMBackend().make_engine(_policy(False), tokenizer, RunConfig())
-
-
-@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed")
-def test_vllm_backend_without_the_package_names_the_way_out(monkeypatch):
-    from grpo.backends import BackendUnavailable, VLLMBackend
-
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     monkeypatch.delenv("ENABLE_VLLM", raising=False)
-    with pytest.raises(BackendUnavailable, match="ENABLE_VLLM=0"):
-        VLLMBackend().device()
+    assert choose_engine("hf", cuda) == ("hf", "requested in config")
+    assert choose_engine("vllm", cuda) == ("vllm", "requested in config")
+    assert choose_engine("auto", cpu) == ("hf", "auto: vLLM needs CUDA, the policy trains on cpu")
+    if not HAS_VLLM:
+        assert choose_engine("auto", cuda) == ("hf", "auto: the vllm package is not installed")
+    monkeypatch.setenv("ENABLE_VLLM", "0")
+    assert choose_engine("vllm", cuda) == ("hf", "ENABLE_VLLM=0 in the environment")
+    assert choose_engine("auto", cuda) == ("hf", "ENABLE_VLLM=0 in the environment")
+    monkeypatch.setenv("ENABLE_VLLM", "perhaps")
+    with pytest.raises(ValueError, match="ENABLE_VLLM must be 0 or 1"):
+        choose_engine("vllm", cuda)
+    with pytest.raises(ValueError, match="unknown rollout engine 'tgi'; options: auto, hf, vllm"):
+        choose_engine("tgi", cpu)
+
+
+def test_vllm_on_a_cpu_device_is_a_config_error():
+    from grpo.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match="rollout.engine=vllm needs device cuda"):
+        config_from_dict({"device": "cpu", "rollout": {"engine": "vllm"}})

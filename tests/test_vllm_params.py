@@ -7,7 +7,8 @@ import importlib.util
 
 import pytest
 
-from grpo.config import RunConfig, VLLMConfig, load_config
+from grpo.config import RunConfig, load_config
+from grpo.rollout.config import VLLMConfig
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.vllm_params import (
     PROCESSED,
@@ -33,7 +34,7 @@ def _request(prompt=(1, 2, 3), rid="r", **sampling) -> GenerationRequest:
 
 def test_defaults_and_shipped_vllm_config():
     cfg = load_config("configs/vllm.yaml")
-    assert cfg.backend == "auto" and cfg.lora.enabled
+    assert (cfg.device, cfg.rollout.engine) == ("cuda", "vllm") and cfg.lora.enabled
     assert cfg.vllm.gpu_memory_utilization == 0.3 and cfg.vllm.max_model_len is None
     assert RunConfig().vllm == VLLMConfig()
     resolved = resolve_vllm_config(VLLMConfig(), environ={})
@@ -41,26 +42,17 @@ def test_defaults_and_shipped_vllm_config():
 
 
 def test_environment_overrides_the_config():
-    env = {
-        "ENABLE_VLLM": "0",
-        "VLLM_MAX_MODEL_LEN": "4096",
-        "VLLM_GPU_MEMORY_UTILIZATION": "0.45",
-    }
+    env = {"VLLM_MAX_MODEL_LEN": "4096", "VLLM_GPU_MEMORY_UTILIZATION": "0.45"}
     resolved = resolve_vllm_config(VLLMConfig(max_model_len=1024), environ=env)
-    assert (resolved.enabled, resolved.max_model_len, resolved.gpu_memory_utilization) == (
-        False,
-        4096,
-        0.45,
-    )
+    assert (resolved.max_model_len, resolved.gpu_memory_utilization) == (4096, 0.45)
     # Empty values count as unset; the config's values stay.
-    blank = {"ENABLE_VLLM": "", "VLLM_MAX_MODEL_LEN": " ", "VLLM_GPU_MEMORY_UTILIZATION": ""}
+    blank = {"VLLM_MAX_MODEL_LEN": " ", "VLLM_GPU_MEMORY_UTILIZATION": ""}
     assert resolve_vllm_config(VLLMConfig(max_model_len=1024), environ=blank).max_model_len == 1024
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("ENABLE_VLLM", "maybe"),
         ("VLLM_MAX_MODEL_LEN", "abc"),
         ("VLLM_MAX_MODEL_LEN", "8"),
         ("VLLM_MAX_MODEL_LEN", "1.5"),
@@ -74,11 +66,12 @@ def test_bad_environment_values_name_the_variable(name, value):
         resolve_vllm_config(VLLMConfig(), environ={name: value})
 
 
-def test_enable_vllm_spellings_and_precedence():
-    for raw, want in [("1", True), ("true", True), ("YES", True), ("0", False), ("off", False)]:
-        assert vllm_enabled(True, {"ENABLE_VLLM": raw}) is want
-        assert vllm_enabled(False, {"ENABLE_VLLM": raw}) is want  # the variable wins
-    assert vllm_enabled(False, {}) is False and vllm_enabled(True, {}) is True
+def test_enable_vllm_spellings():
+    for raw, want in [("1", True), ("true", True), ("YES", True), ("0", False), ("off", False), ("", True)]:
+        assert vllm_enabled({"ENABLE_VLLM": raw}) is want
+    assert vllm_enabled({}) is True
+    with pytest.raises(VLLMSettingsError, match="ENABLE_VLLM must be 0 or 1"):
+        vllm_enabled({"ENABLE_VLLM": "maybe"})
 
 
 def test_config_rejects_out_of_range_fraction():

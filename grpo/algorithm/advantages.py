@@ -15,9 +15,6 @@ from collections.abc import Sequence
 
 import torch
 
-OUTCOME_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
-
-
 def _zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:
     """[num_groups, 1] bool: every reward in the group is identical. Such a group carries no
     signal; its advantages are set to exactly 0, because (r - mean) in floating point is not
@@ -63,25 +60,6 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     group_size = rewards.shape[1]
     leave_one_out_mean = (rewards.sum(dim=-1, keepdim=True) - rewards) / (group_size - 1)  # [N, G]
     return torch.where(_zero_variance_groups(rewards), 0.0, rewards - leave_one_out_mean)
-
-
-def outcome_advantages(
-    rewards: torch.Tensor, method: str, normalize_std: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """Per-episode advantages [num_groups, G] from rewards [num_groups, G] by `method`."""
-    if method == "grpo":
-        return grpo_advantages(rewards, normalize_std, eps)
-    if method == "dr_grpo":
-        return dr_grpo_advantages(rewards)
-    if method == "rloo":
-        return rloo_advantages(rewards)
-    if method == "gae":
-        raise ValueError(
-            "advantage 'gae' is token-level: use gae(token_rewards, values, loss_mask)"
-        )
-    raise ValueError(
-        f"advantage method {method!r} is unknown; options: {OUTCOME_METHODS + ('gae',)}"
-    )
 
 
 def broadcast_to_tokens(seq_advantages: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
-    from grpo.config import AlgorithmConfig
+    from grpo.algorithm.config import AlgorithmConfig
 
 LOSS_AGG_MODES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+KL_MODES: tuple[str, ...] = ("off", "loss", "reward")
 
 # exp() of a log-ratio beyond this overflows nothing in fp32 (e^20 ~ 5e8) and never binds on
 # tokens whose probabilities are within a factor of 10^8 of each other.
@@ -34,14 +35,15 @@ _MAX_LOG_RATIO = 20.0
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The loss options as plain values (see `AlgorithmConfig` for each field's meaning)."""
+    """The loss options as plain values (see grpo/algorithm/config.py for each field's meaning)."""
 
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    kl: str = "loss"
+    """Where the KL to the reference acts: `loss`, `reward` (a penalty on rewards) or `off`."""
     kl_coef: float = 0.01
     kl_estimator: str = "k3"
-    kl_in_reward: bool = False
     value_coef: float = 0.5
     value_clip: float | None = 0.2
     entropy_coef: float = 0.0
@@ -51,6 +53,10 @@ class LossSettings:
     may generate. Required by that mode, unused by the others."""
 
     def __post_init__(self) -> None:
+        if self.kl not in KL_MODES:
+            raise ValueError(f"kl {self.kl!r} is unknown; options: {KL_MODES}")
+        if self.kl != "off" and not self.kl_coef > 0:
+            raise ValueError(f"kl={self.kl!r} needs kl_coef > 0 (got {self.kl_coef}); use kl='off'")
         if self.loss_agg not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg {self.loss_agg!r} is unknown; options: {LOSS_AGG_MODES}")
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -73,23 +79,24 @@ class LossSettings:
     @property
     def kl_in_loss(self) -> bool:
         """Whether the KL to the reference is a loss term (else a reward penalty, or off)."""
-        return self.kl_coef > 0 and not self.kl_in_reward
+        return self.kl == "loss"
 
     @classmethod
     def from_config(
         cls, algorithm: AlgorithmConfig, norm_length: float | None = None
     ) -> LossSettings:
+        loss, reference = algorithm.loss, algorithm.reference
         return cls(
-            clip_low=algorithm.clip_low,
-            clip_high=algorithm.clip_high,
-            dual_clip=algorithm.dual_clip,
-            kl_coef=algorithm.kl_coef,
-            kl_estimator=algorithm.kl_estimator,
-            kl_in_reward=algorithm.kl_in_reward,
-            value_coef=algorithm.value_coef,
-            value_clip=algorithm.value_clip,
-            entropy_coef=algorithm.entropy_coef,
-            loss_agg=algorithm.loss_agg,
+            clip_low=loss.clip_low,
+            clip_high=loss.clip_high,
+            dual_clip=loss.dual_clip,
+            kl=reference.kl,
+            kl_coef=reference.kl_coef,
+            kl_estimator=reference.kl_estimator,
+            value_coef=loss.value_coef,
+            value_clip=loss.value_clip,
+            entropy_coef=loss.entropy_coef,
+            loss_agg=loss.loss_agg,
             norm_length=norm_length,
         )
 
@@ -288,7 +295,7 @@ def kl_reward_penalty(
     kl_coef: float,
     estimator: str = "k1",
 ) -> torch.Tensor:
-    """`kl_in_reward`: the per-token penalty [B, T] kl_coef * KL(old || ref), detached and 0 off
+    """`kl: reward`: the per-token penalty [B, T] kl_coef * KL(old || ref), detached and 0 off
     the mask. The trainer subtracts it from the token rewards before computing advantages; the
     loss then has no KL term (`LossSettings.kl_in_loss` is False)."""
     with torch.no_grad():
@@ -404,7 +411,7 @@ def compute_policy_loss(
             loss = loss + settings.kl_coef * kl_loss
             metrics["kl_loss"] = kl_loss.detach()
     elif settings.kl_in_loss:
-        raise ValueError("kl_coef > 0 with the KL in the loss needs ref_logprobs")
+        raise ValueError("kl='loss' needs ref_logprobs")
 
     if inputs.values is not None:
         if inputs.returns is None:

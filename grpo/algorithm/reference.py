@@ -25,8 +25,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from grpo.config import AlgorithmConfig
-from grpo.models.policy import PolicyWithValueHead, is_4bit_tensor
+from grpo.algorithm.config import ReferenceConfig
+from grpo.models.peft_weights import is_4bit_tensor
+from grpo.models.policy import PolicyWithValueHead
 
 
 @torch.no_grad()
@@ -229,15 +230,13 @@ def _check_keys(state: dict[str, torch.Tensor], names: list[str]) -> None:
         )
 
 
-def make_reference(policy: PolicyWithValueHead, algorithm: AlgorithmConfig) -> EMAReference:
+def make_reference(policy: PolicyWithValueHead, config: ReferenceConfig) -> EMAReference:
     """The EMA reference for `policy`: adapter EMA for LoRA, a full copy otherwise."""
     if policy.is_lora:
-        return LoraEMAReference(
-            policy, decay=algorithm.ref_ema_decay, update_every=algorithm.ref_update_every
-        )
+        return LoraEMAReference(policy, decay=config.ema_decay, update_every=config.update_every)
     return FullCopyEMAReference(
         policy,
-        decay=algorithm.ref_ema_decay,
-        update_every=algorithm.ref_update_every,
-        offload_to_cpu=algorithm.ref_offload_to_cpu,
+        decay=config.ema_decay,
+        update_every=config.update_every,
+        offload_to_cpu=config.offload_to_cpu,
     )

@@ -40,7 +40,7 @@ from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
 from grpo.collect import chat_tokens
 from grpo.collect.metrics import Timeline, collection_metrics
-from grpo.config import RolloutConfig
+from grpo.rollout.config import RolloutConfig
 from grpo.collect.episode import Episode, GroupAbandoned, episode_stats, task_id_of
 from grpo.collect.generation_batcher import GenerationBatcher
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams

@@ -102,8 +102,8 @@ def _distributed_gradients(trainer, trajectories) -> dict[str, torch.Tensor]:
 def run_gradient_check(config: RunConfig, out_path: Path) -> int:
     from grpo.distributed.trainer import DistributedGRPOTrainer
 
-    config.algorithm.max_grad_norm = 1e9  # compare raw gradients: no clipping on either side
-    config.algorithm.micro_batch_size = 2  # several micro-batches per rank: accumulation too
+    config.algorithm.optimizer.max_grad_norm = 1e9  # compare raw gradients: no clipping on either side
+    config.algorithm.optimizer.micro_batch_size = 2  # several micro-batches per rank: accumulation too
     trainer = DistributedGRPOTrainer(config)
     trainer.setup()
     trainer.step = 1  # synthetic behavior log-probs: skip the step-0 engine/trainer check

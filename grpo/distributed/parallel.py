@@ -138,6 +138,10 @@ class DataParallelPolicy:
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.policy.trainable_parameters()
 
+    @property
+    def training(self) -> bool:
+        return self.wrapped.training
+
     def train(self, mode: bool = True) -> DataParallelPolicy:
         self.wrapped.train(mode)
         return self
@@ -151,7 +155,7 @@ class DeepSpeedStep:
 
     `zero_grad` drops the accumulated gradient partitions (the next backward overwrites instead
     of adding); `step` runs the engine's step: gradient clipping (`gradient_clipping` in the
-    DeepSpeed config, set from `algorithm.max_grad_norm`), the optimizer, zeroing. The engine
+    DeepSpeed config, set from `algorithm.optimizer.max_grad_norm`), the optimizer, zeroing. The engine
     computes the global gradient norm; `grad_norms` keeps one per optimizer step.
     """
 

@@ -38,7 +38,11 @@ from grpo.distributed.parallel import (
     reduce_metrics,
 )
 from grpo.train.trainer import GRPOTrainer, TrainingStopped
+from grpo.algorithm.estimators import estimator_of
 from grpo.algorithm.update import NonFiniteLossError, train_step
+from grpo.models.devices import resolve_device
+from grpo.models.export import save_pretrained
+from grpo.rollout import choose_engine
 
 log = logging.getLogger("mcp_grpo")
 
@@ -52,12 +56,12 @@ def make_accelerator(config: RunConfig, timeout_minutes: float = 30.0):
 
     # DDP needs to be told about parameters that get no gradient: the value head when nothing
     # trains it (every advantage but `gae`).
-    unused = config.model.value_head and config.algorithm.advantage != "gae"
-    # Without CUDA (or with backend=cpu) DDP processes train on the CPU over gloo; accelerate
+    unused = config.model.value_head and not estimator_of(config.algorithm.advantage).needs_values
+    # Without CUDA (or with device=cpu) DDP processes train on the CPU over gloo; accelerate
     # otherwise treats torchrun-started CPU processes as independent single-process runs.
     # (`cpu=True` would turn DeepSpeed off: its accelerate config says `use_cpu` itself.)
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-    on_cpu = config.backend == "cpu" or not torch.cuda.is_available()
+    on_cpu = config.device == "cpu" or not torch.cuda.is_available()
     group = {"timeout": timedelta(minutes=timeout_minutes)}
     if deepspeed and on_cpu:
         # Without a backend named here accelerate starts DeepSpeed's gloo group but then counts
@@ -104,11 +108,13 @@ class DistributedGRPOTrainer(GRPOTrainer):
                 "through the partitioned policy); use plain DDP (`accelerate launch --multi_gpu`) "
                 "for LoRA runs"
             )
-        if self.backend.name == "vllm":
-            raise ValueError(
-                f"backend={cfg.backend} chose vllm ({self.backend.reason}), which "
-                "launch/distributed.py does not support yet; set backend: hf (or deepspeed)"
-            )
+        if cfg.rollout.engine != "hf":
+            engine, why = choose_engine(cfg.rollout.engine, resolve_device(cfg.device)[0])
+            if engine == "vllm":
+                raise ValueError(
+                    f"rollout.engine={cfg.rollout.engine} chose vllm ({why}), which "
+                    "launch/distributed.py does not support yet; set rollout.engine: hf"
+                )
 
     # ------------------------------------------------------------------ wrapping
     def _configure_deepspeed(self) -> None:
@@ -122,11 +128,11 @@ class DistributedGRPOTrainer(GRPOTrainer):
         if gas not in (1, "auto"):
             raise ValueError(
                 f"DeepSpeed gradient_accumulation_steps={gas}: set it to 1; train_step accumulates "
-                "micro-batches itself (algorithm.micro_batch_size / num_minibatches)"
+                "micro-batches itself (algorithm.optimizer.micro_batch_size / num_minibatches)"
             )
         ds_config["gradient_accumulation_steps"] = 1
-        ds_config["gradient_clipping"] = self.config.algorithm.max_grad_norm
-        ds_config["train_micro_batch_size_per_gpu"] = self.config.algorithm.micro_batch_size
+        ds_config["gradient_clipping"] = self.config.algorithm.optimizer.max_grad_norm
+        ds_config["train_micro_batch_size_per_gpu"] = self.config.algorithm.optimizer.micro_batch_size
         ds_config.pop("train_batch_size", None)  # DeepSpeed derives it: micro x 1 x ranks
 
     def _wrap_for_training(self) -> None:
@@ -175,7 +181,7 @@ class DistributedGRPOTrainer(GRPOTrainer):
             # collective. Stop; the launcher then ends every rank.
             raise TrainingStopped(
                 f"rank {self.rank}, step {self.step}: {exc}; a data-parallel run stops instead of "
-                "skipping the update (lower algorithm.learning_rate or check the data)"
+                "skipping the update (lower algorithm.optimizer.learning_rate or check the data)"
             ) from exc
         finally:
             self.dp_policy.grad_scale = 1.0
@@ -198,7 +204,7 @@ class DistributedGRPOTrainer(GRPOTrainer):
     def _save_final_model(self) -> None:
         with gathered_parameters(self.policy, self.uses_deepspeed):
             if self.accelerator.is_main_process:
-                self.policy.save_pretrained(self.run_dir / "final_model", tokenizer=self.tokenizer)
+                save_pretrained(self.policy, self.run_dir / "final_model", tokenizer=self.tokenizer)
         self.accelerator.wait_for_everyone()
 
     def parameter_digest(self) -> str:

@@ -1,6 +1,6 @@
 """Device and compute-dtype selection, and the autocast context every forward pass runs under.
 
-- `pick_device(backend)`: the torch device a `backend:` value trains on.
+- `resolve_device(name)`: the torch device a `device:` value trains on, and why.
 - `compute_dtype(device, requested)`: the autocast dtype. `auto` is bf16 on CUDA (fp16 on GPUs
   without bf16) and on CPUs with AVX-512 BF16 or AMX (where bf16 matmuls run ~4x faster than
   fp32), bf16 on MPS with macOS 14+ (else fp32: `mps_compute_dtype`), fp32 otherwise.
@@ -13,12 +13,16 @@ the matmuls, so the optimizer updates full-precision master weights.
 from __future__ import annotations
 
 import contextlib
+import os
 from functools import lru_cache
 from pathlib import Path
+from typing import get_args
 
 import torch
 
-BACKENDS = ("auto", "vllm", "hf", "deepspeed", "mps", "cpu")
+from grpo.models.config import Device
+
+DEVICES: tuple[str, ...] = get_args(Device)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -27,37 +31,30 @@ def _mps_available() -> bool:
     return bool(mps is not None and mps.is_available())
 
 
-def pick_device(backend: str = "auto") -> torch.device:
-    """The device that a `backend:` config value trains on.
+class DeviceUnavailable(RuntimeError):
+    """The requested device is not present here; the message says what is missing."""
 
-    `auto`, `hf`: CUDA if present, else MPS, else CPU. `deepspeed`: CUDA (the local rank's GPU)
-    or CPU (DeepSpeed also runs over gloo on CPU). `vllm` needs CUDA, `mps` needs MPS.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed values: {', '.join(BACKENDS)}")
+
+def resolve_device(name: str = "auto") -> tuple[torch.device, str]:
+    """The device a `device:` config value trains on, and why (the launcher prints it).
+
+    `auto`: CUDA if present (the local rank's GPU under `accelerate launch`), else MPS, else CPU.
+    An explicit `cuda` or `mps` that is not present is an error."""
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; allowed values: {', '.join(DEVICES)}")
     cuda = torch.cuda.is_available()
-    if backend == "cpu":
-        return torch.device("cpu")
-    if backend == "mps":
-        if not _mps_available():
-            raise RuntimeError(
-                "backend 'mps' needs an Apple-silicon GPU (torch.backends.mps.is_available() is False)"
-            )
-        return torch.device("mps")
-    if backend == "vllm":
-        if not cuda:
-            raise RuntimeError(
-                "backend 'vllm' needs a CUDA GPU; use backend 'hf' or 'cpu' on this machine"
-            )
-        return torch.device("cuda", torch.cuda.current_device())
-    if backend == "deepspeed":
-        return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    # auto, hf
-    if cuda:
-        return torch.device("cuda", torch.cuda.current_device())
-    if _mps_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if name == "cuda" and not cuda:
+        raise DeviceUnavailable("device=cuda: torch.cuda.is_available() is False here")
+    if name == "mps" and not _mps_available():
+        raise DeviceUnavailable("device=mps: torch reports no MPS device (Apple GPU) here")
+    if name == "cpu":
+        return torch.device("cpu"), "requested in config"
+    if name == "cuda" or (name == "auto" and cuda):
+        return torch.device("cuda", local_rank), "requested in config" if name == "cuda" else "auto: CUDA is available"
+    if name == "mps" or _mps_available():
+        return torch.device("mps"), "requested in config" if name == "mps" else "auto: an Apple MPS device is available"
+    return torch.device("cpu"), "auto: no CUDA or MPS device found"
 
 
 @lru_cache(maxsize=1)

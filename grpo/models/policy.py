@@ -3,32 +3,29 @@
 `PolicyWithValueHead.forward(input_ids, attention_mask)` returns the log-probs of every next token
 (`input_ids[:, 1:]`), optionally the entropy and the value-head outputs. It runs the decoder once
 for the final hidden states and computes the log-probs with the chunked function of
-grpo/logprobs.py: the LM head is never applied to all positions at once.
+grpo/models/logprobs.py: the LM head is never applied to all positions at once.
 
-`from_config` builds it: loads the model (grpo/model_source.py), optionally in 4-bit (CUDA only),
-wraps it with a peft LoRA adapter, turns on gradient checkpointing, and picks the autocast dtype
-for the device (grpo/devices.py). `save_pretrained` writes Hugging Face directories that
-transformers and vLLM load directly (for LoRA: the adapter and a merged full model);
-`state_dict` / `load_state_dict` hold what a checkpoint needs (LoRA: adapter + value head only).
+`from_config` builds it: loads the model (grpo/models/source.py), optionally in 4-bit (CUDA
+only), wraps it with a peft LoRA adapter, turns on gradient checkpointing, and picks the autocast
+dtype for the device (grpo/models/devices.py). `state_dict` / `load_state_dict` hold what a
+checkpoint needs (LoRA: adapter + value head only); grpo/models/export.py writes Hugging Face
+directories.
 """
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from grpo.config import LoraConfig, ModelConfig
+from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
+from grpo.models.peft_weights import is_peft
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
-VALUE_HEAD_FILE = "value_head.safetensors"
-ADAPTER_SUBDIR = "adapter"
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 LoadResult = namedtuple("LoadResult", ["missing_keys", "unexpected_keys"])
@@ -41,19 +38,6 @@ class PolicyOutput:
     logprobs: torch.Tensor  # [B, T-1] log pi(input_ids[:, t+1] | input_ids[:, :t+1]) at temperature
     entropy: torch.Tensor | None  # [B, T-1] entropy of that next-token distribution
     values: torch.Tensor | None  # [B, T-1] value head at position t (the state before token t+1)
-
-
-def _is_peft_model(model: nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return False
-    return isinstance(model, PeftModel)
-
-
-def is_4bit_tensor(param: torch.Tensor | None) -> bool:
-    """A bitsandbytes 4-bit packed weight (its values are not floats and are never averaged)."""
-    return type(param).__name__ == "Params4bit"
 
 
 def _checkpointing(model: nn.Module) -> bool:
@@ -87,7 +71,7 @@ class PolicyWithValueHead(nn.Module):
         self.model = model
         self.share_prefix_min = share_prefix_min
         """Shortest common prefix of a batch that runs once (see final_hidden_states); 0 = never."""
-        self.is_lora = _is_peft_model(model)
+        self.is_lora = is_peft(model)
         self.compute_dtype = compute_dtype
         self.logprob_chunk_size = logprob_chunk_size
         self.tokenizer = tokenizer
@@ -320,114 +304,6 @@ class PolicyWithValueHead(nn.Module):
                 params[name].copy_(state_dict[name])
         return LoadResult(missing, unexpected)
 
-    def load_value_head(self, path: str | Path) -> None:
-        """Load `value_head.safetensors` (a file, or a directory holding one)."""
-        from safetensors.torch import load_file
-
-        if self.value_head is None:
-            raise ValueError("this policy has no value head (model.value_head: false)")
-        path = Path(path)
-        if path.is_dir():
-            path = path / VALUE_HEAD_FILE
-        tensors = load_file(str(path), device=str(self.device))
-        self.value_head.load_state_dict(tensors)
-
-    # ----- export -----------------------------------------------------------------------------
-
-    def save_pretrained(
-        self, directory: str | Path, *, merged: bool = True, tokenizer=None
-    ) -> dict[str, Path]:
-        """Write Hugging Face directories that transformers and vLLM load directly.
-
-        Full fine-tuning: the model (and tokenizer) in `directory`. LoRA: the peft adapter in
-        `directory/adapter`, and with `merged` the full model with the adapter folded into the
-        weights in `directory`. The value head goes to `directory/value_head.safetensors`.
-        Returns the paths written: keys `model`, `adapter`, `value_head`.
-        """
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-        written: dict[str, Path] = {}
-        if self.is_lora:
-            self.model.save_pretrained(str(directory / ADAPTER_SUBDIR))
-            written["adapter"] = directory / ADAPTER_SUBDIR
-            if merged:
-                self._save_merged(directory)
-                written["model"] = directory
-        else:
-            self.model.save_pretrained(str(directory))
-            written["model"] = directory
-        if tokenizer is not None and "model" in written:
-            tokenizer.save_pretrained(str(directory))
-        if self.value_head is not None:
-            path = directory / VALUE_HEAD_FILE
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()},
-                str(path),
-            )
-            written["value_head"] = path
-        return written
-
-    @torch.no_grad()
-    def merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """The LM's weights with the LoRA deltas folded in, under the plain model's key names.
-
-        Built tensor by tensor, leaving the training model untouched (merging in place and then
-        unmerging would round bf16 base weights). 4-bit base weights are dequantized.
-        """
-        from peft.tuners.lora import LoraLayer
-        from peft.utils.integrations import dequantize_module_weight
-
-        lm = self.language_model()
-        lora_layers = {name: m for name, m in lm.named_modules() if isinstance(m, LoraLayer)}
-        quantized = {
-            name: m for name, m in lm.named_modules() if is_4bit_tensor(getattr(m, "weight", None))
-        }
-        out: dict[str, torch.Tensor] = {}
-        for key, value in lm.state_dict().items():
-            if "lora_" in key:
-                continue  # adapter tensors: folded into their base weight below
-            module_name, _, leaf = key.rpartition(".")
-            if any(key.startswith(q + ".weight.") for q in quantized):
-                continue  # bitsandbytes quantization state (absmax, quant_map, ...)
-            if module_name in quantized and leaf == "weight":
-                value = dequantize_module_weight(quantized[module_name])
-            clean = key.replace(".base_layer.", ".")
-            owner = clean.rpartition(".")[0]
-            if owner in lora_layers and leaf == "weight":
-                layer = lora_layers[owner]
-                merged = value.float()
-                for adapter in layer.active_adapters:
-                    merged = merged + layer.get_delta_weight(adapter).float()
-                value = merged.to(value.dtype)
-            out[clean] = value.detach()
-        return out
-
-    def _save_merged(self, directory: Path) -> None:
-        from huggingface_hub import save_torch_state_dict
-
-        lm = self.language_model()
-        state = self.merged_state_dict()
-        # Tied weights (embeddings = LM head) are stored once, as transformers does.
-        seen: set[tuple[int, int]] = set()
-        unique: dict[str, torch.Tensor] = {}
-        for key, tensor in state.items():
-            ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            if ident in seen:
-                continue
-            seen.add(ident)
-            unique[key] = tensor.cpu().contiguous()
-        config = copy.deepcopy(lm.config)
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.architectures = [type(lm).__name__]
-        config.dtype = next(iter(unique.values())).dtype
-        config.save_pretrained(str(directory))
-        if getattr(lm, "generation_config", None) is not None:
-            lm.generation_config.save_pretrained(str(directory))
-        save_torch_state_dict(unique, str(directory))
 
 
 def _four_bit_kwargs(

@@ -44,7 +44,8 @@ from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
 from grpo.rollout.sequence import Sequence
-from grpo.rollout.weights import copy_weights_into, inference_copy, is_peft, language_model_of
+from grpo.models.peft_weights import base_model_of, language_model_of
+from grpo.rollout.weights import copy_weights_into, inference_copy
 
 
 def _check_full_attention(model) -> None:
@@ -118,7 +119,7 @@ class HFEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ weights
     def _plain_model(self) -> nn.Module:
-        return self.model.get_base_model() if is_peft(self.model) else self.model
+        return base_model_of(self.model)
 
     def _attention_mask_kind(self) -> str:
         impl = getattr(self._plain_model().config, "_attn_implementation", "sdpa")

@@ -55,7 +55,7 @@ from grpo.rollout.vllm_params import (
 )
 from grpo.rollout.vllm_sync import LoraAdapterStore, export_base_model, full_weight_pairs
 from grpo.rollout.vllm_worker import WORKER_EXTENSION
-from grpo.rollout.weights import is_peft, language_model_of
+from grpo.models.peft_weights import is_peft, language_model_of
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """What the vLLM engine asks of vLLM, computed without importing vllm (CPU-testable).
 
+- `vllm_enabled(environ)`: whether `ENABLE_VLLM` (when set) leaves vLLM on.
 - `resolve_vllm_config(section, environ)`: the `vllm:` config section with the environment
-  overrides `ENABLE_VLLM`, `VLLM_MAX_MODEL_LEN`, `VLLM_GPU_MEMORY_UTILIZATION` applied.
+  overrides `VLLM_MAX_MODEL_LEN`, `VLLM_GPU_MEMORY_UTILIZATION` applied.
 - `choose_logprobs_mode(...)` / `check_request_logprobs(...)`: which log-probs vLLM must return so
   that they equal the trainer's log softmax(logits / T) of the sampled token, before top-p.
 - `sampling_kwargs(sampling, n)`: our `SamplingParams` as keyword arguments of
@@ -45,11 +46,11 @@ def _env_value(environ: Mapping[str, str], name: str) -> str | None:
     return None if raw is None or raw.strip() == "" else raw.strip()
 
 
-def vllm_enabled(config_enabled: bool = True, environ: Mapping[str, str] | None = None) -> bool:
-    """`ENABLE_VLLM` when set (0/1, true/false, yes/no, on/off), else the config's `enabled`."""
+def vllm_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """`ENABLE_VLLM` when set (0/1, true/false, yes/no, on/off), else True."""
     raw = _env_value(os.environ if environ is None else environ, ENV_ENABLE)
     if raw is None:
-        return config_enabled
+        return True
     if raw.lower() in _TRUE:
         return True
     if raw.lower() in _FALSE:
@@ -58,10 +59,10 @@ def vllm_enabled(config_enabled: bool = True, environ: Mapping[str, str] | None 
 
 
 def resolve_vllm_config(section, environ: Mapping[str, str] | None = None):
-    """A copy of the `vllm:` config section (grpo.config.VLLMConfig) with the environment
+    """A copy of the `vllm:` config section (grpo.rollout.config.VLLMConfig) with the environment
     variables applied. Bad values raise VLLMSettingsError naming the variable."""
     environ = os.environ if environ is None else environ
-    update: dict[str, Any] = {"enabled": vllm_enabled(section.enabled, environ)}
+    update: dict[str, Any] = {}
     raw = _env_value(environ, ENV_MAX_MODEL_LEN)
     if raw is not None:
         try:

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from grpo.rollout.weights import is_peft, language_model_of
+from grpo.models.peft_weights import base_model_of, is_peft, language_model_of, lm_tensors
 
 
 @dataclass(frozen=True)
@@ -82,21 +81,6 @@ class LoraAdapterStore:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _plain_base_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The base model's parameters under the plain model's names, LoRA tensors left out."""
-    base = model.get_base_model() if is_peft(model) else model
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in base.named_parameters():
-        if ".lora_" in name or ".original_module." in name:
-            continue
-        name = name.replace(".base_layer.", ".")
-        if ".modules_to_save." in name:
-            head, _, tail = name.partition(".modules_to_save.")
-            name = f"{head}.{tail.split('.', 1)[1]}"
-        tensors[name] = tensor
-    return tensors
-
-
 def full_weight_pairs(policy) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs of a fully fine-tuned policy's LM parameters, detached, under the
     Hugging Face checkpoint names (`model.layers.0.self_attn.q_proj.weight`, ...) that vLLM's
@@ -121,9 +105,8 @@ def export_base_model(policy, directory: str | Path, tokenizer=None) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = language_model_of(policy)
-    plain = model.get_base_model() if is_peft(model) else model
-    fresh = AutoModelForCausalLM.from_config(plain.config)
-    state = {name: t.detach().cpu() for name, t in _plain_base_tensors(model).items()}
+    fresh = AutoModelForCausalLM.from_config(base_model_of(model).config)
+    state = {name: t.cpu() for name, t in lm_tensors(model, adapters=False).items()}
     result = fresh.load_state_dict(state, strict=False)
     expected = {name for name, _ in fresh.named_parameters()}
     missing = sorted(expected & set(result.missing_keys))

@@ -25,63 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def is_peft(model) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
-
-
-def language_model_of(policy) -> nn.Module:
-    """The causal LM inside `policy`: the policy itself when it is a transformers model or a peft
-    model, else the first such module found as `.model`, `.lm`, `.causal_lm` or `.pretrained_model`
-    (wrappers that add a value head)."""
-    from transformers import PreTrainedModel
-
-    if isinstance(policy, PreTrainedModel) or is_peft(policy):
-        return policy
-    for name in ("model", "lm", "causal_lm", "pretrained_model"):
-        inner = getattr(policy, name, None)
-        if isinstance(inner, PreTrainedModel) or is_peft(inner):
-            return inner
-    raise TypeError(
-        f"cannot find a causal LM in {type(policy).__name__}: pass a transformers model, a peft "
-        "model, "
-        "or a wrapper holding one as .model / .lm / .causal_lm / .pretrained_model"
-    )
-
-
-def merged_named_tensors(model) -> dict[str, torch.Tensor]:
-    """Parameters and buffers of a causal LM under the plain (un-wrapped) model's names, with the
-    active LoRA adapters merged in. The model itself is never modified."""
-    if not is_peft(model):
-        return dict(model.state_dict(keep_vars=True))
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in base.state_dict(keep_vars=True).items():
-        if ".lora_" in name or ".original_module." in name:
-            continue
-        name = name.replace(".base_layer.", ".")
-        if ".modules_to_save." in name:  # `x.modules_to_save.<adapter>.weight` -> `x.weight`
-            head, _, tail = name.partition(".modules_to_save.")
-            name = f"{head}.{tail.split('.', 1)[1]}"
-        tensors[name] = tensor
-    for name, module in base.named_modules():
-        if not isinstance(module, LoraLayer) or getattr(module, "disable_adapters", False):
-            continue
-        merged_already = getattr(module, "merged_adapters", [])
-        adapters = [
-            a for a in module.active_adapters if a in module.lora_A and a not in merged_already
-        ]
-        if adapters:
-            weight = tensors[f"{name}.weight"].detach()
-            delta = sum(module.get_delta_weight(a) for a in adapters)
-            tensors[f"{name}.weight"] = weight + delta.to(weight.dtype)
-    return tensors
+from grpo.models.peft_weights import dequantize_linears_, is_peft, language_model_of, lm_tensors
 
 
 _LOW_PRECISION_OUTPUTS = {"o_proj", "down_proj", "gate_proj", "up_proj"}
@@ -252,17 +196,20 @@ def _lower_linears(model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype
 def inference_copy(
     policy, matmul_dtype: torch.dtype | None, head_dtype: torch.dtype | None, device: torch.device
 ) -> nn.Module:
-    """An inference copy of the policy's causal LM: LoRA merged, Linear weights in `matmul_dtype`
-    (the LM head in `head_dtype`), the rest in the policy's dtype; eval mode, no grads."""
+    """An inference copy of the policy's causal LM: LoRA merged (4-bit bases dequantized), Linear
+    weights in `matmul_dtype` (the LM head in `head_dtype`), the rest in the policy's dtype; eval
+    mode, no grads. The weights come from `lm_tensors`, as every later `copy_weights_into` does."""
     model = language_model_of(policy)
     with torch.no_grad():
         clone = copy.deepcopy(model)
         if is_peft(clone):
-            clone = clone.merge_and_unload()
+            clone = clone.unload()  # the plain module tree; the merged values are copied in below
+        dequantize_linears_(clone)
         for param in clone.parameters():
             param.grad = None
             param.requires_grad_(False)
         clone = clone.to(device)
+        _copy_tensors(clone, lm_tensors(model))
         base_dtype = next(clone.parameters()).dtype
         matmul_dtype = matmul_dtype or base_dtype
         head_dtype = head_dtype or matmul_dtype
@@ -275,13 +222,16 @@ def inference_copy(
 @torch.no_grad()
 def copy_weights_into(target: nn.Module, policy) -> None:
     """Copy the policy's current tensors (LoRA merged) into `target` by name, casting dtypes."""
-    source = merged_named_tensors(language_model_of(policy))
+    _copy_tensors(target, lm_tensors(language_model_of(policy)))
+    for module in target.modules():
+        if isinstance(module, (LowPrecisionLinear, _FusedMember)):
+            module.repack()
+
+
+def _copy_tensors(target: nn.Module, source: dict[str, torch.Tensor]) -> None:
     targets = target.state_dict(keep_vars=True)
     missing = [name for name in targets if name not in source]
     if missing:
         raise KeyError(f"the policy has no tensors for {missing[:5]} ({len(missing)} missing)")
     for name, tensor in targets.items():
-        tensor.data.copy_(source[name].detach())
-    for module in target.modules():
-        if isinstance(module, (LowPrecisionLinear, _FusedMember)):
-            module.repack()
+        tensor.data.copy_(source[name])

@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import Any
 
 import torch
 
-from grpo.backends import Backend, make_backend
-from grpo.train.checkpoint import load_checkpoint, resolve_resume, restore_rng_state, save_checkpoint
-from grpo.config import RunConfig, save_config
-from grpo.train.evaluation import evaluate
-from grpo.train.logger import MetricsLogger, setup_console_logging
-from grpo.train.task_stream import TaskStream
+from environments.tasks.loading import train_validation_split
+from grpo.algorithm.reference import make_reference
 from grpo.algorithm.update import (
     NonFiniteLossError,
     UpdateSettings,
@@ -28,6 +25,18 @@ from grpo.algorithm.update import (
     make_scheduler,
     train_step,
 )
+from grpo.collect.collector import TrajectoryCollector
+from grpo.config import RunConfig, save_config
+from grpo.models.devices import resolve_device
+from grpo.models.export import save_pretrained
+from grpo.models.policy import PolicyWithValueHead
+from grpo.rollout import choose_engine, make_engine
+from grpo.train.checkpoint import load_checkpoint, resolve_resume, restore_rng_state, save_checkpoint
+from grpo.train.evaluation import evaluate
+from grpo.train.logger import MetricsLogger, setup_console_logging
+from grpo.train.plots import plot_curves
+from grpo.train.task_stream import TaskStream
+from tools.manager import SharedToolManager
 
 log = logging.getLogger("mcp_grpo")
 
@@ -37,9 +46,8 @@ class TrainingStopped(RuntimeError):
 
 
 class GRPOTrainer:
-    def __init__(self, config: RunConfig, *, backend: Backend | None = None):
+    def __init__(self, config: RunConfig):
         self.config = config
-        self.backend = backend or make_backend(config.backend)
         self.run_dir = config.run_dir
         self.step = 0
         self.history: list[dict[str, float]] = []
@@ -47,20 +55,21 @@ class GRPOTrainer:
         self._saved_step: int | None = None
 
     # ---------------------------------------------------------------- setup
-    def setup(self) -> None:
-        from environments.tasks.loading import train_validation_split
-        from grpo.models.policy import PolicyWithValueHead
-        from grpo.algorithm.reference import make_reference
+    @property
+    def is_main_process(self) -> bool:
+        """Rank 0 (or the only process) writes the run's files and speaks for it."""
+        return int(os.environ.get("RANK", "0")) == 0
 
+    def setup(self) -> None:
         cfg = self.config
-        main = self.backend.is_main_process
+        main = self.is_main_process
         # Other ranks of a data-parallel run report only warnings: rank 0 speaks for the run.
         setup_console_logging(self.run_dir if main else None, logging.INFO if main else logging.WARNING)
         torch.manual_seed(cfg.seed)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.device = self.backend.device()
-        log.info("backend: %s (%s); device %s", self.backend.name, self.backend.reason, self.device)
+        self.device, why = resolve_device(cfg.device)
+        log.info("device: %s (%s)", self.device, why)
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
@@ -74,12 +83,15 @@ class GRPOTrainer:
         )
         log.info("policy: %s, %.1fM trainable parameters", cfg.model.name_or_path,
                  self.policy.num_trainable_parameters() / 1e6)
-        # With kl_coef = 0 nothing scores tokens under the reference: skip building it.
-        self.reference = make_reference(self.policy, cfg.algorithm) if cfg.algorithm.kl_coef > 0 else None
+        # With the KL off nothing scores tokens under the reference: skip building it.
+        self.reference = make_reference(self.policy, cfg.algorithm.reference) if cfg.algorithm.uses_reference else None
         self.settings = UpdateSettings.from_config(cfg, pad_token_id=self.tokenizer.pad_token_id)
-        self.optimizer = make_optimizer(self.policy, cfg.algorithm)
-        self.scheduler = make_scheduler(self.optimizer, cfg.algorithm)
-        self.engine = self.backend.make_engine(self.policy, self.tokenizer, cfg)
+        self.optimizer = make_optimizer(self.policy, cfg.algorithm.optimizer)
+        self.scheduler = make_scheduler(self.optimizer, cfg.algorithm.optimizer)
+        self.engine_name, why = choose_engine(cfg.rollout.engine, self.device)
+        log.info("rollout engine: %s (%s)", self.engine_name, why)
+        self.engine = make_engine(self.engine_name, policy=self.policy, tokenizer=self.tokenizer,
+                                  config=cfg, device=self.device)
         self.logger = MetricsLogger(
             self.run_dir if main else None,
             is_main_process=main,
@@ -120,8 +132,8 @@ class GRPOTrainer:
         return metrics
 
     def _save_final_model(self) -> None:
-        if self.backend.is_main_process:
-            self.policy.save_pretrained(self.run_dir / "final_model", tokenizer=self.tokenizer)
+        if self.is_main_process:
+            save_pretrained(self.policy, self.run_dir / "final_model", tokenizer=self.tokenizer)
 
     def _maybe_resume(self) -> None:
         path = resolve_resume(self.config.train.resume, self.run_dir)
@@ -157,12 +169,10 @@ class GRPOTrainer:
 
     # ---------------------------------------------------------------- the loop
     async def run_async(self) -> dict[str, Any]:
-        from grpo.collect.collector import TrajectoryCollector
-        from tools.manager import SharedToolManager
-
         cfg = self.config
         started = time.time()
-        summary: dict[str, Any] = {"run_dir": str(self.run_dir), "backend": self.backend.name}
+        summary: dict[str, Any] = {"run_dir": str(self.run_dir), "device": str(self.device),
+                                   "engine": self.engine_name}
         async with SharedToolManager(cfg.tools) as tools:
             self.collector = TrajectoryCollector(
                 self.engine, self.tokenizer, tools, cfg.environment, cfg.rollout
@@ -219,7 +229,7 @@ class GRPOTrainer:
             if self._nonfinite_in_a_row >= cfg.algorithm.max_nonfinite_steps:
                 raise TrainingStopped(
                     f"{self._nonfinite_in_a_row} non-finite losses in a row: stopping "
-                    "(lower algorithm.learning_rate or check the data)"
+                    "(lower algorithm.optimizer.learning_rate or check the data)"
                 ) from exc
             stats = {"train/skipped_nonfinite": 1.0}
         self.step += 1
@@ -246,7 +256,7 @@ class GRPOTrainer:
         # evaluate() rejects an empty held-out set; with data parallelism one rank may get no share.
         if tasks or not held_out:
             # Transcripts come from the main process only (with data parallelism: its share).
-            transcripts = self.run_dir / "eval" / f"{tag}.jsonl" if self.backend.is_main_process else None
+            transcripts = self.run_dir / "eval" / f"{tag}.jsonl" if self.is_main_process else None
             metrics = await evaluate(
                 self.collector, tasks, k=1, temperature=cfg.rollout.eval_temperature, seed=cfg.seed,
                 transcripts_path=transcripts,
@@ -259,16 +269,14 @@ class GRPOTrainer:
         return metrics
 
     def _save(self) -> None:
-        if self.backend.is_main_process and self._saved_step != self.step:
+        if self.is_main_process and self._saved_step != self.step:
             self._saved_step = self.step
             path = save_checkpoint(self.run_dir, self.step, self.checkpoint_state(),
                                    keep=self.config.train.keep_checkpoints)
             log.info("checkpoint: %s", path)
 
     def _write_summary(self, summary: dict[str, Any]) -> None:
-        if not self.backend.is_main_process:
+        if not self.is_main_process:
             return
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        from grpo.train.plots import plot_curves
-
         plot_curves(self.history, summary, self.run_dir / "curves.png")

@@ -1,0 +1,56 @@
+"""Trajectories as padded tensors: micro-batches sorted by length, and per-row values placed
+back onto a micro-batch's target positions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from grpo.trajectory import Trajectory
+
+
+@dataclass
+class MicroBatch:
+    index: torch.Tensor  # [b] rows of the step's trajectory list
+    input_ids: torch.Tensor  # [b, L]
+    attention_mask: torch.Tensor  # [b, L]
+    loss_mask: torch.Tensor  # [b, L-1] aligned to targets input_ids[:, 1:]
+    behavior_logprobs: torch.Tensor  # [b, L-1]
+
+
+def collate(trajectories: Sequence[Trajectory], rows: list[int], pad_id: int, device) -> MicroBatch:
+    length = max(len(trajectories[i].token_ids) for i in rows)
+    b = len(rows)
+    input_ids = torch.full((b, length), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((b, length), dtype=torch.long)
+    loss_mask = torch.zeros((b, length - 1), dtype=torch.bool)
+    behavior = torch.zeros((b, length - 1), dtype=torch.float32)
+    for r, i in enumerate(rows):
+        t = trajectories[i]
+        n = len(t.token_ids)
+        input_ids[r, :n] = torch.tensor(t.token_ids)
+        attention_mask[r, :n] = 1
+        # Target position j scores token j + 1: shift the per-token lists left by one.
+        loss_mask[r, : n - 1] = torch.tensor(t.loss_mask[1:], dtype=torch.bool)
+        behavior[r, : n - 1] = torch.tensor(t.behavior_logprobs[1:])
+    return MicroBatch(torch.tensor(rows), input_ids.to(device), attention_mask.to(device),
+                      loss_mask.to(device), behavior.to(device))
+
+
+def micro_batches(trajectories: Sequence[Trajectory], rows: list[int], size: int, pad_id: int,
+                  device) -> list[MicroBatch]:
+    # Sorting by length keeps padding (wasted compute) small inside each micro-batch.
+    rows = sorted(rows, key=lambda i: len(trajectories[i].token_ids))
+    return [collate(trajectories, rows[s : s + size], pad_id, device) for s in range(0, len(rows), size)]
+
+
+def scatter(per_row: dict[int, torch.Tensor], mb: MicroBatch) -> torch.Tensor:
+    """[b, L-1]: each row's 1-D values over target positions, padded with 0."""
+    width = mb.loss_mask.shape[1]
+    out = torch.zeros(mb.loss_mask.shape, device=mb.loss_mask.device)  # [b, L-1]
+    for r, i in enumerate(mb.index.tolist()):
+        row = per_row[i][:width]
+        out[r, : row.shape[0]] = row
+    return out

@@ -1,0 +1,143 @@
+"""Advantage estimators by name, and the advantages of a step's trajectories.
+
+`ESTIMATORS` holds one entry per estimator: its function, whether its advantages are per token
+(else one per episode, broadcast over the episode's sampled tokens) and whether it needs the value
+head. Adding an estimator is one function in grpo/algorithm/advantages.py and one line here.
+
+`trajectory_advantages(...)` turns a step's trajectories (whole groups) into per-row token
+advantages and value targets; `kl_penalty` is the `kl: reward` penalty it subtracts;
+`rows_to_train` leaves out the rows whose update would be exactly zero; `zero_variance_fraction`
+reports how many groups carried no signal.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from grpo.algorithm.advantages import (
+    dr_grpo_advantages,
+    gae,
+    grpo_advantages,
+    rloo_advantages,
+    token_rewards_from_outcome,
+)
+from grpo.algorithm.config import GAEConfig, OutcomeAdvantageConfig
+from grpo.algorithm.loss import LossSettings, kl_reward_penalty
+from grpo.trajectory import Trajectory
+
+
+@dataclass(frozen=True)
+class Estimator:
+    compute: Callable
+    """Outcome estimators: `(rewards [N, G], config) -> advantages [N, G]`. Token-level ones:
+    `(token_rewards [1, T], values [1, T], loss_mask [1, T], config) -> (advantages, returns)`."""
+    token_level: bool
+    needs_values: bool
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator(lambda r, cfg: grpo_advantages(r, cfg.normalize_std), False, False),
+    "dr_grpo": Estimator(lambda r, cfg: dr_grpo_advantages(r), False, False),
+    "rloo": Estimator(lambda r, cfg: rloo_advantages(r), False, False),
+    "gae": Estimator(lambda rw, v, m, cfg: gae(rw, v, m, cfg.gamma, cfg.lam), True, True),
+}
+
+AdvantageConfig = OutcomeAdvantageConfig | GAEConfig
+
+
+def estimator_of(config: AdvantageConfig) -> Estimator:
+    return ESTIMATORS[config.estimator]
+
+
+def target_mask(trajectory: Trajectory) -> torch.Tensor:
+    """[n] bool loss mask over target positions (token j + 1 is scored at position j)."""
+    return torch.tensor(trajectory.loss_mask[1:], dtype=torch.bool)
+
+
+def kl_penalty(trajectory: Trajectory, old: torch.Tensor, ref: torch.Tensor, loss: LossSettings) -> torch.Tensor:
+    """`kl: reward`: kl_coef * KL(old || ref) per target position [n], 0 off the mask."""
+    mask = target_mask(trajectory).unsqueeze(0)  # [1, n]
+    return kl_reward_penalty(old.cpu().unsqueeze(0), ref.cpu().unsqueeze(0), mask,
+                             loss.kl_coef, loss.kl_estimator)[0]  # [n]
+
+
+def _groups(trajectories: Sequence[Trajectory]) -> list[list[int]]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajectories):
+        groups[t.group_id].append(i)
+    sizes = {len(m) for m in groups.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"groups must be whole and of one size, got sizes {sorted(sizes)}")
+    return list(groups.values())
+
+
+def trajectory_advantages(
+    trajectories: Sequence[Trajectory],
+    config: AdvantageConfig,
+    loss: LossSettings,
+    *,
+    old: dict[int, torch.Tensor] | None = None,
+    ref: dict[int, torch.Tensor] | None = None,
+    values: dict[int, torch.Tensor] | None = None,
+) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+    """Per-row token advantages [n] (0 off the loss mask) and, for token-level estimators, value
+    targets [n]. With `kl: reward`, `old` and `ref` give the KL penalty subtracted from rewards."""
+    estimator = estimator_of(config)
+    penalised = loss.kl == "reward" and bool(ref)
+
+    def penalty(i: int) -> torch.Tensor:
+        return kl_penalty(trajectories[i], old[i], ref[i], loss)
+
+    advantages: dict[int, torch.Tensor] = {}
+    returns: dict[int, torch.Tensor] = {}
+    if not estimator.token_level:
+        members = _groups(trajectories)
+        # An outcome advantage has one number per episode: the episode's summed KL penalty.
+        rewards = torch.tensor([[trajectories[i].reward - (float(penalty(i).sum()) if penalised else 0.0)
+                                 for i in m] for m in members])  # [num_groups, G]
+        adv = estimator.compute(rewards, config)  # [num_groups, G]
+        for g, m in enumerate(members):
+            for j, i in enumerate(m):
+                advantages[i] = adv[g, j] * target_mask(trajectories[i]).float()  # [n]
+        return advantages, returns
+    for i, t in enumerate(trajectories):
+        mask = target_mask(t).float().unsqueeze(0)  # [1, n]
+        # Per-turn rewards sit on a token index of token_ids; target positions are shifted by one.
+        turn_rewards = [(idx - 1, r) for idx, r in t.turn_rewards]
+        outcome = t.reward - sum(r for _, r in t.turn_rewards)
+        rewards = token_rewards_from_outcome(torch.tensor([outcome]), mask, [turn_rewards])  # [1, n]
+        if penalised:
+            rewards = rewards - penalty(i).unsqueeze(0)
+        adv, ret = estimator.compute(rewards, values[i].unsqueeze(0).cpu(), mask, config)
+        advantages[i], returns[i] = adv[0], ret[0]
+    return advantages, returns
+
+
+def skips_zero_advantage(config: AdvantageConfig, loss: LossSettings, skip: bool) -> bool:
+    """Whether a zero-advantage sequence has no gradient but (at most) the KL term, so its
+    forward/backward may be skipped: outcome advantages, no KL in the reward, no entropy bonus."""
+    return skip and not estimator_of(config).token_level and loss.kl != "reward" and loss.entropy_coef == 0
+
+
+def rows_to_train(trajectories: Sequence[Trajectory], config: AdvantageConfig, loss: LossSettings,
+                  skip: bool) -> list[int]:
+    """Every row, or — when `skips_zero_advantage` — the rows whose advantage is not exactly 0
+    (outcome advantages need only the rewards, so this runs before any model pass)."""
+    rows = list(range(len(trajectories)))
+    if not skips_zero_advantage(config, loss, skip):
+        return rows
+    advantages, _ = trajectory_advantages(trajectories, config, loss)
+    return [i for i in rows if bool(advantages[i].any())]
+
+
+def zero_variance_fraction(trajectories: Sequence[Trajectory]) -> float:
+    """Fraction of groups whose episodes all got the same reward (no signal for GRPO)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        groups[t.group_id].append(t.reward)
+    flat = [max(r) - min(r) == 0 for r in groups.values()]
+    return sum(flat) / len(flat) if flat else 0.0

