@@ -1,4 +1,5 @@
-"""The Environment protocol, the data it exchanges, and the registry that maps ids to classes.
+"""The Environment protocol, the data it exchanges, the registry that maps ids to classes, and
+the registry of dataset path sources (`bfcl:...`).
 
 An environment plays one episode: `reset(task)` gives the opening messages, each
 `step(assistant_text)` returns observation messages (role "tool" or "user"), a reward, whether
@@ -69,3 +70,16 @@ def resolve(id: str) -> type:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ImportError(f"env_class {id!r}: cannot load {_REGISTRY[id]!r}: {exc}") from exc
+
+
+PATH_SOURCES: dict[str, str] = {}
+"""Dataset path prefix -> `module:function` that loads such a path (environments/tasks/loading.py
+asks it), e.g. `bfcl:` -> environments.bfcl.data:load_path."""
+
+
+def register_path_source(prefix: str, entry_point: str) -> None:
+    """Load dataset paths starting with `prefix` with `entry_point` (`module:function`, imported
+    when first used)."""
+    if ":" not in entry_point:
+        raise ValueError(f"entry point {entry_point!r} must look like 'package.module:function'")
+    PATH_SOURCES[prefix] = entry_point

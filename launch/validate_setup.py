@@ -64,7 +64,8 @@ async def validate(config: RunConfig) -> Report:
     except (ModelSourceError, OSError, ValueError) as exc:
         report.add(False, f"model: {exc}")
 
-    from environments.tasks.loading import TaskDataError, train_validation_split
+    from environments.tasks.loading import train_validation_split
+    from environments.tasks.schema import TaskDataError
 
     try:
         train, val = train_validation_split(config.data)

@@ -36,8 +36,9 @@ from environments.bfcl.data import (
 )
 from environments.bfcl.scoring import bfcl_reward, official_check
 from environments.config import BFCLEnvConfig, DatasetSource, EnvironmentConfig
-from environments.tasks.loading import TaskDataError, load_tasks
-from environments.toolcalls.parsing import format_tool_call
+from environments.tasks.loading import load_tasks
+from environments.tasks.schema import TaskDataError
+from environments.toolcalls import format_tool_call
 from tools.servers import bfcl as bfcl_server
 
 REPO = Path(__file__).resolve().parents[1]

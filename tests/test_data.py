@@ -15,16 +15,13 @@ import pytest
 from environments.config import DataConfig, DatasetSource
 from environments.tasks.loading import (
     GENERATORS,
-    TaskDataError,
     generate_tasks,
     load_tasks,
-    normalize_question,
-    parse_record,
     register_generator,
     save_tasks,
     train_validation_split,
 )
-from environments.tasks.generators import from_tool_sequence
+from environments.tasks.schema import Task, TaskDataError, normalize_question
 from tools.servers.calculator import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,7 +73,7 @@ def test_field_errors(mutate, message):
     bad = record()
     mutate(bad)
     with pytest.raises(TaskDataError) as info:
-        parse_record(bad, "x.jsonl line 3")
+        Task.from_record(bad, "x.jsonl line 3")
     assert str(info.value).startswith("x.jsonl line 3: ")
     assert message in str(info.value)
 
@@ -143,15 +140,15 @@ def test_tool_sequence_records_are_converted(tmp_path):
     spec = {"question": "Store 7 under lucky.", "tool_sequence": [{"server": "kv", "tool": "put",
                                                                     "params": {"key": "lucky", "value": 7}}],
             "state": {"kv": {"lucky": 7}}}
-    task = from_tool_sequence(spec)
+    task = Task.from_record(spec, "spec")
     assert task.reward_spec.method == ["tool_sequence", "state"]
     assert task.complexity == "easy" and task.ground_truth.tool_sequence[0].step == 1
     assert task.task_id.startswith("seq-") and task.question == "Store 7 under lucky."
     path = write_jsonl(tmp_path / "specs.jsonl", [spec, {"question": "x", "tool_sequence": []}])
     with pytest.raises(TaskDataError, match="specs.jsonl line 2: tool_sequence: needs a non-empty list"):
         load_tasks(DatasetSource(path=str(path)))
-    with pytest.raises(ValueError, match="unknown field"):
-        from_tool_sequence({**spec, "anwser": 1})
+    with pytest.raises(TaskDataError, match=r"spec: unknown field\(s\) \['anwser'\] in a tool-sequence record"):
+        Task.from_record({**spec, "anwser": 1}, "spec")
 
 
 # -- generators ------------------------------------------------------------------------------

@@ -11,9 +11,11 @@ from conftest import running_manager
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
-from environments.tasks.loading import generate_tasks, parse_record
-from environments.mcp_tool.env import CALL_TEMPLATES, MCPToolEnvironment, render_system_prompt
-from environments.toolcalls.parsing import FORMATS, format_tool_call
+from environments.tasks.loading import generate_tasks
+from environments.tasks.schema import Task
+from environments.mcp_tool.env import MCPToolEnvironment
+from environments.mcp_tool.prompt import render_system_prompt
+from environments.toolcalls import FORMATS, format_tool_call
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,7 +109,8 @@ def test_task_system_message_is_kept_and_format_is_taught(loop, tools):
     assert messages[0]["content"].endswith("\n\nBe brief.") and len(messages) == 10
     assert 'Action: calculate\nAction Input: {"expression": "2 + 2"}' in messages[0]["content"]
     assert messages[2]["content"] == 'Action: calculate\nAction Input: {"expression": "523 + 198"}'
-    assert set(CALL_TEMPLATES) == set(FORMATS)
+    # Every format has a template that names the tool and its arguments.
+    assert all("<tool>" in fmt.template and "<argument" in fmt.template for fmt in FORMATS.values())
 
 
 # -- episodes --------------------------------------------------------------------------------
@@ -206,7 +209,7 @@ def test_empty_and_truncated_turns_are_ordinary_turns(loop, tools):
 def test_step_after_done_and_finish(loop, tools):
     async def run():
         env = MCPToolEnvironment(tools, EnvironmentConfig(), "ep-finish")
-        await env.reset(parse_record(calculator_task(), "test"))
+        await env.reset(Task.from_record(calculator_task(), "test"))
         await env.step(calc("964 * 494"))
         finished = await env.finish()
         again = await env.step("<answer>476216</answer>")

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from environments.toolcalls.parsing import (
+from environments.toolcalls import (
     FORMATS,
     extract_final_answer,
     format_tool_call,
-    loads_near_json,
     parse_tool_calls,
 )
+from environments.toolcalls.near_json import loads_near_json
 
 
 def only_call(text: str, **kwargs):

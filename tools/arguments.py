@@ -18,6 +18,8 @@ from typing import Any
 
 import jsonschema
 
+from tools.schema import type_name
+
 RESERVED_ARGS = ("episode_id",)
 """Arguments the manager fills in; a tool declares one by having a property of that name."""
 
@@ -77,18 +79,6 @@ def public_schema(input_schema: dict) -> tuple[dict, bool]:
     return schema, takes_episode_id
 
 
-def _type_name(prop: dict) -> str:
-    if "type" in prop:
-        kind = prop["type"]
-        return " or ".join(kind) if isinstance(kind, list) else kind
-    options = prop.get("anyOf") or prop.get("oneOf")
-    if options:
-        return " or ".join(_type_name(o) for o in options)
-    if "enum" in prop:
-        return "one of " + ", ".join(json.dumps(v) for v in prop["enum"])
-    return "any JSON value"
-
-
 class ToolArguments:
     """Arguments of one tool: `prepare` turns what the model wrote into what the server gets."""
 
@@ -109,7 +99,7 @@ class ToolArguments:
         self.signature = (
             "{"
             + ", ".join(
-                f'"{name}": {_type_name(prop)}' + (" (required)" if name in self.required else "")
+                f'"{name}": {type_name(prop)}' + (" (required)" if name in self.required else "")
                 for name, prop in self.properties.items()
             )
             + "}"

@@ -24,119 +24,42 @@ dependencies are heavy and pinned, while the multi-turn backends and checker nee
 
 from __future__ import annotations
 
+import argparse
 import ast
-import importlib
 import inspect
 import json
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-CATEGORIES: tuple[str, ...] = ("base", "miss_func", "miss_param", "long_context")
-"""The executable multi-turn categories (200 tasks each)."""
+from environments.tasks.loading import save_tasks
+from environments.tasks.schema import Task
+from environments.toolcalls import format_tool_call
+from tools.servers.bfcl_backends import (
+    CATEGORIES,
+    BFCLUnavailable,
+    backend_classes,
+    check_category,
+    function_owner,
+    load_entries,
+    require_bfcl,
+)
+
+__all__ = ["CATEGORIES", "SPLITS", "BFCLUnavailable", "load_bfcl_tasks", "load_path", "require_bfcl"]
 
 SPLITS: tuple[str, ...] = ("train", "eval", "all")
 
 SPLIT_FILE = Path(__file__).resolve().parents[2] / "configs" / "data" / "bfcl_split.json"
 """The declared train/eval split of scenario indices."""
 
-INSTALL_HINT = "pip install --no-deps bfcl-eval mpmath   (or: make install)"
-
 PATH_PREFIX = "bfcl:"
 """Dataset paths of the form `bfcl:<category[,category...]|all>:<train|eval|all>`."""
-
-
-class BFCLUnavailable(ImportError):
-    """`bfcl-eval` (or a module it needs) is not installed; the message names the install command."""
-
-
-def require_bfcl() -> Any:
-    """The `bfcl_eval` package, or BFCLUnavailable naming the pip command."""
-    try:
-        import bfcl_eval
-        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker  # noqa: F401
-    except ImportError as exc:
-        raise BFCLUnavailable(f"the BFCL environment needs the bfcl-eval package ({exc}); install it with: "
-                              f"{INSTALL_HINT}") from exc
-    return bfcl_eval
-
-
-def _data_dir() -> Path:
-    return Path(require_bfcl().__file__).resolve().parent / "data"
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise BFCLUnavailable(f"{path} is missing from the installed bfcl-eval; reinstall it: {INSTALL_HINT}")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def check_category(category: str) -> str:
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown BFCL category {category!r}; choose from: {', '.join(CATEGORIES)} (or all)")
-    return category
 
 
 def check_split(split: str) -> str:
     if split not in SPLITS:
         raise ValueError(f"unknown BFCL split {split!r}; choose from: {', '.join(SPLITS)}")
     return split
-
-
-@cache
-def load_entries(category: str) -> tuple[dict, ...]:
-    """The category's entries with their ground truth (`ground_truth`: call strings per turn)."""
-    check_category(category)
-    data = _data_dir()
-    questions = _read_jsonl(data / f"BFCL_v4_multi_turn_{category}.json")
-    answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")}
-    entries = []
-    for entry in questions:
-        if entry["id"] not in answers:
-            raise ValueError(f"bfcl-eval data: {entry['id']} has no possible answer")
-        entries.append({**entry, "ground_truth": answers[entry["id"]]})
-    return tuple(entries)
-
-
-# -- function docs and backends ----------------------------------------------------------------
-
-@cache
-def function_docs() -> dict[str, list[dict]]:
-    """The documented functions of every multi-turn class: {class name: [doc, ...]}."""
-    require_bfcl()
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-
-    classes = backend_classes()
-    return {name: _read_jsonl(_data_dir() / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[name])
-            for name in classes}
-
-
-@cache
-def backend_classes() -> dict[str, type]:
-    """{class name: backend class} of the classes the four multi-turn categories use."""
-    require_bfcl()
-    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
-
-    names = sorted({c for category in CATEGORIES for e in load_entries(category) for c in e["involved_classes"]})
-    classes = {}
-    for name in names:
-        try:
-            classes[name] = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)
-        except ImportError as exc:
-            raise BFCLUnavailable(f"BFCL backend {name} cannot be imported ({exc}); {INSTALL_HINT}") from exc
-    return classes
-
-
-@cache
-def function_owner() -> dict[str, str]:
-    """{function name: class name}; function names are unique across the multi-turn classes."""
-    owner: dict[str, str] = {}
-    for class_name, docs in function_docs().items():
-        for doc in docs:
-            if doc["name"] in owner:
-                raise ValueError(f"BFCL function {doc['name']} is documented by {owner[doc['name']]} and {class_name}")
-            owner[doc["name"]] = class_name
-    return owner
 
 
 def parse_call(call: str) -> tuple[str, dict[str, Any]]:
@@ -158,8 +81,6 @@ def parse_call(call: str) -> tuple[str, dict[str, Any]]:
 def gold_script(bfcl: dict, call_format: str = "hermes") -> list[str]:
     """Assistant messages that replay the ground truth: per turn, one message with all of the
     turn's calls (when it has any), then one without a call, which ends the turn."""
-    from environments.toolcalls.parsing import format_tool_call
-
     messages = []
     for calls in bfcl["ground_truth"]:
         if calls:
@@ -236,8 +157,6 @@ def expand_categories(categories: str | list[str] | tuple[str, ...]) -> list[str
 def load_bfcl_tasks(categories: str | list[str] = "base", split: str = "eval", limit: int | None = None) -> list:
     """Validated `Task`s of the categories (in category order, then by scenario index), restricted
     to the declared split; `limit` keeps the first N of each category."""
-    from environments.tasks.loading import parse_record
-
     check_split(split)
     keep = None if split == "all" else declared_split()[split]
     tasks = []
@@ -245,7 +164,7 @@ def load_bfcl_tasks(categories: str | list[str] = "base", split: str = "eval", l
         chosen = [e for e in load_entries(category) if keep is None or scenario_index(e["id"]) in keep]
         chosen.sort(key=lambda e: scenario_index(e["id"]))
         for entry in chosen[:limit]:
-            tasks.append(parse_record(to_task(entry, category), f"bfcl-eval {entry['id']}"))
+            tasks.append(Task.from_record(to_task(entry, category), f"bfcl-eval {entry['id']}"))
     return tasks
 
 
@@ -258,26 +177,13 @@ def load_path(path: str) -> list:
     return load_bfcl_tasks(parts[0], parts[1])
 
 
-def write_split_file(path: Path = SPLIT_FILE) -> None:
-    """Write the declared split (the rule applied to the 200 scenario indices)."""
-    indices = sorted(scenario_index(e["id"]) for e in load_entries("base"))
-    data = {"rule": "scenario index % 4 == 0 -> eval, else train (same index in every category)",
-            "eval": [i for i in indices if split_rule(i) == "eval"],
-            "train": [i for i in indices if split_rule(i) == "train"]}
-    path.write_text(json.dumps(data) + "\n", encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m environments.bfcl.data --category base --split train --out tasks.jsonl`"""
-    import argparse
-
     parser = argparse.ArgumentParser(description="Convert BFCL multi-turn entries into task records")
     parser.add_argument("--category", default="base", help=f"{', '.join(CATEGORIES)}, a comma list, or all")
     parser.add_argument("--split", default="eval", choices=SPLITS)
     parser.add_argument("--out", required=True, help="a .jsonl, .json or .parquet file")
     args = parser.parse_args(argv)
-    from environments.tasks.loading import save_tasks
-
     tasks = load_bfcl_tasks(args.category, args.split)
     save_tasks(tasks, args.out)
     print(f"wrote {len(tasks)} tasks to {args.out}")

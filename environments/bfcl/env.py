@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 from environments.base import Message, StepResult
 from environments.bfcl.scoring import CheckResult, official_check
 from environments.config import EnvironmentConfig
-from environments.tasks.loading import parse_record
-from environments.toolcalls.parsing import format_tool_call, parse_tool_calls
 from environments.tasks.schema import Task
+from environments.toolcalls import accepted_formats, format_tool_call, parse_tool_calls
 from tools.arguments import ArgumentError, ToolArguments
+from tools.schema import signature
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
@@ -59,30 +59,16 @@ def _added_functions_prompt() -> str:
     return default_prompts.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
 
 
-def _type_name(prop: dict) -> str:
-    kind = prop.get("type", "any")
-    if kind == "array" and isinstance(prop.get("items"), dict):
-        return f"array[{_type_name(prop['items'])}]"
-    if "enum" in prop:
-        return "|".join(json.dumps(v) for v in prop["enum"])
-    return kind
-
-
 def render_function(spec: ToolSpec, full: bool = False) -> str:
     """One function for the system prompt: a compact signature line, or its full JSON schema."""
     description = " ".join(_DOC_PREFIX.sub("", spec.description or "").split())
     if full:
         return json.dumps({"name": spec.name, "description": description, "parameters": spec.input_schema})
-    schema = spec.input_schema or {}
-    required = set(schema.get("required") or [])
-    args = ", ".join(f"{name}{'' if name in required else '?'}: {_type_name(prop)}"
-                     for name, prop in (schema.get("properties") or {}).items())
-    return f"- {spec.name}({args}): {description}"
+    return f"- {signature(spec.name, spec.input_schema)}: {description}"
 
 
 def render_system_prompt(specs: list[ToolSpec], call_format: str, full_docs: bool) -> str:
-    fmt = "hermes" if call_format == "auto" else call_format
-    example = format_tool_call("<function>", {"<argument>": "<value>"}, fmt)
+    example = format_tool_call("<function>", {"<argument>": "<value>"}, call_format)
     return "\n".join([
         "You complete the user's requests by calling functions. To call one, write:",
         example,
@@ -120,7 +106,7 @@ class BFCLEnvironment:
 
     # -- reset -------------------------------------------------------------------------------
     async def reset(self, task: Task | dict) -> list[Message]:
-        self.task = task if isinstance(task, Task) else parse_record(task, f"task for episode {self.episode_id}")
+        self.task = task if isinstance(task, Task) else Task.from_record(task, f"task for episode {self.episode_id}")
         bfcl = self.task.extra_info.get("bfcl")
         if not isinstance(bfcl, dict) or "ground_truth" not in bfcl:
             raise ValueError(f"task {self.task.task_id} is not a BFCL task (no extra_info.bfcl); "
@@ -193,8 +179,8 @@ class BFCLEnvironment:
         text = assistant_text if isinstance(assistant_text, str) else ""
         self.counts["turns"] += 1
         self.counts["truncated_turns"] += bool(truncated)
-        fmt = self.config.call_format
-        parsed = parse_tool_calls(text, formats=None if fmt == "auto" else [fmt], tool_names=list(self._available))
+        parsed = parse_tool_calls(text, formats=accepted_formats(self.config.call_format),
+                                  tool_names=list(self._available))
         if parsed.errors:
             self.counts["parse_failures"] += 1
         if not parsed.calls:

@@ -1,8 +1,9 @@
 """`MCPToolEnvironment` (registry id `mcp_tool`): a multi-turn episode over real MCP tools.
 
-`reset(task)` renders the system prompt (the tools from the manager as compact signatures, how
-to call them, and a worked one-shot example) before the task's messages. Each
-`step(assistant_text)` parses the tool calls (environments.toolcalls.parsing), runs them through the
+`reset(task)` renders the system prompt (environments/mcp_tool/prompt.py: the tools from the
+manager as compact signatures and how to call them) and worked examples as chat turns
+(environments/mcp_tool/examples.py) before the task's messages. Each
+`step(assistant_text)` parses the tool calls (environments/toolcalls/), runs them through the
 `SharedToolManager` (concurrently, at most `max_calls_per_turn`), and returns one
 `{"role": "tool"}` observation per call plus one per unreadable piece of markup.
 
@@ -19,112 +20,20 @@ import asyncio
 import json
 import logging
 import re
-import weakref
 from typing import TYPE_CHECKING, Any
 
 from environments.base import Message, StepResult
 from environments.config import EnvironmentConfig
-from environments.tasks.loading import parse_record
-from environments.toolcalls.parsing import ToolCall, format_tool_call, parse_tool_calls
+from environments.mcp_tool.examples import calculator_examples, find_calculator
+from environments.mcp_tool.prompt import example_turns, render_system_prompt
 from environments.rewards import CallRecord, Episode, RewardBreakdown, score
-from environments.tasks.schema import Task, normalize_question, question_key
+from environments.tasks.schema import Task
+from environments.toolcalls import ToolCall, accepted_formats, format_tool_call, parse_tool_calls
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
 
 log = logging.getLogger(__name__)
-
-CALL_TEMPLATES = {
-    "hermes": '<tool_call>{"name": "<tool>", "arguments": {<arguments>}}</tool_call>',
-    "tool_tag": '<tool>{"name": "<tool>", "arguments": {<arguments>}}</tool>',
-    "json": '{"name": "<tool>", "arguments": {<arguments>}}',
-    "openai": '{"tool_calls": [{"type": "function", "function": {"name": "<tool>", "arguments": "{<arguments>}"}}]}',
-    "react": "Action: <tool>\nAction Input: {<arguments>}",
-    "python": "```python\n<tool>(<argument>=<value>)\n```",
-}
-"""How a call looks in each format, as the system prompt teaches it."""
-
-EXAMPLES = (("What is 523 + 198?", "523 + 198"), ("What is 4 * 56?", "4 * 56"), ("What is 71 - 45?", "71 - 45"))
-"""Worked calculator examples, shown as real chat turns before the task (the first two that differ
-from the task are used). Measured on SmolLM2-135M-Instruct, 32 three-digit products, greedy /
-sampled success: examples written inside the system prompt 0-1/32; two chat-turn examples with a
-three-digit product 32/32 (nothing left to learn); 523 + 198 and 71 - 45: 2/32 and 8/64; these,
-523 + 198 and 4 * 56: 9/32 greedy and 5/64 sampled, the start the design's probe reports (29%)."""
-
-_EXAMPLE_RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per manager: the calculator's real answers to the example expressions (so the example shows
-the exact observation format)."""
-
-
-def _summary(description: str, limit: int = 160) -> str:
-    """The first paragraph of a tool description, on one line and at most `limit` characters."""
-    first = (description or "").strip().split("\n\n")[0]
-    first = " ".join(first.split())
-    return first if len(first) <= limit else first[: limit - 3].rstrip() + "..."
-
-
-def _type_name(prop: dict) -> str:
-    kind = prop.get("type")
-    if isinstance(kind, list):
-        return "|".join(kind)
-    if kind:
-        return kind
-    options = prop.get("anyOf") or prop.get("oneOf")
-    if options:
-        return "|".join(_type_name(o) for o in options if isinstance(o, dict))
-    if "enum" in prop:
-        return "|".join(json.dumps(v) for v in prop["enum"])
-    return "any"
-
-
-def render_tool(spec: ToolSpec) -> str:
-    """`- name(arg: type, opt?: type): description` from the tool's JSON schema."""
-    schema = spec.input_schema or {}
-    properties = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
-    args = ", ".join(
-        f"{name}{'' if name in required else '?'}: {_type_name(prop if isinstance(prop, dict) else {})}"
-        for name, prop in properties.items()
-    )
-    description = _summary(spec.description)
-    return f"- {spec.name}({args})" + (f": {description}" if description else "")
-
-
-def _find_calculator(specs: list[ToolSpec]) -> ToolSpec | None:
-    """A tool that takes one string `expression` (the bundled calculator's `calculate`)."""
-    for spec in specs:
-        properties = (spec.input_schema or {}).get("properties") or {}
-        if list(properties) == ["expression"]:
-            return spec
-    return None
-
-
-def render_system_prompt(specs: list[ToolSpec], call_format: str = "auto", example_call: str | None = None) -> str:
-    """The system prompt: how to call tools (a concrete call when one is given, else the
-    format's template) and the tools."""
-    fmt = "hermes" if call_format == "auto" else call_format
-    return "\n".join([
-        "You can call tools. To call one, write it like this:",
-        example_call or CALL_TEMPLATES[fmt],
-        "The result comes back in a tool message. When you know the answer, write <answer>your answer</answer>.",
-        "",
-        "Tools:",
-        *(render_tool(spec) for spec in specs),
-    ])
-
-
-def example_turns(examples: list[tuple[str, str, str, str]], call_format: str = "auto") -> list[Message]:
-    """Worked examples (question, tool, expression, result) as user/assistant/tool/assistant turns."""
-    fmt = "hermes" if call_format == "auto" else call_format
-    turns: list[Message] = []
-    for question, tool_name, expression, result in examples:
-        turns += [
-            {"role": "user", "content": question},
-            {"role": "assistant", "content": format_tool_call(tool_name, {"expression": expression}, fmt)},
-            {"role": "tool", "content": result},
-            {"role": "assistant", "content": f"<answer>{result}</answer>"},
-        ]
-    return turns
 
 
 class MCPToolEnvironment:
@@ -150,7 +59,7 @@ class MCPToolEnvironment:
 
     # -- reset -------------------------------------------------------------------------------
     async def reset(self, task: Task | dict) -> list[Message]:
-        self.task = task if isinstance(task, Task) else parse_record(task, f"task for episode {self.episode_id}")
+        self.task = task if isinstance(task, Task) else Task.from_record(task, f"task for episode {self.episode_id}")
         self.episode = Episode()
         self.done, self.done_reason, self.breakdown = False, None, None
         self.empty_turns = self.truncated_turns = 0
@@ -164,10 +73,11 @@ class MCPToolEnvironment:
         self.max_turns = gt.max_turns or self.config.max_turns.get(gt.complexity) or max(
             self.config.max_turns.values(), default=5)
 
-        examples = await self._examples() if self.config.one_shot_example else []
-        fmt = "hermes" if self.config.call_format == "auto" else self.config.call_format
-        calculator = _find_calculator(self._specs)
-        example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, fmt)
+        examples = []
+        if self.config.one_shot_example:
+            examples = await calculator_examples(self.task, self._specs, self.tools, self.config.tool_timeout)
+        calculator = find_calculator(self._specs)
+        example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, self.config.call_format)
                         if calculator is not None else None)
         system = render_system_prompt(self._specs, self.config.call_format, example_call)
         task_messages = self.task.messages()
@@ -202,28 +112,6 @@ class MCPToolEnvironment:
             spec = folded[0] if len({s.name for s in folded}) == 1 else None
         return spec
 
-    async def _examples(self) -> list[tuple[str, str, str, str]]:
-        """Two worked calculator examples whose questions differ from the task's, with the
-        calculator's real answers (cached per manager); none when there is no calculator."""
-        calculator = _find_calculator(self._specs)
-        if calculator is None:
-            return []
-        own = normalize_question(self.task)
-        chosen = [(q, e) for q, e in EXAMPLES if question_key(q) != own and e not in self.task.question][:2]
-        cache = _EXAMPLE_RESULTS.setdefault(self.tools, {})
-        examples = []
-        for question, expression in chosen:
-            key = (calculator.name, expression)
-            if key not in cache:
-                result = await self.tools.call_tool(calculator.name, {"expression": expression},
-                                                    timeout=self.config.tool_timeout)
-                if result.is_error:  # a broken example teaches nothing: leave it out, ask again next time
-                    log.warning("example call %s(%r) failed: %s", calculator.name, expression, result.text)
-                    continue
-                cache[key] = result.text.strip()
-            examples.append((question, calculator.name, expression, cache[key]))
-        return examples
-
     # -- step --------------------------------------------------------------------------------
     async def step(self, assistant_text: str, *, truncated: bool = False) -> StepResult:
         if self.task is None:
@@ -236,8 +124,8 @@ class MCPToolEnvironment:
         self.truncated_turns += bool(truncated)
         self.episode.messages.append({"role": "assistant", "content": text})
 
-        fmt = self.config.call_format
-        parsed = parse_tool_calls(text, formats=None if fmt == "auto" else [fmt], tool_names=list(self._by_name))
+        parsed = parse_tool_calls(text, formats=accepted_formats(self.config.call_format),
+                                  tool_names=list(self._by_name))
         observations = await self._run_calls(parsed.calls, turn)
         if parsed.errors:
             self.episode.parse_failures += 1

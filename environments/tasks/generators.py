@@ -1,5 +1,4 @@
-"""Synthetic task generators (deterministic given their `random.Random`) and the converter from
-tool-sequence specs.
+"""Synthetic task generators (deterministic given their `random.Random`).
 
 - `calculator_tasks`: "What is 964 * 494?" (the embedded default), or multi-step expressions
   such as "What is (12 + 345) * 67?" with `terms > 2`. The answer is an exact integer; the
@@ -7,20 +6,15 @@ tool-sequence specs.
 - `multistep_tasks`: two dependent calls on each of two servers: compute A op B, store it under
   a key in kv, compute (that stored value) op C, store the result under a second key, answer it.
   Scored on the final answer and the final kv state (and the tool sequence, for partial credit).
-- `from_tool_sequence(record)`: `{"question", "tool_sequence", "answer"?, "state"?, ...}` → a full
-  task (reward on the tool sequence, plus the answer/state when given).
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import ValidationError
-
-from environments.tasks.schema import Task, describe_error
+from environments.tasks.schema import complexity_for, task_record
 
 CALCULATOR_SERVER = "calculator"
 CALCULATOR_TOOL = "calculate"
@@ -47,35 +41,11 @@ def _check_ops(ops: list[str]) -> list[str]:
     return list(ops)
 
 
-def _complexity(calls: int) -> str:
-    return "easy" if calls <= 1 else "medium" if calls <= 3 else "hard"
-
-
-def _task_record(
-    *,
-    data_source: str,
-    prompt: list[dict[str, str]],
-    methods: list[str],
-    ground_truth: dict[str, Any],
-    extra_info: dict[str, Any],
-    env_class: str = "mcp_tool",
-) -> dict[str, Any]:
-    """One task record in the dataset layout; `ground_truth` holds task_id, complexity,
-    max_turns, success, tool_sequence and limits."""
-    return {
-        "data_source": data_source,
-        "env_class": env_class,
-        "prompt": prompt,
-        "reward_spec": {"method": methods, "ground_truth": ground_truth},
-        "extra_info": extra_info,
-    }
-
-
 def _synthetic_task(
     data_source: str, question: str, methods: list[str], extra_info: dict[str, Any], **ground_truth: Any
 ) -> dict[str, Any]:
     """A generated task: one user message; its task id is assigned later ("pending")."""
-    return _task_record(
+    return task_record(
         data_source=data_source,
         prompt=[{"role": "user", "content": question}],
         methods=methods,
@@ -172,57 +142,3 @@ def multistep_tasks(
             success={"answer": result, "state": {kv_server: {first_key: product, second_key: result}}},
             tool_sequence=sequence, limits={"max_tool_calls": 10, "max_servers": 2},
         )
-
-
-_SPEC_FIELDS = {"question", "tool_sequence", "answer", "state", "task_id", "complexity", "max_turns", "system",
-                "data_source", "env_class", "limits", "extra_info", "methods"}
-
-
-def from_tool_sequence(record: dict[str, Any]) -> Task:
-    """A full task from `{"question": str, "tool_sequence": [{server?, tool, params?}, ...]}`.
-
-    Optional: `answer` and `state` (then also scored and required for success), `task_id`
-    (default `seq-<hash of the question>`), `complexity` (default from the number of steps:
-    1 easy, 2-3 medium, more hard), `max_turns`, `system`, `limits`, `methods`, `data_source`,
-    `env_class`, `extra_info`. Raises ValueError naming what is wrong.
-    """
-    unknown = sorted(set(record) - _SPEC_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown} in a tool-sequence record; allowed: {sorted(_SPEC_FIELDS)}")
-    question = record.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError("question: a tool-sequence record needs a non-empty question")
-    steps = record.get("tool_sequence")
-    if not isinstance(steps, list) or not steps:
-        raise ValueError("tool_sequence: needs a non-empty list of {server, tool, params} steps")
-    sequence = [{**step, "step": step.get("step", i + 1)} if isinstance(step, dict) else step
-                for i, step in enumerate(steps)]
-    methods = ["tool_sequence"]
-    success: dict[str, Any] = {}
-    if record.get("answer") is not None:
-        methods.insert(0, "final_answer")
-        success["answer"] = record["answer"]
-    if record.get("state"):
-        methods.append("state")
-        success["state"] = record["state"]
-    prompt = ([{"role": "system", "content": record["system"]}] if record.get("system") else []) + [
-        {"role": "user", "content": question}]
-    digest = hashlib.sha1(question.encode()).hexdigest()[:10]
-    try:
-        return Task.model_validate(_task_record(
-            data_source=record.get("data_source", "tool_sequence"),
-            env_class=record.get("env_class", "mcp_tool"),
-            prompt=prompt,
-            methods=record.get("methods", methods),
-            ground_truth={
-                "task_id": str(record.get("task_id") or f"seq-{digest}"),
-                "complexity": record.get("complexity", _complexity(len(steps))),
-                "max_turns": record.get("max_turns"),
-                "success": success,
-                "tool_sequence": sequence,
-                "limits": record.get("limits") or {},
-            },
-            extra_info=record.get("extra_info") or {},
-        ))
-    except ValidationError as exc:
-        raise ValueError("; ".join(describe_error(err) for err in exc.errors())) from None

@@ -4,8 +4,9 @@
   → validated `Task`s. A bad record is an error that names the file, the line (jsonl, 1-based),
   item (json, 0-based) or row (parquet, 0-based), and the field. Nothing is skipped.
   Records in the short tool-sequence form (`question` + `tool_sequence`, no `reward_spec`) are
-  converted to full tasks (`environments.tasks.generators.from_tool_sequence`). A path
-  `bfcl:<categories|all>:<train|eval|all>` loads BFCL multi-turn tasks (environments.bfcl.data).
+  converted to full tasks (`Task.from_record`). A path with a registered prefix goes to that
+  source's loader (`register_path_source`; `bfcl:<categories|all>:<train|eval|all>` loads BFCL
+  multi-turn tasks through environments/bfcl/data.py).
 - Generators are functions `fn(rng: random.Random, **options) -> Iterable[Task | dict]`,
   registered by name (`calculator`, `multistep`) or given as `module:function`. The seed and
   the split name together seed `rng`, so validation tasks come from a stream disjoint from
@@ -23,38 +24,24 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from environments.base import load_callable
+from environments.base import PATH_SOURCES, load_callable
 from environments.config import DataConfig, DatasetSource
-from environments.tasks.schema import (
-    COMPONENTS,
-    GroundTruth,
-    Limits,
-    PromptMessage,
-    RewardSpec,
-    SuccessCriteria,
-    Task,
-    ToolStep,
-    describe_error,
-    normalize_question,
-)
+from environments.rewards import resolve_custom_reward
+from environments.tasks import generators
+from environments.tasks.schema import COMPONENTS, Task, TaskDataError, normalize_question
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "COMPONENTS", "GENERATORS", "GroundTruth", "Limits", "PromptMessage", "RewardSpec", "SuccessCriteria",
-    "Task", "TaskDataError", "ToolStep", "generate_tasks", "load_tasks", "normalize_question",
-    "parse_record", "register_generator", "resolve_generator", "save_tasks", "train_validation_split",
-]
-
-
-class TaskDataError(ValueError):
-    """A dataset problem, with the file, record and field it concerns in the message."""
-
-
 Generator = Callable[..., Iterable[Any]]
-GENERATORS: dict[str, Generator] = {}
+GENERATORS: dict[str, Generator] = {
+    "calculator": generators.calculator_tasks,
+    "multistep": generators.multistep_tasks,
+}
+"""Generators by name (`generator: <name>` in a dataset source)."""
+
 
 
 def register_generator(name: str, fn: Generator) -> None:
@@ -64,7 +51,6 @@ def register_generator(name: str, fn: Generator) -> None:
 
 def resolve_generator(name: str) -> Generator:
     """A registered generator, or `module:function`; unknown names list the registered ones."""
-    _register_builtins()
     if name in GENERATORS:
         return GENERATORS[name]
     if ":" in name:
@@ -73,32 +59,7 @@ def resolve_generator(name: str) -> Generator:
                         "or give module:function")
 
 
-def _register_builtins() -> None:
-    from environments.tasks import generators
-
-    GENERATORS.setdefault("calculator", generators.calculator_tasks)
-    GENERATORS.setdefault("multistep", generators.multistep_tasks)
-
-
 # -- records -----------------------------------------------------------------------------------
-
-def parse_record(record: Any, where: str) -> Task:
-    """Validate one record; `where` (e.g. "tasks.jsonl line 7") starts any error message."""
-    if not isinstance(record, dict):
-        raise TaskDataError(f"{where}: expected an object, got {type(record).__name__}")
-    if "reward_spec" not in record and "tool_sequence" in record:
-        from environments.tasks.generators import from_tool_sequence
-
-        try:
-            return from_tool_sequence(record)
-        except (ValueError, TypeError) as exc:
-            raise TaskDataError(f"{where}: {exc}") from exc
-    try:
-        return Task.model_validate(record)
-    except ValidationError as exc:
-        lines = [describe_error(err) for err in exc.errors()]
-        raise TaskDataError(f"{where}: " + "\n  ".join(lines)) from None
-
 
 def _decode_json_columns(row: dict) -> dict:
     """Parquet rows may hold nested fields as JSON strings (what `save_tasks` writes)."""
@@ -145,8 +106,6 @@ def _read_records(path: Path) -> Iterable[tuple[Any, str]]:
         for index, item in enumerate(data):
             yield item, f"{name} item {index}"
     elif suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         for index, row in enumerate(pq.read_table(path).to_pylist()):
             where = f"{name} row {index}"
             try:
@@ -164,7 +123,7 @@ def load_file(path: str | Path) -> list[Task]:
     tasks: list[Task] = []
     seen: dict[str, str] = {}
     for record, where in _read_records(path):
-        task = parse_record(record, where)
+        task = Task.from_record(record, where)
         if task.task_id in seen:
             raise TaskDataError(f"{where}: reward_spec.ground_truth.task_id: {task.task_id!r} is already "
                                 f"used at {seen[task.task_id]}")
@@ -185,9 +144,6 @@ def save_tasks(tasks: Iterable[Task], path: str | Path) -> None:
     elif suffix == ".json":
         path.write_text(json.dumps(records, indent=1), encoding="utf-8")
     elif suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         rows = [{**r, "reward_spec": json.dumps(r["reward_spec"]), "extra_info": json.dumps(r["extra_info"])}
                 for r in records]
         pq.write_table(pa.Table.from_pylist(rows), path)
@@ -232,7 +188,7 @@ def generate_tasks(
                 f"generator {name!r} (options {options or {}}) gave only {len(tasks)} distinct questions for "
                 f"the {split} split after {attempts - 1} tries; {num_tasks} were asked for"
             )
-        task = item if isinstance(item, Task) else parse_record(item, f"generator {name!r} item {attempts - 1}")
+        task = item if isinstance(item, Task) else Task.from_record(item, f"generator {name!r} item {attempts - 1}")
         key = normalize_question(task)
         if key in questions:
             continue  # the same question twice (or one of the training questions)
@@ -246,12 +202,12 @@ def generate_tasks(
 def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: Iterable[str] = ()) -> list[Task]:
     """The tasks of one source: a file's records, or `num_tasks` generated tasks. Custom reward
     functions (`module:function` methods) are imported here, so a bad path fails before training."""
-    if source.path is not None and source.path.startswith("bfcl:"):
-        from environments.bfcl.data import load_path
-
+    prefix = next((p for p in PATH_SOURCES if source.path is not None and source.path.startswith(p)), None)
+    if prefix is not None:
+        loader = load_callable(PATH_SOURCES[prefix], f"dataset source {prefix!r}", TaskDataError)
         try:
-            tasks = load_path(source.path)
-        except (ValueError, ImportError) as exc:  # a bad spec, or bfcl-eval missing (names the pip command)
+            tasks = loader(source.path)
+        except (ValueError, ImportError) as exc:  # a bad spec, or a missing package (named by the loader)
             raise TaskDataError(f"dataset {source.path!r}: {exc}") from exc
     elif source.path is not None:
         tasks = load_file(source.path)
@@ -263,8 +219,6 @@ def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: I
 
 
 def _check_custom_rewards(tasks: list[Task], where: str) -> None:
-    from environments.rewards import resolve_custom_reward
-
     checked: set[str] = set()
     for task in tasks:
         for method in task.reward_spec.method:

@@ -21,19 +21,33 @@ A record (one line of a .jsonl file, one item of a .json list, one row of a .par
 ```
 
 Unknown fields are errors everywhere except inside `extra_info`, `params` and `state`.
+
+The short form `{"question": ..., "tool_sequence": [...], "answer"?, "state"?, ...}` (no
+`reward_spec`) is accepted too: `Task.from_record` turns it into a full record scored on the tool
+sequence, plus the answer and the state when given.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 COMPONENTS: tuple[str, ...] = ("final_answer", "must_call_tool", "tool_sequence", "limits", "state")
 """Built-in reward components; a `method` entry may also be a `module:function` custom reward."""
 
 Complexity = Literal["easy", "medium", "hard"]
+
+
+class TaskDataError(ValueError):
+    """A dataset problem, with the file, record and field it concerns in the message."""
+
+
+def complexity_for(calls: int) -> Complexity:
+    """The complexity label of a task that takes `calls` tool calls: 1 easy, 2-3 medium, more hard."""
+    return "easy" if calls <= 1 else "medium" if calls <= 3 else "hard"
 
 
 class _Strict(BaseModel):
@@ -204,6 +218,93 @@ class Task(_Strict):
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.content} for m in self.prompt]
+
+    @classmethod
+    def from_record(cls, record: Any, where: str) -> Task:
+        """Validate one record (full or short form); `where` (e.g. "tasks.jsonl line 7") starts
+        any TaskDataError message, which names the field."""
+        if not isinstance(record, dict):
+            raise TaskDataError(f"{where}: expected an object, got {type(record).__name__}")
+        try:
+            if "reward_spec" not in record and "tool_sequence" in record:
+                record = short_form_record(record)
+            return cls.model_validate(record)
+        except ValidationError as exc:
+            raise TaskDataError(f"{where}: " + "\n  ".join(describe_error(e) for e in exc.errors())) from None
+        except (ValueError, TypeError) as exc:
+            raise TaskDataError(f"{where}: {exc}") from exc
+
+
+def task_record(
+    *,
+    data_source: str,
+    prompt: list[dict[str, str]],
+    methods: list[str],
+    ground_truth: dict[str, Any],
+    extra_info: dict[str, Any],
+    env_class: str = "mcp_tool",
+) -> dict[str, Any]:
+    """One task record in the dataset layout; `ground_truth` holds task_id, complexity,
+    max_turns, success, tool_sequence and limits."""
+    return {
+        "data_source": data_source,
+        "env_class": env_class,
+        "prompt": prompt,
+        "reward_spec": {"method": methods, "ground_truth": ground_truth},
+        "extra_info": extra_info,
+    }
+
+
+SHORT_FORM_FIELDS = frozenset({"question", "tool_sequence", "answer", "state", "task_id", "complexity",
+                               "max_turns", "system", "limits", "methods", "data_source", "env_class",
+                               "extra_info"})
+
+
+def short_form_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A full record from `{"question": str, "tool_sequence": [{server?, tool, params?}, ...]}`.
+
+    Optional: `answer` and `state` (then also scored and required for success), `task_id`
+    (default `seq-<hash of the question>`), `complexity` (default from the number of steps),
+    `max_turns`, `system`, `limits`, `methods`, `data_source`, `env_class`, `extra_info`.
+    Raises ValueError naming what is wrong.
+    """
+    unknown = sorted(set(record) - SHORT_FORM_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown} in a tool-sequence record; allowed: {sorted(SHORT_FORM_FIELDS)}")
+    question = record.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("question: a tool-sequence record needs a non-empty question")
+    steps = record.get("tool_sequence")
+    if not isinstance(steps, list) or not steps:
+        raise ValueError("tool_sequence: needs a non-empty list of {server, tool, params} steps")
+    sequence = [{**step, "step": step.get("step", i + 1)} if isinstance(step, dict) else step
+                for i, step in enumerate(steps)]
+    methods = ["tool_sequence"]
+    success: dict[str, Any] = {}
+    if record.get("answer") is not None:
+        methods.insert(0, "final_answer")
+        success["answer"] = record["answer"]
+    if record.get("state"):
+        methods.append("state")
+        success["state"] = record["state"]
+    prompt = ([{"role": "system", "content": record["system"]}] if record.get("system") else []) + [
+        {"role": "user", "content": question}]
+    digest = hashlib.sha1(question.encode()).hexdigest()[:10]
+    return task_record(
+        data_source=record.get("data_source", "tool_sequence"),
+        env_class=record.get("env_class", "mcp_tool"),
+        prompt=prompt,
+        methods=record.get("methods", methods),
+        ground_truth={
+            "task_id": str(record.get("task_id") or f"seq-{digest}"),
+            "complexity": record.get("complexity", complexity_for(len(steps))),
+            "max_turns": record.get("max_turns"),
+            "success": success,
+            "tool_sequence": sequence,
+            "limits": record.get("limits") or {},
+        },
+        extra_info=record.get("extra_info") or {},
+    )
 
 
 def normalize_question(task: Task) -> str:

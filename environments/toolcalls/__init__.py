@@ -1,3 +1,19 @@
-"""Tool calls in model text: one class per call format (parse, render, name) and the registry of
-formats, the scanner that finds calls and final answers, and the near-JSON and Python-call
-readers it uses."""
+"""Tool calls in model text: one class per call format (read, render, name) and the registry of
+formats (formats.py), the scanner that finds calls and final answers (parsing.py), the call types
+and shared JSON readers (scan.py), and the near-JSON and Python-call readers they use."""
+
+from environments.toolcalls.formats import (
+    DEFAULT_FORMAT,
+    FORMATS,
+    ToolCallFormat,
+    accepted_formats,
+    format_tool_call,
+    resolve_format,
+)
+from environments.toolcalls.parsing import extract_final_answer, parse_tool_calls
+from environments.toolcalls.scan import ParseResult, ToolCall
+
+__all__ = [
+    "DEFAULT_FORMAT", "FORMATS", "ParseResult", "ToolCall", "ToolCallFormat", "accepted_formats",
+    "extract_final_answer", "format_tool_call", "parse_tool_calls", "resolve_format",
+]

@@ -41,6 +41,12 @@ from pydantic import Field, WithJsonSchema, WrapValidator
 from pydantic.json_schema import PydanticJsonSchemaWarning
 
 from tools.servers import _cli
+from tools.servers.bfcl_backends import (
+    BFCLUnavailable,
+    backend_classes,
+    function_docs,
+    function_owner,
+)
 
 MAX_EPISODES = 2_000
 CONTROL_TOOLS = ("bfcl_start", "bfcl_call", "bfcl_reveal", "bfcl_state", "bfcl_end")
@@ -175,8 +181,6 @@ def register_functions() -> MCPServer:
     global _registered
     if _registered:
         return server
-    from environments.bfcl.data import backend_classes, function_docs
-
     classes = backend_classes()
     for owner, docs in function_docs().items():
         for doc in docs:
@@ -201,8 +205,6 @@ def bfcl_start(
 ) -> str:
     """Create the episode's backend instances; returns {"tools": [available function names]}."""
     from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
-
-    from environments.bfcl.data import backend_classes, function_docs
 
     classes = backend_classes()
     unknown = sorted(set(involved_classes) - set(classes))
@@ -233,8 +235,6 @@ def bfcl_call(
 ) -> str:
     """Run a function with arguments exactly as written, unchecked against its documented schema
     (what BFCL's executor does with a call that does not match the documentation)."""
-    from environments.bfcl.data import function_owner
-
     owner = function_owner().get(function)
     if owner is None:
         raise ToolError(f"unknown BFCL function {function!r}")
@@ -274,8 +274,6 @@ def bfcl_end(episode_id: EpisodeId = "default") -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from environments.bfcl.data import BFCLUnavailable
-
     args = _cli.parser("BFCL multi-turn backends as an MCP server, one state per episode").parse_args(argv)
     try:
         register_functions()

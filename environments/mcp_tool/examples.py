@@ -1,0 +1,75 @@
+"""Worked examples an MCP tool episode shows before the task, as real chat turns.
+
+A `WorkedExample` is a question, the calls that answer it with their real results, and the
+answer. `calculator_examples` gives the measured one-shot pair for servers with a calculator-shaped
+tool (one string argument `expression`), with the calculator's real answers so the example shows
+the exact observation format.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from environments.tasks.schema import Task, normalize_question, question_key
+
+if TYPE_CHECKING:
+    from tools.manager import SharedToolManager, ToolSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkedExample:
+    question: str
+    steps: tuple[tuple[str, dict, str], ...]
+    """(tool name, arguments, the tool's result text) per call, in order."""
+    answer: str
+
+
+CALCULATOR_EXAMPLES = (("What is 523 + 198?", "523 + 198"), ("What is 4 * 56?", "4 * 56"),
+                       ("What is 71 - 45?", "71 - 45"))
+"""Worked calculator examples (the first two that differ from the task are used). Measured on
+SmolLM2-135M-Instruct, 32 three-digit products, greedy / sampled success: examples written inside
+the system prompt 0-1/32; two chat-turn examples with a three-digit product 32/32 (nothing left to
+learn); 523 + 198 and 71 - 45: 2/32 and 8/64; these, 523 + 198 and 4 * 56: 9/32 greedy and 5/64
+sampled, the start the design's probe reports (29%)."""
+
+_CALCULATOR_RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per manager: the calculator's real answers to the example expressions."""
+
+
+def find_calculator(specs: Sequence[ToolSpec]) -> ToolSpec | None:
+    """A tool that takes one string `expression` (the bundled calculator's `calculate`)."""
+    for spec in specs:
+        properties = (spec.input_schema or {}).get("properties") or {}
+        if list(properties) == ["expression"]:
+            return spec
+    return None
+
+
+async def calculator_examples(task: Task, specs: Sequence[ToolSpec], tools: SharedToolManager,
+                              timeout: float | None) -> list[WorkedExample]:
+    """Two worked calculator examples whose questions differ from the task's (cached per
+    manager); none when there is no calculator."""
+    calculator = find_calculator(specs)
+    if calculator is None:
+        return []
+    own = normalize_question(task)
+    chosen = [(q, e) for q, e in CALCULATOR_EXAMPLES if question_key(q) != own and e not in task.question][:2]
+    cache = _CALCULATOR_RESULTS.setdefault(tools, {})
+    examples = []
+    for question, expression in chosen:
+        key = (calculator.name, expression)
+        if key not in cache:
+            result = await tools.call_tool(calculator.name, {"expression": expression}, timeout=timeout)
+            if result.is_error:  # a broken example teaches nothing: leave it out, ask again next time
+                log.warning("example call %s(%r) failed: %s", calculator.name, expression, result.text)
+                continue
+            cache[key] = result.text.strip()
+        steps = ((calculator.name, {"expression": expression}, cache[key]),)
+        examples.append(WorkedExample(question, steps, cache[key]))
+    return examples
