@@ -19,6 +19,15 @@ import time
 
 import torch
 
+import environments  # noqa: F401  (registers mcp_tool)
+from environments.tasks.loading import generate_tasks
+from grpo.collect.collector import TrajectoryCollector
+from grpo.config import load_config
+from grpo.models.devices import compute_dtype
+from grpo.models.source import load_causal_lm, load_tokenizer
+from grpo.rollout.registry import make_engine
+from tools.manager import SharedToolManager
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -41,15 +50,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 async def measure(args: argparse.Namespace) -> dict:
-    import environments  # noqa: F401  (registers mcp_tool)
-    from environments.tasks.loading import generate_tasks
-    from grpo.collect.collector import TrajectoryCollector
-    from grpo.config import load_config
-    from grpo.models.devices import compute_dtype
-    from grpo.models.source import load_causal_lm, load_tokenizer
-    from grpo.rollout import make_engine
-    from tools.manager import SharedToolManager
-
     config = load_config(args.config, args.overrides)
     threads = args.threads or config.threads
     if threads:

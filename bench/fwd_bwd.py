@@ -20,6 +20,11 @@ import subprocess
 import sys
 import time
 
+import torch
+
+from grpo.models.config import LoraConfig, ModelConfig
+from grpo.models.policy import PolicyWithValueHead
+
 
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -31,11 +36,7 @@ def _maxrss_mib() -> float:
 
 
 def _child(args: argparse.Namespace) -> dict:
-    import torch
-
     torch.set_num_threads(args.threads)
-    from grpo.models.config import LoraConfig, ModelConfig
-    from grpo.models.policy import PolicyWithValueHead
 
     baseline_import = _maxrss_mib()
     model_cfg = ModelConfig(

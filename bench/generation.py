@@ -26,6 +26,10 @@ import time
 
 import torch
 
+from grpo.models.source import load_causal_lm, load_tokenizer
+from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.hf import HFEngine
+
 VARIANTS = {
     "bf16": {"dtype": torch.bfloat16},
     "bf16-fp32-head": {"dtype": torch.bfloat16, "head_dtype": torch.float32},
@@ -85,9 +89,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    from grpo.models.source import load_causal_lm, load_tokenizer
-    from grpo.rollout.base import GenerationRequest, SamplingParams
-    from grpo.rollout.hf import HFEngine
 
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model).eval()

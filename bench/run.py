@@ -31,13 +31,22 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+
+from bench.generation import make_prompts, measure_peak_gflops
+from bench.steps import multi_turn_step, standard_step
+from bench.tools import compare_with_raw_client
+from grpo.models.config import LoraConfig, ModelConfig
+from grpo.models.devices import compute_dtype
+from grpo.models.policy import PolicyWithValueHead
+from grpo.models.source import load_causal_lm, load_tokenizer
+from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.hf import HFEngine
 
 SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn")
 
 
 def _peaks() -> dict:
-    from bench.generation import measure_peak_gflops
-
     return {
         "fp32_gflops": round(measure_peak_gflops(torch.float32, repeats=5), 1),
         "bf16_gflops": round(measure_peak_gflops(torch.bfloat16), 1),
@@ -52,7 +61,6 @@ def decode_matmul_ceiling(model, batch: int = 64, repeats: int = 5) -> float:
     """GFLOP/s of one decode step's matmuls alone: every Linear of `model` (and its LM head) as a
     bf16 [batch, in] x [in, out] product, each timed best-of-`repeats`. What a decode step could
     reach if norms, attention, sampling and Python cost nothing: the ceiling for generation."""
-    import torch.nn.functional as F
 
     shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
     weights = {shape: torch.randn(shape).to(torch.bfloat16) for shape in set(shapes)}
@@ -71,12 +79,6 @@ def decode_matmul_ceiling(model, batch: int = 64, repeats: int = 5) -> float:
 
 
 def _generation(batches: list[int], new_tokens: int = 64) -> dict:
-    from grpo.models.devices import compute_dtype
-    from grpo.models.source import load_causal_lm, load_tokenizer
-    from grpo.rollout import GenerationRequest, SamplingParams
-    from grpo.rollout.hf import HFEngine
-    from bench.generation import make_prompts
-
     tok = load_tokenizer("smollm2-135m-instruct")
     model = load_causal_lm("smollm2-135m-instruct").eval()
     engine = HFEngine(model, tok, dtype=compute_dtype(torch.device("cpu"), "auto"))
@@ -104,9 +106,6 @@ def _generation(batches: list[int], new_tokens: int = 64) -> dict:
 
 
 def _training(batch: int = 16, length: int = 128, repeats: int = 3) -> dict:
-    from grpo.models.config import LoraConfig, ModelConfig
-    from grpo.models.policy import PolicyWithValueHead
-
     policy, _ = PolicyWithValueHead.from_config(ModelConfig(), LoraConfig(enabled=False), "cpu")
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 49152, (batch, length), generator=gen)  # [B, T]
@@ -131,8 +130,6 @@ def _training(batch: int = 16, length: int = 128, repeats: int = 3) -> dict:
 
 
 def _tools(calls: int) -> dict:
-    from bench.tools import compare_with_raw_client
-
     out = {}
     for concurrency in (1, 32):
         report = asyncio.run(compare_with_raw_client(calls, concurrency, rounds=10))
@@ -141,8 +138,6 @@ def _tools(calls: int) -> dict:
 
 
 def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zero_advantage: bool = True) -> dict:
-    from bench.steps import multi_turn_step, standard_step
-
     torch.set_num_threads(threads)
     report: dict = {
         "machine": {"cpus": os.cpu_count(), "threads": threads, "torch": torch.__version__,

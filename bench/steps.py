@@ -22,6 +22,16 @@ import time
 
 import torch
 
+import environments  # noqa: F401  (registers the environments)
+from grpo.algorithm.reference import make_reference
+from grpo.algorithm.update import UpdateSettings, make_optimizer, make_scheduler, train_step
+from grpo.config import RunConfig, load_config
+from grpo.models.policy import PolicyWithValueHead
+from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.registry import make_engine
+from grpo.train.trainer import GRPOTrainer
+from grpo.trajectory import Trajectory
+
 PROMPT = "What is {a} * {b}? Answer with the number only."
 _NUMBER = re.compile(r"-?\d[\d,]*")
 
@@ -37,8 +47,6 @@ def closeness_reward(text: str, truth: int) -> float:
 
 
 def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True):
-    from grpo.config import RunConfig
-
     return RunConfig.model_validate({
         "threads": threads,
         "model": {"name_or_path": "smollm2-135m-instruct", "weights_dtype": "float32"},
@@ -57,11 +65,6 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
     """Run 1 warm-up + `steps` timed steps of the standard work; medians and per-step times.
     `skip_zero_advantage=False` trains every sequence (for comparisons of the other levers: which
     groups have zero variance depends on what was sampled)."""
-    from grpo.models.policy import PolicyWithValueHead
-    from grpo.algorithm.reference import make_reference
-    from grpo.rollout import GenerationRequest, SamplingParams, make_engine
-    from grpo.trajectory import Trajectory
-    from grpo.algorithm.update import UpdateSettings, make_optimizer, make_scheduler, train_step
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -151,9 +154,6 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
 def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threads: int = 2) -> dict:
     """`steps` training steps of `config_path` (8 tasks x G=4 on the calculator server) through
     GRPOTrainer; the first is a warm-up. Seconds per step and where the time went."""
-    import environments  # noqa: F401  (registers the environments)
-    from grpo.config import load_config
-    from grpo.train.trainer import GRPOTrainer
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(config_path, [

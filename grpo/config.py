@@ -29,6 +29,7 @@ from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
 
+
 class RunConfig(Section):
     run_name: str = "run"
     """Name of the run; outputs go to `<output_dir>/<run_name>/`."""

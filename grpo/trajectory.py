@@ -28,8 +28,6 @@ class Trajectory:
     finish_reasons: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     """Reward breakdown, transcript messages, parse/tool error counts, success flag."""
-    failed: bool = False
-    error: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

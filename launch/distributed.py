@@ -28,7 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo.config import ConfigError, load_config
+from grpo.distributed.gradient_check import run_gradient_check
 from grpo.distributed.parallel import DistributedLaunchError, require_accelerate_launch
+from grpo.distributed.trainer import DistributedGRPOTrainer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,10 +60,7 @@ def main(argv=None) -> int:
         print(exc, file=sys.stderr)
         return 2
     if args.check_gradients:
-        from grpo.distributed.gradient_check import run_gradient_check
-
         return run_gradient_check(config, Path(args.check_gradients))
-    from grpo.distributed.trainer import DistributedGRPOTrainer
 
     started = time.time()
     trainer = DistributedGRPOTrainer(config)

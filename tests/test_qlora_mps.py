@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo.algorithm.reference import LoraEMAReference
 from grpo.models import devices
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
-from grpo.algorithm.reference import LoraEMAReference
 from grpo.rollout import sampling
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")

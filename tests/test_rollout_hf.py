@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpo.models.source import build_tiny_model
-from grpo.rollout import ENGINES, make_engine
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine
+from grpo.rollout.registry import ENGINES, make_engine
 from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
 
 

@@ -218,14 +218,14 @@ def test_full_sync_pushes_every_weight_and_resets_the_prefix_cache(tmp_path, tok
 
 @pytest.mark.skipif(HAS_VLLM and torch.cuda.is_available(), reason="vLLM can run here")
 def test_missing_vllm_or_cuda_is_a_clear_error(tokenizer):
-    from grpo.rollout import make_engine
+    from grpo.rollout.registry import make_engine
 
     with pytest.raises(VLLMUnavailable, match="vllm package|CUDA GPU"):
         make_engine("vllm", policy=_policy(False), tokenizer=tokenizer, config=RunConfig())
 
 
 def test_choose_engine_resolves_auto_and_the_enable_vllm_fallback(monkeypatch):
-    from grpo.rollout import choose_engine
+    from grpo.rollout.registry import choose_engine
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     monkeypatch.delenv("ENABLE_VLLM", raising=False)

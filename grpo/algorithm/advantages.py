@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+
 def _zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:
     """[num_groups, 1] bool: every reward in the group is identical. Such a group carries no
     signal; its advantages are set to exactly 0, because (r - mean) in floating point is not

@@ -39,11 +39,12 @@ from typing import Any
 from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
 from grpo.collect import chat_tokens
-from grpo.collect.metrics import Timeline, collection_metrics
-from grpo.rollout.config import RolloutConfig
-from grpo.collect.episode import Episode, GroupAbandoned, episode_stats, task_id_of
+from grpo.collect.episode import EpisodeRecord, GroupAbandoned, episode_stats, task_id_of
 from grpo.collect.generation_batcher import GenerationBatcher
+from grpo.collect.metrics import collection_metrics
+from grpo.collect.timeline import Timeline
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, SamplingParams
+from grpo.rollout.config import RolloutConfig
 from grpo.trajectory import Trajectory
 
 log = logging.getLogger("mcp_grpo.collector")
@@ -115,6 +116,8 @@ class TrajectoryCollector:
         self.end_of_turn_id = chat_tokens.end_of_turn_id(tokenizer)
         self.max_live_episodes = 0
         """Most episodes ever in flight at once (for tests of the concurrency bound)."""
+        self._live = 0
+        """Episodes in flight now (reset by each collect)."""
 
     # -- environment -------------------------------------------------------------------------
     def _make_env(self, task: Any, episode_id: str) -> Environment:
@@ -131,7 +134,7 @@ class TrajectoryCollector:
     async def _play(
         self,
         batcher: GenerationBatcher,
-        episode: Episode,
+        episode: EpisodeRecord,
         *,
         temperature: float,
         seed: int | None,
@@ -183,7 +186,7 @@ class TrajectoryCollector:
         self,
         batcher: GenerationBatcher,
         env: Environment,
-        episode: Episode,
+        episode: EpisodeRecord,
         result: GenerationResult,
     ) -> None:
         """Append one sampled turn, let the environment answer, append its observation delta."""
@@ -250,7 +253,7 @@ class TrajectoryCollector:
                 self._live += 1
                 self.max_live_episodes = max(self.max_live_episodes, self._live)
                 try:
-                    episode = Episode(task, task_id, group_id, sample_index, episode_id)
+                    episode = EpisodeRecord(task, task_id, group_id, sample_index, episode_id)
                     return await self._play(
                         batcher,
                         episode,

@@ -1,5 +1,5 @@
 """One episode's record: who it is (`task_id_of`), the token sequence built turn by turn
-(`Episode`: ids, loss mask, behavior log-probs, rewards, transcript), its tool counts
+(`EpisodeRecord`: ids, loss mask, behavior log-probs, rewards, transcript), its tool counts
 (`episode_stats`) and its conversion to a `Trajectory`.
 """
 
@@ -42,7 +42,7 @@ class EpisodeStats:
 
 
 @dataclass
-class Episode:
+class EpisodeRecord:
     """One episode being played: who it is and the token sequence built so far."""
 
     task: Any

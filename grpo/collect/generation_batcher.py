@@ -7,7 +7,7 @@ import asyncio
 import time
 from contextlib import contextmanager
 
-from grpo.collect.metrics import Timeline
+from grpo.collect.timeline import Timeline
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine
 
 

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import torch
 
+from grpo.algorithm.update import train_step
 from grpo.config import RunConfig
 from grpo.distributed.parallel import gathered_parameters, world
+from grpo.distributed.trainer import DistributedGRPOTrainer
+from grpo.models.policy import PolicyWithValueHead
 from grpo.trajectory import Trajectory
-from grpo.algorithm.update import train_step
 
 TOLERANCE = 1e-5
 """Relative to the largest gradient entry: fp32 sums in a different order, nothing more."""
@@ -70,7 +72,6 @@ class _NoScheduler:
 
 def _plain_gradients(trainer, trajectories) -> dict[str, torch.Tensor]:
     """The single-process gradient: a private copy of the weights, the whole batch."""
-    from grpo.models.policy import PolicyWithValueHead
 
     cfg = trainer.config
     single, _ = PolicyWithValueHead.from_config(cfg.model, cfg.lora, device=trainer.device, seed=cfg.seed)
@@ -100,8 +101,6 @@ def _distributed_gradients(trainer, trajectories) -> dict[str, torch.Tensor]:
 
 
 def run_gradient_check(config: RunConfig, out_path: Path) -> int:
-    from grpo.distributed.trainer import DistributedGRPOTrainer
-
     config.algorithm.optimizer.max_grad_norm = 1e9  # compare raw gradients: no clipping on either side
     config.algorithm.optimizer.micro_batch_size = 2  # several micro-batches per rank: accumulation too
     trainer = DistributedGRPOTrainer(config)

@@ -24,8 +24,11 @@ import os
 from datetime import timedelta
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 
-from grpo.train.checkpoint import SHARDS_DIR, load_checkpoint, resolve_resume, save_sharded_checkpoint
+from grpo.algorithm.estimators import estimator_of
+from grpo.algorithm.update import NonFiniteLossError, train_step
 from grpo.config import RunConfig
 from grpo.distributed.parallel import (
     DataParallelPolicy,
@@ -37,12 +40,16 @@ from grpo.distributed.parallel import (
     local_denominator_scale,
     reduce_metrics,
 )
-from grpo.train.trainer import GRPOTrainer, TrainingStopped
-from grpo.algorithm.estimators import estimator_of
-from grpo.algorithm.update import NonFiniteLossError, train_step
 from grpo.models.devices import resolve_device
 from grpo.models.export import save_pretrained
-from grpo.rollout import choose_engine
+from grpo.rollout.registry import choose_engine
+from grpo.train.checkpoint import (
+    SHARDS_DIR,
+    load_checkpoint,
+    resolve_resume,
+    save_sharded_checkpoint,
+)
+from grpo.train.trainer import GRPOTrainer, TrainingStopped
 
 log = logging.getLogger("mcp_grpo")
 
@@ -51,8 +58,6 @@ CHECKPOINT_FORMAT = "accelerate"
 
 def make_accelerator(config: RunConfig, timeout_minutes: float = 30.0):
     """The run's `Accelerator` (it reads the `accelerate launch` settings from the environment)."""
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     # DDP needs to be told about parameters that get no gradient: the value head when nothing
     # trains it (every advantage but `gae`).
@@ -78,7 +83,6 @@ class DistributedGRPOTrainer(GRPOTrainer):
 
     def __init__(self, config: RunConfig, *, accelerator=None):
         super().__init__(config)
-        from accelerate.utils import DistributedType
 
         self.accelerator = accelerator or make_accelerator(config)
         self.rank = self.accelerator.process_index

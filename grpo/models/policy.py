@@ -18,7 +18,10 @@ from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
 
 import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model, prepare_model_for_kbit_training
 from torch import nn
+from transformers import BitsAndBytesConfig
 
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
@@ -40,7 +43,7 @@ class PolicyOutput:
     values: torch.Tensor | None  # [B, T-1] value head at position t (the state before token t+1)
 
 
-def _checkpointing(model: nn.Module) -> bool:
+def is_checkpointing(model: nn.Module) -> bool:
     """Whether transformers gradient checkpointing is on (it turns the KV cache off)."""
     flag = getattr(model, "is_activation_checkpointing", None)
     if flag is None:
@@ -122,8 +125,6 @@ class PolicyWithValueHead(nn.Module):
         model.set_attn_implementation(attn)
         checkpointing_kwargs = {"use_reentrant": False}
         if model_cfg.load_in_4bit:
-            from peft import prepare_model_for_kbit_training
-
             model = prepare_model_for_kbit_training(
                 model,
                 use_gradient_checkpointing=model_cfg.gradient_checkpointing,
@@ -221,7 +222,7 @@ class PolicyWithValueHead(nn.Module):
         """Length of the token prefix that every row shares (0 when too short to pay, or when a
         KV cache cannot be used: gradient checkpointing turns it off)."""
         batch, length = input_ids.shape
-        if batch < 2 or self.share_prefix_min <= 0 or _checkpointing(self.language_model()):
+        if batch < 2 or self.share_prefix_min <= 0 or is_checkpointing(self.language_model()):
             return 0
         same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
         prefix = int(same.long().cumprod(0).sum())
@@ -328,7 +329,6 @@ def _four_bit_kwargs(
         raise ValueError(
             "model.load_in_4bit: true needs the bitsandbytes package (pip install bitsandbytes)"
         ) from None
-    from transformers import BitsAndBytesConfig
 
     quantization = BitsAndBytesConfig(
         load_in_4bit=True,
@@ -348,9 +348,6 @@ def _enable_checkpointing(model: nn.Module, kwargs: dict) -> None:
 
 
 def _add_lora(model: nn.Module, lora_cfg: LoraConfig, seed: int) -> nn.Module:
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
     peft_cfg = PeftLoraConfig(
         r=lora_cfg.r,
         lora_alpha=lora_cfg.alpha,

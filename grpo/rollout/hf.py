@@ -40,11 +40,11 @@ import time
 import torch
 from torch import nn
 
+from grpo.models.peft_weights import base_model_of, language_model_of
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
-from grpo.rollout.sequence import Sequence
-from grpo.models.peft_weights import base_model_of, language_model_of
+from grpo.rollout.sequence import LiveSequence
 from grpo.rollout.weights import copy_weights_into, inference_copy
 
 
@@ -286,7 +286,7 @@ class HFEngine(RolloutEngine):
     ) -> None:
         for index in wave:
             if requests[index].sampling.max_new_tokens == 0:
-                results[index] = Sequence(index, requests[index].sampling, None).result(requests)
+                results[index] = LiveSequence(index, requests[index].sampling, None).result(requests)
         # Unique prompts, longest first; the rows of one prompt adjacent.
         groups: dict[tuple[int, ...], list[int]] = {}
         for index in wave:
@@ -295,13 +295,13 @@ class HFEngine(RolloutEngine):
         if not groups:
             return
         prompts = sorted(groups, key=len, reverse=True)
-        rows: list[Sequence] = []
+        rows: list[LiveSequence] = []
         row_prompt: list[int] = []
         for u, prompt in enumerate(prompts):
             for index in groups[prompt]:
                 sampling = requests[index].sampling
                 seeded = torch.Generator().manual_seed(seeds[index])
-                rows.append(Sequence(index, sampling, seeded if sampling.temperature > 0 else None))
+                rows.append(LiveSequence(index, sampling, seeded if sampling.temperature > 0 else None))
                 row_prompt.append(u)
         width = len(prompts[0])  # P: every prompt ends at column P - 1
         capacity = width + max(row.sampling.max_new_tokens for row in rows)
@@ -323,7 +323,7 @@ class HFEngine(RolloutEngine):
         metrics["decode_seconds"] += time.perf_counter() - started
 
     def _decode(
-        self, requests, rows: list[Sequence], cache, logits, first_column, pos, results, metrics
+        self, requests, rows: list[LiveSequence], cache, logits, first_column, pos, results, metrics
     ) -> None:
         """Sample until every row has finished. `logits` [B, V] predict each row's first token;
         row b's prompt occupies cache columns [first_column[b], pos)."""

@@ -10,7 +10,7 @@ from grpo.rollout.base import FinishReason, GenerationRequest, GenerationResult,
 
 
 @dataclass
-class Sequence:
+class LiveSequence:
     request_index: int
     sampling: SamplingParams
     generator: torch.Generator | None

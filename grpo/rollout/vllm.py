@@ -44,6 +44,9 @@ from typing import Any
 
 import torch
 
+from grpo.models.devices import compute_dtype
+from grpo.models.peft_weights import is_peft, language_model_of
+from grpo.models.source import resolve_model_dir
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
 from grpo.rollout.vllm_params import (
     check_request_logprobs,
@@ -55,7 +58,6 @@ from grpo.rollout.vllm_params import (
 )
 from grpo.rollout.vllm_sync import LoraAdapterStore, export_base_model, full_weight_pairs
 from grpo.rollout.vllm_worker import WORKER_EXTENSION
-from grpo.models.peft_weights import is_peft, language_model_of
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +164,6 @@ class VLLMEngine(RolloutEngine):
     def from_config(cls, policy, tokenizer, config, device, **options) -> VLLMEngine:
         """Build the engine from a RunConfig (its `vllm:` section with the environment applied);
         `options` go to the constructor (e.g. `api`)."""
-        from grpo.models.devices import compute_dtype
-        from grpo.models.source import resolve_model_dir
 
         device = torch.device(device)
         settings = resolve_vllm_config(config.vllm)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from grpo.models.peft_weights import base_model_of, is_peft, language_model_of, lm_tensors
 
@@ -100,7 +101,6 @@ def export_base_model(policy, directory: str | Path, tokenizer=None) -> Path:
     For models that exist only in memory (`tiny-random`): it builds a fresh model of the same
     config on the CPU, so it is meant for small models; a model loaded from a directory is served
     from that directory instead (grpo/rollout/vllm.py)."""
-    from transformers import AutoModelForCausalLM
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

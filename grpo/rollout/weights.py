@@ -27,7 +27,6 @@ from torch import nn
 
 from grpo.models.peft_weights import dequantize_linears_, is_peft, language_model_of, lm_tensors
 
-
 _LOW_PRECISION_OUTPUTS = {"o_proj", "down_proj", "gate_proj", "up_proj"}
 """Linear layers whose output may stay in the matmul dtype, as under autocast: it only feeds the
 residual add (which promotes to fp32) or the SiLU-gated product that feeds `down_proj`. Any other

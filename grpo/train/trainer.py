@@ -30,8 +30,13 @@ from grpo.config import RunConfig, save_config
 from grpo.models.devices import resolve_device
 from grpo.models.export import save_pretrained
 from grpo.models.policy import PolicyWithValueHead
-from grpo.rollout import choose_engine, make_engine
-from grpo.train.checkpoint import load_checkpoint, resolve_resume, restore_rng_state, save_checkpoint
+from grpo.rollout.registry import choose_engine, make_engine
+from grpo.train.checkpoint import (
+    load_checkpoint,
+    resolve_resume,
+    restore_rng_state,
+    save_checkpoint,
+)
 from grpo.train.evaluation import evaluate
 from grpo.train.logger import MetricsLogger, setup_console_logging
 from grpo.train.plots import plot_curves
@@ -265,7 +270,7 @@ class GRPOTrainer:
         metrics = self._reduce_metrics(metrics, weight=float(len(tasks)))
         log.info("eval %s: success %.1f%% on %d held-out tasks (%.0f s)", tag,
                  100 * metrics["eval/success_rate"], len(held_out), metrics["eval/seconds"])
-        self.logger.log({f"{k}": v for k, v in metrics.items()}, self.step)
+        self.logger.log(metrics, self.step)
         return metrics
 
     def _save(self) -> None:

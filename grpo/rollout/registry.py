@@ -1,0 +1,75 @@
+"""The registry of rollout engines.
+
+One registry entry per engine (`ENGINES`): `hf` is grpo/rollout/hf.py (our KV-cached engine on
+CPU, CUDA or MPS), `vllm` is grpo/rollout/vllm.py (CUDA and the vllm package; settings from the
+config's `vllm:` section and the VLLM_MAX_MODEL_LEN / VLLM_GPU_MEMORY_UTILIZATION variables).
+`choose_engine(requested, device)` resolves `rollout.engine: auto` and the `ENABLE_VLLM=0`
+fallback and says why; `make_engine(name, ...)` builds one and raises on an unknown name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import torch
+
+from grpo.models.devices import compute_dtype
+from grpo.models.peft_weights import language_model_of
+from grpo.rollout.base import RolloutEngine
+from grpo.rollout.hf import HFEngine
+from grpo.rollout.vllm import VLLMEngine, check_vllm_available
+from grpo.rollout.vllm_params import ENV_ENABLE, vllm_enabled
+
+
+def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
+    if device is None:
+        device = next(language_model_of(policy).parameters()).device
+    device = torch.device(device)
+    options.setdefault("dtype", compute_dtype(device, config.model.dtype if config is not None else "auto"))
+    if config is not None:
+        options.setdefault("seed", config.seed)
+    return HFEngine(policy, tokenizer, device=device, **options)
+
+
+def _build_vllm(policy, tokenizer, config, device, **options) -> RolloutEngine:
+    check_vllm_available()
+    if config is None:
+        raise ValueError("make_engine('vllm') needs the RunConfig (config=...)")
+    return VLLMEngine.from_config(policy, tokenizer, config, device or "cuda", **options)
+
+
+ENGINES: dict[str, Callable[..., RolloutEngine]] = {"hf": _build_hf, "vllm": _build_vllm}
+"""Engine name -> builder `(policy, tokenizer, config, device, **options) -> RolloutEngine`."""
+
+
+def choose_engine(requested: str, device: torch.device) -> tuple[str, str]:
+    """The engine `rollout.engine: requested` runs on `device`, and why.
+
+    `auto`: vllm on CUDA when the package is installed and ENABLE_VLLM is not 0, else hf.
+    ENABLE_VLLM=0 turns an explicit `vllm` into `hf` too (the README's fallback)."""
+    if requested not in (*ENGINES, "auto"):
+        raise ValueError(f"unknown rollout engine {requested!r}; options: auto, {', '.join(ENGINES)}")
+    if requested == "hf":
+        return "hf", "requested in config"
+    if not vllm_enabled():
+        return "hf", f"{ENV_ENABLE}=0 in the environment"
+    if requested == "vllm":
+        return "vllm", "requested in config"
+    if device.type == "cuda" and importlib.util.find_spec("vllm") is not None:
+        return "vllm", "auto: CUDA device and the vllm package is installed"
+    if device.type == "cuda":
+        return "hf", "auto: the vllm package is not installed"
+    return "hf", f"auto: vLLM needs CUDA, the policy trains on {device.type}"
+
+
+def make_engine(
+    name: str, *, policy, tokenizer=None, config=None, device=None, **options
+) -> RolloutEngine:
+    """Build the rollout engine `name` over `policy` (a transformers / peft model or a wrapper
+    holding one). `config` is the RunConfig (optional for `hf`): it supplies the engine dtype
+    (`model.dtype`, `auto` = bf16 where the hardware has fast bf16) and the seed. Extra keyword
+    `options` go to the engine class (e.g. `max_batch_size`, `copy_weights`)."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; options: {', '.join(ENGINES)}")
+    return ENGINES[name](policy, tokenizer, config, device, **options)
