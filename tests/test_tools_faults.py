@@ -5,6 +5,8 @@ the environment allow-list, and clean shutdown (exception, Ctrl-C)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -23,6 +25,7 @@ from tools.procs import OWNER_ENV, owned_processes
 pytestmark = pytest.mark.anyio
 
 FAULTY = str(Path(__file__).parent / "servers" / "faulty.py")
+CHATTY = str(Path(__file__).parent / "servers" / "chatty.py")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -52,6 +55,7 @@ async def manager():
         breaker_failures=2,
         breaker_cooldown=1.0,
         max_output_chars=64,
+        max_structured_chars=1000,
     )
     try:
         async with SharedToolManager(config) as started:
@@ -87,7 +91,7 @@ async def test_sigkill_during_a_call_restarts_the_server_and_the_call_succeeds(m
     )
 
 
-async def test_a_hanging_tool_times_out_within_the_configured_time(manager):
+async def test_a_hanging_tool_times_out_once_without_retries_by_default(manager):
     start = time.perf_counter()
     result = await manager.call_tool("slow", {"seconds": 60}, timeout=0.5)
     elapsed = time.perf_counter() - start
@@ -95,16 +99,44 @@ async def test_a_hanging_tool_times_out_within_the_configured_time(manager):
         "tool slow timed out: no answer within 0.5 s",
         True,
         "timeout",
+        0,
+    )
+    assert 0.5 <= elapsed < 0.9
+    assert (await manager.call_tool("echo", {"text": "still here"})).text == "still here"
+
+
+async def test_retry_on_timeout_retries_a_hanging_tool_when_the_server_asks_for_it():
+    config = ToolsConfig(
+        servers={"faulty": faulty(call_timeout=0.5, retry_on_timeout=True)},
+        max_retries=2,
+        backoff_base=0.05,
+    )
+    async with SharedToolManager(config) as manager:
+        start = time.perf_counter()
+        result = await manager.call_tool("slow", {"seconds": 60})
+        elapsed = time.perf_counter() - start
+    assert (result.text, result.error_kind, result.retries) == (
+        "tool slow timed out: no answer within 0.5 s",
+        "timeout",
         2,
     )
     # 3 attempts of 0.5 s and two backoffs of at most 0.05 and 0.1 s, plus a small margin.
     assert 1.5 <= elapsed < 1.5 + 0.15 + 1.0
-    assert (await manager.call_tool("echo", {"text": "still here"})).text == "still here"
 
 
 async def test_oversized_output_is_truncated_with_a_marker(manager):
     result = await manager.call_tool("big", {"chars": 1000})
     assert (result.text, result.is_error) == ("x" * 64 + "…[truncated 936 chars]", False)
+
+
+async def test_oversized_structured_content_is_truncated_with_markers(manager):
+    result = await manager.call_tool("big_json", {"chars": 10_000_000})
+    # max_structured_chars=1000: the shape stays, the long string is cut and says by how much.
+    assert (result.is_error, result.structured) == (
+        False,
+        {"payload": "x" * 864 + "…[truncated 9999136 chars]"},
+    )
+    assert len(json.dumps(result.structured, ensure_ascii=False)) == 905
 
 
 async def test_control_characters_are_removed(manager):
@@ -140,7 +172,7 @@ async def test_unknown_tool_lists_the_known_ones(manager):
     result = await manager.call_tool("ech", {"text": "x"})
     assert (result.is_error, result.error_kind) == (True, "unknown_tool")
     assert result.text == (
-        "unknown tool 'ech'; available tools: add, big, die, echo, fail, getenv, noisy, pid, slow, whoami "
+        "unknown tool 'ech'; available tools: add, big, big_json, die, echo, fail, getenv, noisy, pid, slow, whoami "
         "(did you mean 'echo'?)"
     )
 
@@ -252,6 +284,32 @@ async def test_clashing_names_are_qualified_and_an_exception_stops_every_server(
         "transport",
         "tool right__get failed: the tool manager is closed",
     )
+
+
+async def test_junk_on_a_servers_stdout_is_one_warning_with_a_count(caplog):
+    config = ToolsConfig(
+        servers={"chatty": {"command": "python", "args": [CHATTY, "50"], "startup_timeout": 60}}
+    )
+    with caplog.at_level(logging.WARNING):
+        async with SharedToolManager(config) as manager:
+            assert (await manager.call_tool("echo", {"text": "hi"})).text == "hi"
+    assert [(r.name, r.levelname, r.getMessage(), r.exc_info) for r in caplog.records] == [
+        (
+            "tools.connection",
+            "WARNING",
+            (
+                "MCP server 'chatty' wrote a line that is not JSON-RPC to stdout (ignored): "
+                "'debug: loading plugin 0'; further ones are counted and reported when it stops"
+            ),
+            None,
+        ),
+        (
+            "tools.connection",
+            "WARNING",
+            "MCP server 'chatty' wrote 50 lines that are not JSON-RPC to stdout (ignored)",
+            None,
+        ),
+    ]
 
 
 CTRL_C_SCRIPT = textwrap.dedent(

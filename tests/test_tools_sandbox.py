@@ -1,5 +1,6 @@
-"""The Python sandbox under hostile programs, at both isolation levels: each is contained and
-reported. (The MCP server around it is exercised in test_tools_servers.py.)"""
+"""The Python sandbox under hostile programs, at every isolation level this machine offers: each
+is contained and reported, or the result says what its level does not contain. (The MCP server
+around it is exercised in test_tools_servers.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 from servers.leaks import no_leftover_server_processes  # noqa: F401 - session-level leak check
 
-from tools.servers.sandbox import SandboxLimits, detect_isolation, run_sandboxed
+from tools.servers.sandbox import (
+    SandboxLimits,
+    _disk_usage,
+    _watch_disk,
+    detect_isolation,
+    isolation_works,
+    run_sandboxed,
+)
 
 LIMITS = SandboxLimits(
     wall_seconds=10.0, cpu_seconds=1, memory_mb=256
@@ -25,12 +33,17 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture(scope="module", params=["namespaces", "rlimits"])
+NEEDS = {
+    "namespaces": "root and unshare(2)",
+    "landlock": "a kernel with Landlock enabled (Linux 5.13+)",
+    "rlimits": "nothing",
+}
+
+
+@pytest.fixture(scope="module", params=["namespaces", "landlock", "rlimits"])
 async def isolation(request):
-    if request.param == "namespaces" and await detect_isolation() != "namespaces":
-        pytest.skip(
-            "isolation 'namespaces' needs root and unshare(2); this machine falls back to 'rlimits'"
-        )
+    if not await isolation_works(request.param):
+        pytest.skip(f"isolation {request.param!r} needs {NEEDS[request.param]}")
     return request.param
 
 
@@ -83,6 +96,7 @@ async def test_fork_bomb_is_contained(isolation):
     result = await run_sandboxed("import os\nwhile True:\n    os.fork()", LIMITS, isolation)
     expected = {
         "namespaces": "BlockingIOError: [Errno 11] Resource temporarily unavailable",  # RLIMIT_NPROC=0
+        "landlock": "PermissionError: sandbox: os.fork is not allowed",
         "rlimits": "PermissionError: sandbox: os.fork is not allowed",
     }[isolation]
     assert (result.exit_reason, result.exit_code, _last_line(result.stderr)) == (
@@ -99,6 +113,7 @@ async def test_no_network_even_to_localhost(isolation):
     )
     expected = {
         "namespaces": "OSError: [Errno 101] Network is unreachable",  # a private namespace: no interfaces up
+        "landlock": "ImportError: sandbox: module 'socket' is not available",
         "rlimits": "ImportError: sandbox: module 'socket' is not available",
     }[isolation]
     assert (result.exit_reason, _last_line(result.stderr)) == ("error", expected)
@@ -115,9 +130,114 @@ async def test_writing_outside_the_work_dir_is_contained(isolation):
         target.unlink(missing_ok=True)
     expected = {
         "namespaces": f"OSError: [Errno 30] Read-only file system: {str(target)!r}",
+        "landlock": f"PermissionError: sandbox: writing {str(target)!r} outside the working directory is not allowed",
         "rlimits": f"PermissionError: sandbox: writing {str(target)!r} outside the working directory is not allowed",
     }[isolation]
     assert (result.exit_reason, _last_line(result.stderr)) == ("error", expected)
+
+
+@pytest.mark.anyio
+async def test_c_level_writes_outside_the_work_dir_are_contained_by_the_kernel_or_declared(
+    isolation,
+):
+    # sqlite3 opens its file in C, past the in-process guard: only the kernel can stop it.
+    target = Path(tempfile.gettempdir()) / f"mcp-grpo-escape-{uuid.uuid4().hex}.db"
+    program = f"import sqlite3\nsqlite3.connect({str(target)!r}).execute('create table t(x)')"
+    try:
+        result = await run_sandboxed(program, LIMITS, isolation)
+        escaped = target.exists()
+    finally:
+        target.unlink(missing_ok=True)
+    if isolation == "rlimits":
+        # Nothing stronger than resource limits: the escape is real, and the result says so.
+        assert (escaped, result.exit_reason) == (True, "ok")
+        assert result.not_contained.startswith(
+            "only an in-process guard, which C code bypasses, stops writes outside the work directory"
+        )
+    else:
+        assert (escaped, result.exit_reason, _last_line(result.stderr)) == (
+            False,
+            "error",
+            "sqlite3.OperationalError: unable to open database file",
+        )
+
+
+@pytest.mark.anyio
+async def test_without_root_the_default_isolation_is_landlock_where_the_kernel_has_it(
+    monkeypatch,
+):
+    if not await isolation_works("landlock"):
+        pytest.skip(f"isolation 'landlock' needs {NEEDS['landlock']}")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # namespaces mode needs root
+    assert await detect_isolation() == "landlock"
+
+
+@pytest.mark.anyio
+async def test_the_work_dir_has_a_total_disk_cap(isolation):
+    # 1 MB files, 64 of them: each under the per-file limit, together far over the 8 MB cap.
+    limits = SandboxLimits(wall_seconds=20.0, cpu_seconds=10, disk_mb=8)
+    program = (
+        "for i in range(64):\n"
+        "    with open(f'f{i}', 'wb') as f:\n"
+        "        f.write(b'x' * 1_000_000)\n"
+        "    print(i + 1, flush=True)"
+    )
+    result = await run_sandboxed(program, limits, isolation)
+    files_written = int(result.stdout.split()[-1]) if result.stdout else 0
+    verdict = result.to_text(limits).splitlines()[0]
+    if result.disk_cap == "tmpfs":  # the kernel refuses the write that overflows
+        assert (result.exit_reason, result.exit_code, _last_line(result.stderr)) == (
+            "disk_limit",
+            1,
+            "OSError: [Errno 28] No space left on device",
+        )
+        assert files_written in (7, 8)
+        assert verdict == "exit: error: the work directory is full (disk limit 8 MB, 4096 files)"
+    else:  # no mount namespace on this machine: polled, killed once seen over the cap
+        # A writer this fast can even finish between two polls; the last check still reports it.
+        assert (result.disk_cap, result.exit_reason, files_written >= 8) == (
+            "polled",
+            "disk_limit",
+            True,
+        )
+        assert verdict == (
+            "exit: disk limit: the work directory went over its cap (8 MB, 4096 files); "
+            "killed if still running"
+        )
+        assert "the disk cap is polled every 20 ms" in result.not_contained
+
+
+@pytest.mark.anyio
+async def test_many_small_files_hit_the_disk_caps_file_count(isolation):
+    limits = SandboxLimits(wall_seconds=20.0, cpu_seconds=10, disk_files=50)
+    program = (
+        "for i in range(10_000):\n    open(f'f{i}', 'w').close()\n    print(i + 1, flush=True)"
+    )
+    result = await run_sandboxed(program, limits, isolation)
+    files_written = int(result.stdout.split()[-1]) if result.stdout else 0
+    assert result.exit_reason == "disk_limit"
+    if result.disk_cap == "tmpfs":  # 50 inodes: the directory itself, main.py and 48 files
+        assert (files_written, _last_line(result.stderr)) == (
+            48,
+            "OSError: [Errno 28] No space left on device: 'f48'",
+        )
+    else:
+        assert 48 <= files_written < 10_000
+
+
+@pytest.mark.anyio
+async def test_where_no_tmpfs_is_possible_the_polled_disk_cap_stops_a_writer(tmp_path):
+    limits = SandboxLimits(disk_mb=8)
+    watcher = asyncio.create_task(_watch_disk(str(tmp_path), limits))
+    written = 0
+    while not watcher.done() and written < 64:
+        # Incompressible, so that a compressing filesystem allocates every byte too.
+        (tmp_path / f"f{written}").write_bytes(os.urandom(1_000_000))
+        written += 1
+        await asyncio.sleep(0.005)  # a slow writer: the watcher must see it cross 8 MB
+    assert watcher.done() and 9 <= written <= 16
+    used, entries = _disk_usage(str(tmp_path), limits.disk_files)
+    assert entries == written and written * 1_000_000 <= used < written * 1_100_000
 
 
 @pytest.mark.anyio
@@ -131,6 +251,7 @@ async def test_the_parents_environment_is_out_of_reach(isolation, monkeypatch):
     assert result.stdout == "['HOME', 'LANG', 'PATH', 'TMPDIR']\n"
     expected = {
         "namespaces": f"FileNotFoundError: [Errno 2] No such file or directory: '/proc/{os.getpid()}/environ'",
+        "landlock": f"PermissionError: sandbox: reading '/proc/{os.getpid()}/environ' is not allowed",
         "rlimits": f"PermissionError: sandbox: reading '/proc/{os.getpid()}/environ' is not allowed",
     }[isolation]
     assert (result.exit_reason, _last_line(result.stderr)) == ("error", expected)

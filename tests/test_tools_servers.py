@@ -149,6 +149,32 @@ async def test_python_server_runs_code_in_the_sandbox(manager):
     )
 
 
+async def test_huge_output_ends_with_a_marker_stating_its_original_size(manager):
+    program = "import sys\nsys.stdout.write('y' * 50_000_000)"
+    result = await manager.call_tool("run_python", {"code": program}, timeout=60)
+    marker = "…[output truncated: stdout was 50000000 bytes; the first 32000 bytes of each stream are kept]"
+    assert (result.is_error, result.structured["exit_reason"]) == (False, "ok")
+    assert result.text.startswith("exit: ok\n--- stdout ---\nyyy")
+    # The sandbox's text: a 32075-char body (verdict, 32000 bytes kept, stderr) and the 93-char
+    # marker. The manager keeps 4000 - 93 - 1 = 3906 chars of the body, cuts 28169, keeps the marker.
+    body, _, last = result.text.rpartition("\n")
+    assert (last, len(body)) == (marker, 3906 + len("…[truncated 28169 chars]"))
+    assert body.endswith("yyy…[truncated 28169 chars]")
+
+
+async def test_the_isolation_can_be_forced_and_a_weak_one_says_what_it_does_not_contain():
+    config = ToolsConfig(servers={"python": bundled("python", "--isolation", "rlimits")})
+    async with SharedToolManager(config) as manager:
+        result = await manager.call_tool("run_python", {"code": "print(1)"})
+    assert (result.text, result.structured["isolation"]) == (
+        "exit: ok\n--- stdout ---\n1\n\n--- stderr ---\n(empty)",
+        "rlimits",
+    )
+    assert result.structured["not_contained"].startswith(
+        "only an in-process guard, which C code bypasses, stops writes outside the work directory"
+    )
+
+
 async def test_200_concurrent_calls(manager):
     manager.reset_metrics()
     start = time.perf_counter()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from mcp.types import CallToolResult, ImageContent, TextContent
+from pydantic import ValidationError
 
 from tools.arguments import ArgumentError, ToolArguments, public_schema
 from tools.breaker import CircuitBreaker
@@ -15,7 +16,7 @@ from tools.config import MCPServerConfig, ToolsConfig
 from tools.connection import BASE_ENV, expand_vars, server_env
 from tools.manager import _percentile
 from tools.procs import OWNER_ENV
-from tools.results import clean_text, normalise, truncate
+from tools.results import cap_structured, clean_text, normalise, truncate
 from tools.servers.calculator import CalculatorError, calculate_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,9 +139,51 @@ def test_normalise_joins_blocks_and_keeps_structured_content():
         ],
         structured_content={"n": 1},
     )
-    assert normalise(result, 100) == ("one\n[image: image/png]\ntwo", {"n": 1})
+    assert normalise(result, 100, 100) == ("one\n[image: image/png]\ntwo", {"n": 1})
     only_structured = CallToolResult(content=[], structured_content={"state": {"a": 1}})
-    assert normalise(only_structured, 100) == ('{"state": {"a": 1}}', {"state": {"a": 1}})
+    assert normalise(only_structured, 100, 100) == ('{"state": {"a": 1}}', {"state": {"a": 1}})
+
+
+def test_truncation_keeps_a_final_marker_line_that_states_the_original_size():
+    text = "exit: ok\n" + "y" * 100 + "\n…[output truncated: stdout was 5000 bytes]"  # 152 chars
+    # 100 - 42 (the marker) - 1 (its newline) = 57 chars of the 109-char body are kept.
+    assert truncate(text, 100) == (
+        "exit: ok\n"
+        + "y" * 48
+        + "…[truncated 52 chars]\n…[output truncated: stdout was 5000 bytes]"
+    )
+    # A marker longer than half the budget would crowd out the body: plain truncation then.
+    assert truncate(text, 40) == "exit: ok\n" + "y" * 31 + "…[truncated 112 chars]"
+    # Only a line that is a marker as a whole is kept.
+    assert truncate("y" * 100 + "\nthe end]", 20) == "y" * 20 + "…[truncated 89 chars]"
+
+
+def test_structured_content_is_capped_keeping_its_shape():
+    small = {"state": {"a": 1}}
+    assert cap_structured(small, 64) is small
+    # {"log": "<52 x>…[truncated 948 chars]", "ok": true} is 97 chars.
+    assert cap_structured({"log": "x" * 1000, "ok": True}, 100) == {
+        "log": "x" * 52 + "…[truncated 948 chars]",
+        "ok": True,
+    }
+    assert cap_structured({"rows": list(range(1000))}, 100) == {
+        "rows": [*range(12), "…[truncated 988 items]"]
+    }
+    assert cap_structured({f"k{i}": i for i in range(1000)}, 100) == {
+        **{f"k{i}": i for i in range(7)},
+        "…": "[truncated 993 keys]",
+    }
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):  # deeper than json.dumps can go
+        node["d"] = node = {}
+    capped = cap_structured(deep, 1000)
+    for _ in range(32):
+        capped = capped["d"]
+    assert capped == "…[truncated: nested deeper than 32 levels]"
+    assert cap_structured(deep, 100) == {
+        "…": "[structured content truncated: nested too deep for JSON]"
+    }
 
 
 # -- circuit breaker ---------------------------------------------------------------------------
@@ -311,6 +354,52 @@ def test_the_third_party_example_config_is_valid_and_runs_offline():
         "SLACK_BOT_TOKEN": "${SLACK_BOT_TOKEN}",
         "SLACK_TEAM_ID": "${SLACK_TEAM_ID}",
     }
+
+
+@pytest.mark.parametrize(
+    "url, problem",
+    [
+        ("localhost:8000/mcp", "url 'localhost:8000/mcp' must start with http:// or https://"),
+        (
+            "ftp://tools.example.com/mcp",
+            "url 'ftp://tools.example.com/mcp' must start with http:// or https://",
+        ),
+        ("http:///mcp", "url 'http:///mcp' has no host"),
+        (
+            "http://tools example.com/mcp",
+            "url 'http://tools example.com/mcp' has an invalid host 'tools example.com'",
+        ),
+        (
+            "http://127.0.0.1:99999/mcp",
+            "url 'http://127.0.0.1:99999/mcp' has an invalid port '99999' (1-65535)",
+        ),
+        (
+            "http://127.0.0.1:0/mcp",
+            "url 'http://127.0.0.1:0/mcp' has an invalid port '0' (1-65535)",
+        ),
+        (
+            "https://bot:s3cret@tools.example.com:80a/mcp?token=s3cret",
+            "url 'https://***@tools.example.com:80a/mcp?***' has an invalid port '80a' (1-65535)",
+        ),
+    ],
+)
+def test_a_bad_http_url_is_an_error_at_load_naming_the_server_and_the_value(url, problem):
+    server = {"transport": "http", "url": url, "headers": {"Authorization": "Bearer s3cret"}}
+    with pytest.raises(ValidationError) as err:
+        ToolsConfig(servers={"remote": server})
+    assert [(e["loc"], e["msg"]) for e in err.value.errors()] == [
+        (("servers", "remote", "url"), f"Value error, {problem}")
+    ]
+    assert "s3cret" not in str(err.value)
+
+
+def test_good_http_urls_load():
+    for url in (
+        "http://127.0.0.1:8000/mcp",
+        "https://mcp.example.com/finance/mcp",
+        "http://[::1]:80/mcp",
+    ):
+        assert MCPServerConfig(transport="http", url=url).url == url
 
 
 def test_arguments_must_be_json_values():

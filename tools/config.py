@@ -2,13 +2,59 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_HOST = re.compile(r"[A-Za-z0-9._~%-]+|[0-9A-Fa-f:.]+")
+"""A host name, an IPv4 address, or an IPv6 address (which urlsplit gives without brackets)."""
+
+
+def redact_url(url: str) -> str:
+    """`url` for messages: credentials and the query (either may hold a token) as `***`."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unbalanced IPv6 bracket
+        return "<unparseable url>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is no streamable-HTTP endpoint we can reach, or None when it looks right."""
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        return f"url {shown!r} cannot be parsed: {exc}"
+    if parts.scheme not in ("http", "https") or not url.lower().startswith(f"{parts.scheme}://"):
+        return f"url {shown!r} must start with http:// or https://"
+    hostport = parts.netloc.rpartition("@")[2]
+    host = parts.hostname or ""
+    if not host:
+        return f"url {shown!r} has no host"
+    if not _HOST.fullmatch(host):
+        return f"url {shown!r} has an invalid host {host!r}"
+    # urlsplit's own .port raises on a bad port with a message that names no url: check it here.
+    port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
+    port = port.partition(":")[2]
+    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"url {shown!r} has an invalid port {port!r} (1-65535)"
+    return None
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+    # Validation errors never echo the input: `env`, `headers` and `url` may hold secrets.
+    model_config = ConfigDict(
+        extra="forbid",
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+        hide_input_in_errors=True,
+    )
 
 
 class MCPServerConfig(_Section):
@@ -38,8 +84,20 @@ class MCPServerConfig(_Section):
     """Seconds to start the server and finish `initialize` + `list_tools`."""
     call_timeout: float | None = Field(default=None, gt=0)
     """Per-call timeout for this server (null: the manager's default)."""
+    retry_on_timeout: bool = False
+    """Retry a call that timed out (up to `max_retries`). Off by default: a timeout usually means
+    the call is slow, and each retry costs another `call_timeout` (a dead server is detected and
+    retried anyway). Turn it on for servers whose calls are quick but that sometimes stall."""
     enabled: bool = True
     """Start this server."""
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        problem = None if url is None else url_problem(url)
+        if problem:
+            raise ValueError(problem)
+        return url
 
     @model_validator(mode="after")
     def _check_transport(self) -> MCPServerConfig:
@@ -56,7 +114,8 @@ class ToolsConfig(_Section):
     call_timeout: float = Field(default=10.0, gt=0)
     """Default seconds per tool call."""
     max_retries: int = Field(default=2, ge=0)
-    """Retries of a call after a transport failure or timeout (tool errors are not retried)."""
+    """Retries of a call after a transport failure (a restarted server), or after a timeout where
+    the server sets `retry_on_timeout`. Tool errors are not retried."""
     backoff_base: float = Field(default=0.1, ge=0)
     """First retry delay in seconds; doubles each retry, with jitter."""
     backoff_max: float = Field(default=2.0, ge=0)
@@ -67,3 +126,6 @@ class ToolsConfig(_Section):
     """Seconds an open breaker refuses calls before one trial call."""
     max_output_chars: int = Field(default=4000, ge=64)
     """Tool results longer than this are truncated with a marker."""
+    max_structured_chars: int = Field(default=100_000, ge=64)
+    """Structured content whose JSON is longer than this is cut to fit: long strings, lists and
+    objects keep their first part and end in a `…[truncated N ...]` marker."""

@@ -4,7 +4,8 @@ A dedicated task enters the SDK `Client` context, lists the tools, publishes the
 waits for a stop signal; the context is therefore entered and exited in the same task, as anyio
 requires, while any number of callers share the session. `start` bounds start-up with a timeout
 and raises ToolServerStartError naming the server, the cause and the tail of its stderr.
-`restart` replaces a dead session once, however many callers saw it die.
+`restart` replaces a dead session once, however many callers saw it die. Lines a stdio server
+writes to stdout that are not JSON-RPC are counted per server instead of logged one by one.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import re
 import sys
 import tempfile
 from contextlib import AsyncExitStack
+from contextvars import ContextVar
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -27,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, Tool
 
 from tools.breaker import CircuitBreaker
-from tools.config import MCPServerConfig, ToolsConfig
+from tools.config import MCPServerConfig, ToolsConfig, redact_url
 from tools.procs import OWNER_ENV
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,39 @@ STDERR_TAIL_CHARS = 2000
 STDERR_MAX_BYTES = 4 * 1024 * 1024
 STOP_GRACE_S = 10.0  # the SDK's own shutdown escalates stdin-close -> SIGTERM -> SIGKILL in ~4 s
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+_SESSION_OWNER: ContextVar[ServerConnection | None] = ContextVar("mcp_grpo_session", default=None)
+"""The connection whose session task is running; the SDK's transport tasks inherit it, which is
+how the stdout filter below knows which server a log record is about."""
+
+
+class _StdoutJunkFilter(logging.Filter):
+    """The SDK logs an error with a full traceback for every stdout line of a stdio server that is
+    not JSON-RPC (mcp.client.stdio._parse_line), so a server printing debug output floods the log.
+    Records from our sessions are dropped and counted by their connection instead."""
+
+    MESSAGE = "Failed to parse JSONRPC message from server"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        connection = _SESSION_OWNER.get()
+        if connection is None or record.msg != self.MESSAGE:
+            return True
+        connection.note_stdout_junk(_unparsed_line(record))
+        return False
+
+
+def _unparsed_line(record: logging.LogRecord) -> str:
+    """The offending line, from the pydantic ValidationError the SDK logged."""
+    exc = record.exc_info[1] if record.exc_info else None
+    try:
+        return str(exc.errors()[0]["input"])[:200]
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return "?"
+
+
+# Installed once, at import: the filter passes every record that is not from one of our sessions.
+logging.getLogger("mcp.client.stdio").addFilter(_StdoutJunkFilter())
 
 
 class ToolServerStartError(RuntimeError):
@@ -131,6 +165,8 @@ class ServerConnection:
         self._stderr: TextIO | None = None
         self._restart_lock = asyncio.Lock()
         self._closed = False
+        self.stdout_junk_lines = 0
+        """Lines the server wrote to stdout that were not JSON-RPC (ignored)."""
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -165,8 +201,7 @@ class ServerConnection:
             await self.stop()
             cause = _describe(exc)
             if self.config.transport == "http":
-                url = urlsplit(self.config.url)  # without query or credentials, which may hold secrets
-                cause += f" ({url.scheme}://{url.hostname}{f':{url.port}' if url.port else ''}{url.path})"
+                cause += f" ({redact_url(self.config.url)})"
             raise ToolServerStartError(self.name, cause, tail) from None
         self.generation += 1
 
@@ -200,6 +235,23 @@ class ServerConnection:
         """Stop for good: a restart still in progress cannot start the server again."""
         self._closed = True
         await self.stop()
+        if self.stdout_junk_lines > 1:
+            logger.warning(
+                "MCP server %r wrote %d lines that are not JSON-RPC to stdout (ignored)",
+                self.name,
+                self.stdout_junk_lines,
+            )
+
+    def note_stdout_junk(self, line: str) -> None:
+        """Count a stdout line that is not JSON-RPC; only the first is logged."""
+        self.stdout_junk_lines += 1
+        if self.stdout_junk_lines == 1:
+            logger.warning(
+                "MCP server %r wrote a line that is not JSON-RPC to stdout (ignored): %r; "
+                "further ones are counted and reported when it stops",
+                self.name,
+                line,
+            )
 
     async def restart(self, seen_generation: int) -> bool:
         """Replace the session that `seen_generation` saw fail, once however many callers saw it;
@@ -238,6 +290,7 @@ class ServerConnection:
     async def _hold(self, transport: Any, ready: asyncio.Future, stop: asyncio.Event) -> None:
         kind, target, extra = transport
         client = scope = None
+        _SESSION_OWNER.set(self)  # this task's own context, inherited by the SDK's transport tasks
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope

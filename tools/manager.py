@@ -5,7 +5,8 @@ concurrently and shared by every episode. `tool_specs()` is what environments re
 prompts; `call_tool()` is what they call. Start-up is the one place that raises: `call_tool`
 turns every tool-side problem (bad arguments, unknown tool, tool error, timeout, dead server,
 open circuit breaker) into a ToolResult with `is_error=True` and an `error_kind`, retrying
-transport failures and timeouts with exponential backoff and restarting dead servers.
+transport failures (after restarting the dead server) and, where a server asks for it
+(`retry_on_timeout`), timeouts, with exponential backoff.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class ToolResult:
     """What the model sees: control characters removed, truncated with a marker."""
     is_error: bool
     structured: dict | None = None
+    """The server's structured content, its JSON capped at `max_structured_chars` (cut strings,
+    lists and objects end in a `…[truncated N ...]` marker)."""
     error_kind: str | None = None
     """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open"""
     latency_s: float = 0.0
@@ -190,9 +193,10 @@ class SharedToolManager:
         connection = entry.connection
         timeout = timeout or connection.config.call_timeout or self.config.call_timeout
         retries = 0
+        retryable = _RETRYABLE | {"timeout"} if connection.config.retry_on_timeout else _RETRYABLE
         while True:
             result = await self._attempt(entry, args, timeout)
-            if result.error_kind not in _RETRYABLE or retries >= self.config.max_retries:
+            if result.error_kind not in retryable or retries >= self.config.max_retries:
                 return self._finish(entry, start, result, retries)
             retries += 1
             self._counts["tools/retries"] += 1
@@ -225,7 +229,9 @@ class SharedToolManager:
                 "transport",
             )
         breaker.record_success()
-        text, structured = normalise(raw, self.config.max_output_chars)
+        text, structured = normalise(
+            raw, self.config.max_output_chars, self.config.max_structured_chars
+        )
         return ToolResult(
             text, bool(raw.is_error), structured, "tool_error" if raw.is_error else None
         )
@@ -309,7 +315,8 @@ class SharedToolManager:
         self._latencies.clear()
 
 
-_RETRYABLE = frozenset({"timeout", "transport"})
+_RETRYABLE = frozenset({"transport"})
+"""Error kinds always retried; timeouts only where the server sets `retry_on_timeout`."""
 
 
 def _error(text: str, kind: str) -> ToolResult:

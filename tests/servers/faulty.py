@@ -10,6 +10,11 @@ import os
 import signal
 import sys
 import time
+from typing import TypedDict
+
+
+class Payload(TypedDict):
+    payload: str
 
 
 def hang_without_answering() -> None:
@@ -50,6 +55,11 @@ def serve() -> None:
     def big(chars: int) -> str:
         """A string of `chars` x characters."""
         return "x" * chars
+
+    @server.tool()
+    def big_json(chars: int) -> Payload:
+        """Structured content holding a string of `chars` x characters."""
+        return {"payload": "x" * chars}
 
     @server.tool()
     def noisy() -> str:

@@ -4,18 +4,24 @@ runs the untrusted program `main.py` from its working directory in this same int
 Started by tools.servers.sandbox as `python -I -S _sandbox_child.py ISOLATION WORKDIR ...`.
 Standard library only, because after the lock-down nothing else may be readable.
 
-Two isolation levels (chosen by the parent, see sandbox.detect_isolation):
+Three isolation levels (chosen by the parent, see sandbox.detect_isolation):
 
 - `namespaces` (root, the normal case in containers): a private network namespace (only a down
-  loopback: every connect fails), a private mount namespace in which every mount except the
-  working directory is remounted read-only and /proc is hidden, then the process drops to the
-  unprivileged user `nobody`, whose RLIMIT_NPROC of 0 makes fork/threads fail in the kernel.
-- `rlimits` (fallback without root): the same resource limits plus an in-process audit hook
-  that refuses sockets, process creation, ctypes and writes outside the working directory.
-  This is a guard against accidents and naive code, not against a determined attacker.
+  loopback: every connect fails), a private mount namespace in which the working directory is a
+  fresh tmpfs of the disk cap's size, every other mount is remounted read-only and /proc is
+  hidden, then the process drops to the unprivileged user `nobody`, whose RLIMIT_NPROC of 0
+  makes fork/threads fail in the kernel.
+- `landlock` (no root needed, Linux 5.13+): the kernel refuses every filesystem change outside
+  the working directory (see _landlock.py), plus the in-process guard (_sandbox_guard.py).
+- `rlimits` (fallback): resource limits plus the in-process guard, which sees only what Python
+  code does: C code (e.g. sqlite3 opening a file) passes it. A guard against accidents and naive
+  code, not against a determined attacker.
 
-Both: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps, and
-PR_SET_PDEATHSIG so the sandbox dies with the server that started it.
+All: RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, no core dumps, and
+PR_SET_PDEATHSIG so the sandbox dies with the server that started it. The working directory is a
+tmpfs of the disk cap's size wherever the kernel gives this process a mount namespace (always
+under `namespaces`; under the others as root or with unprivileged user namespaces); the child
+tells the parent through a pipe whether it got one, and the parent polls the size otherwise.
 """
 
 import os
@@ -23,11 +29,19 @@ import resource
 import signal
 import sys
 
+# -I leaves this file's folder off sys.path; the siblings are needed before the lock-down only.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _landlock
+from _sandbox_guard import install_guard
+
+del sys.path[0]
+
 NOBODY = 65534
 SETUP_FAILED = 120  # exit code the parent reads as "the sandbox could not be set up"
 ORPHANED = 125
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
@@ -130,7 +144,47 @@ def _expose(lib, path: str) -> None:
             os.close(fd)
 
 
-def enter_namespaces(workdir: str) -> None:
+def _mount_workdir_tmpfs(lib, workdir: str, disk_mb: int, disk_files: int, owner: int) -> int:
+    """Cover the working directory with a tmpfs of the disk cap's size, main.py copied in: the
+    kernel then enforces the cap (a write past it fails with ENOSPC). Returns mount's status."""
+    with open(os.path.join(workdir, "main.py"), "rb") as f:
+        program = f.read()
+    options = f"size={disk_mb}m,nr_inodes={disk_files},mode=700,uid={owner},gid={owner}"
+    rc = lib.mount(b"tmpfs", workdir.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode())
+    if rc == 0:
+        with open(os.path.join(workdir, "main.py"), "wb") as f:
+            f.write(program)
+    return rc
+
+
+def private_tmpfs(lib, workdir: str, disk_mb: int, disk_files: int) -> bool:
+    """`landlock` and `rlimits`: the same tmpfs, in a mount namespace of this process's own where
+    the kernel allows one (root, or unprivileged user namespaces). False where it does not: the
+    parent's polling is the cap then."""
+    uid, gid = os.getuid(), os.getgid()
+    if uid == 0:
+        if lib.unshare(CLONE_NEWNS) != 0:
+            return False
+    else:
+        if lib.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+            return False
+        try:  # keep our own ids inside the new user namespace
+            for name, text in (
+                ("setgroups", "deny"),
+                ("uid_map", f"{uid} {uid} 1"),
+                ("gid_map", f"{gid} {gid} 1"),
+            ):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        except OSError:
+            return False
+    # Never mount without this: a shared / would carry the tmpfs into the server's namespace.
+    if lib.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return False
+    return _mount_workdir_tmpfs(lib, workdir, disk_mb, disk_files, uid) == 0
+
+
+def enter_namespaces(workdir: str, disk_mb: int, disk_files: int) -> None:
     if os.geteuid() != 0:
         fail("isolation 'namespaces' needs root")
     lib = libc()
@@ -141,7 +195,10 @@ def enter_namespaces(workdir: str) -> None:
     for entry in sys.path:
         if os.path.exists(entry):
             _expose(lib, entry)
-    _mount(lib, workdir, workdir, None, MS_BIND, None, "bind the working directory")
+    _check(
+        _mount_workdir_tmpfs(lib, workdir, disk_mb, disk_files, NOBODY),
+        "mount a tmpfs on the working directory",
+    )
     points = _mountpoints()
     _mount(
         lib,
@@ -159,7 +216,6 @@ def enter_namespaces(workdir: str) -> None:
         rc = lib.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep, None)
         if rc != 0 and point == "/":
             _check(rc, "remount / read-only")
-    os.chown(workdir, NOBODY, NOBODY)
     os.chown(os.path.join(workdir, "main.py"), NOBODY, NOBODY)
 
 
@@ -190,113 +246,6 @@ def die_with_parent(lib, parent_pid: int) -> None:
         os._exit(ORPHANED)
 
 
-_BLOCKED_EVENTS = frozenset(
-    {
-        "socket.__new__",
-        "socket.connect",
-        "socket.bind",
-        "socket.sendto",
-        "socket.sendmsg",
-        "socket.getaddrinfo",
-        "socket.gethostbyname",
-        "socket.gethostbyaddr",
-        "socket.getnameinfo",
-        "os.fork",
-        "os.forkpty",
-        "os.posix_spawn",
-        "os.spawn",
-        "os.exec",
-        "os.system",
-        "os.kill",
-        "os.killpg",
-        "subprocess.Popen",
-        "pty.spawn",
-        "ctypes.dlopen",
-        "ctypes.dlsym",
-        "ctypes.cdata",
-        "ctypes.call_function",
-        "os.startfile",
-        "webbrowser.open",
-        "urllib.Request",
-    }
-)
-_BLOCKED_IMPORTS = frozenset(
-    {"_posixsubprocess", "ctypes", "_ctypes", "_socket", "socket", "subprocess"}
-)
-_PATH_EVENTS = {  # event -> indices of path arguments that the call may create or change
-    "os.remove": (0,),
-    "os.rmdir": (0,),
-    "os.mkdir": (0,),
-    "os.rename": (0, 1),
-    "os.link": (0, 1),
-    "os.symlink": (1,),
-    "os.chmod": (0,),
-    "os.chown": (0,),
-    "os.truncate": (0,),
-    "os.utime": (0,),
-    "os.chflags": (0,),
-    "os.mkfifo": (0,),
-    "os.mknod": (0,),
-    "os.setxattr": (0,),
-    "os.removexattr": (0,),
-    "shutil.rmtree": (0,),
-    "shutil.copyfile": (1,),
-    "shutil.move": (1,),
-}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-
-def install_guard(workdir: str) -> None:
-    """The `rlimits` fallback: an audit hook (it cannot be removed) that refuses what the kernel
-    would refuse under `namespaces`."""
-    root = os.path.realpath(workdir)
-    own_proc = (f"/proc/{os.getpid()}/", "/proc/self/", "/proc/thread-self/")
-    realpath, join, fspath = os.path.realpath, os.path.join, os.fspath
-    busy = []
-
-    def inside(path) -> bool:
-        if isinstance(path, int):  # an already-open descriptor
-            return True
-        full = realpath(
-            join(root, fspath(path) if not isinstance(path, bytes) else os.fsdecode(path))
-        )
-        return full == root or full.startswith(root + os.sep)
-
-    def refuse(what: str):
-        raise PermissionError(f"sandbox: {what} is not allowed")
-
-    def hook(event: str, args: tuple) -> None:
-        if busy:  # realpath below raises its own events
-            return
-        busy.append(1)
-        try:
-            if event in _BLOCKED_EVENTS:
-                refuse(event)
-            elif event == "import" and args[0] in _BLOCKED_IMPORTS:
-                raise ImportError(f"sandbox: module {args[0]!r} is not available")
-            elif event == "open":
-                path, mode, flags = args
-                writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
-                    flags & _WRITE_FLAGS
-                )
-                if writes and not inside(path):
-                    refuse(f"writing {path!r} outside the working directory")
-                if isinstance(path, (str, bytes)):
-                    text = realpath(os.fsdecode(path))
-                    if text.startswith("/proc/") and not (text + "/").startswith(own_proc):
-                        refuse(f"reading {path!r}")
-            elif event in _PATH_EVENTS:
-                for index in _PATH_EVENTS[event]:
-                    if index < len(args) and not inside(args[index]):
-                        refuse(f"{event} on {args[index]!r} outside the working directory")
-        finally:
-            busy.clear()
-
-    for name in _BLOCKED_IMPORTS:
-        sys.modules.pop(name, None)
-    sys.addaudithook(hook)
-
-
 def run_program() -> None:
     with open("main.py", encoding="utf-8") as f:
         source = f.read()
@@ -320,21 +269,42 @@ def run_program() -> None:
     sys.stdout.flush()
 
 
+def restrict_writes(workdir: str) -> None:
+    try:
+        _landlock.restrict_writes(workdir)
+    except OSError as exc:
+        fail(f"landlock: {exc}")
+
+
+def report_setup(report_fd: int, disk_cap: str) -> None:
+    """Tell the parent how the disk cap is enforced (`tmpfs` or `polled`), then close the pipe
+    so the program cannot write to it."""
+    os.write(report_fd, disk_cap.encode())
+    os.close(report_fd)
+
+
 def main(argv: list[str]) -> None:
-    isolation, workdir, cpu, memory_mb, file_size_mb, open_files, parent_pid = argv[:7]
-    # argv[7] is an owner tag (mcp-grpo-sandbox:PID) that lets leak checks find this process.
+    isolation, workdir, cpu, memory_mb, file_size_mb, open_files, disk_mb, disk_files = argv[:8]
+    parent_pid, report_fd = int(argv[8]), int(argv[9])
+    # argv[10] is an owner tag (mcp-grpo-sandbox:PID) that lets leak checks find this process.
     workdir = os.path.realpath(workdir)
     lib = libc()
     if isolation == "namespaces":
-        enter_namespaces(workdir)
-    elif isolation != "rlimits":
+        enter_namespaces(workdir, int(disk_mb), int(disk_files))
+        tmpfs = True
+    elif isolation in ("landlock", "rlimits"):
+        tmpfs = private_tmpfs(lib, workdir, int(disk_mb), int(disk_files))
+    else:
         fail(f"unknown isolation {isolation!r}")
+    report_setup(report_fd, "tmpfs" if tmpfs else "polled")
     os.chdir(workdir)
     set_limits(int(cpu), int(memory_mb), int(file_size_mb), int(open_files))
     if isolation == "namespaces":
         drop_privileges()
-    die_with_parent(lib, int(parent_pid))
-    if isolation == "rlimits":
+    elif isolation == "landlock":
+        restrict_writes(workdir)
+    die_with_parent(lib, parent_pid)
+    if isolation != "namespaces":
         install_guard(workdir)
     del lib
     sys.argv = ["main.py"]

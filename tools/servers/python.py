@@ -2,25 +2,37 @@
 sandbox (see tools.servers.sandbox) and returns its exit status, stdout and stderr.
 
 The text result starts with `exit: ok` / `exit: error (exit code 1)` / `exit: timeout: ...` etc.,
-then `--- stdout ---` and `--- stderr ---` sections; the structured result holds exit_reason,
-exit_code, stdout, stderr, duration_s and isolation.
+then `--- stdout ---` and `--- stderr ---` sections, and ends with a `…[output truncated: ...]`
+line giving the original sizes when output was cut. The structured result holds exit_reason,
+exit_code, stdout, stderr, duration_s, isolation, stdout_bytes, stderr_bytes and not_contained
+(what the isolation level leaves open; kept out of the text, which is the model's).
 
 Run alone: `python -m tools.servers.python [--timeout 5] [--cpu 4] [--memory-mb 512]
-[--isolation auto|namespaces|rlimits] [--max-concurrent N]` (add `--http --port N` for HTTP).
+[--disk-mb 64] [--isolation auto|namespaces|landlock|rlimits] [--max-concurrent N]` (add
+`--http --port N` for HTTP). `auto` picks the strongest level that works here.
 Give this server a `call_timeout` above `--timeout` (the manager's default, 10 s, is): a manager
-timeout is retried, while the sandbox's own verdict is an answer.
+timeout is an error without the program's output, while the sandbox's own verdict shows it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from mcp.server.mcpserver import MCPServer
 from mcp.types import CallToolResult, TextContent
 
 from tools.servers import _cli
-from tools.servers.sandbox import SandboxLimits, detect_isolation, run_sandboxed
+from tools.servers.sandbox import (
+    ISOLATIONS,
+    SandboxLimits,
+    SandboxResult,
+    detect_isolation,
+    run_sandboxed,
+)
+
+logger = logging.getLogger(__name__)
 
 server = MCPServer(
     "python",
@@ -33,6 +45,7 @@ _settings: dict = {
     "limits": SandboxLimits(),
     "isolation": "auto",
     "semaphore": asyncio.Semaphore(_MAX_CONCURRENT),
+    "warned": False,
 }
 
 
@@ -40,6 +53,16 @@ async def _isolation() -> str:
     if _settings["isolation"] == "auto":  # resolved once; concurrent first calls agree anyway
         _settings["isolation"] = await detect_isolation()
     return _settings["isolation"]
+
+
+def _warn_once_if_weak(result: SandboxResult) -> None:
+    """The operator reads this in the server's stderr (the model never sees it)."""
+    if result.isolation == "rlimits" and not _settings["warned"]:
+        _settings["warned"] = True
+        logger.warning(
+            "python server: isolation 'rlimits', no kernel containment; not contained: %s",
+            result.not_contained,
+        )
 
 
 @server.tool()
@@ -52,6 +75,7 @@ async def run_python(code: str) -> CallToolResult:
     limits, isolation = _settings["limits"], await _isolation()
     async with _settings["semaphore"]:
         result = await run_sandboxed(code, limits, isolation)
+    _warn_once_if_weak(result)
     return CallToolResult(
         content=[TextContent(type="text", text=result.to_text(limits))],
         structured_content=result.to_dict(),
@@ -64,12 +88,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=5.0, help="wall-clock seconds per program")
     p.add_argument("--cpu", type=int, default=4, help="CPU seconds per program")
     p.add_argument("--memory-mb", type=int, default=512, help="address-space limit per program")
-    p.add_argument("--isolation", choices=["auto", "namespaces", "rlimits"], default="auto")
+    p.add_argument("--disk-mb", type=int, default=64, help="total size of the work directory")
+    p.add_argument("--isolation", choices=["auto", *ISOLATIONS], default="auto")
     p.add_argument("--max-concurrent", type=int, default=_MAX_CONCURRENT, help="programs at once")
     args = p.parse_args(argv)
     _settings.update(
         limits=SandboxLimits(
-            wall_seconds=args.timeout, cpu_seconds=args.cpu, memory_mb=args.memory_mb
+            wall_seconds=args.timeout,
+            cpu_seconds=args.cpu,
+            memory_mb=args.memory_mb,
+            disk_mb=args.disk_mb,
         ),
         isolation=args.isolation,
         semaphore=asyncio.Semaphore(args.max_concurrent),

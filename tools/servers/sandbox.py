@@ -2,13 +2,15 @@
 
 The child (tools/servers/_sandbox_child.py) gets a fresh temporary working directory (removed
 afterwards), a scrubbed environment, CPU / memory / file-size / open-file limits, no child
-processes, no network and no writes outside its working directory; see that module for the two
-isolation levels. This module adds the wall-clock limit, bounded output capture and the verdict.
+processes, no network and no writes outside its working directory; see that module for the three
+isolation levels, and not_contained below for what each leaves open. This module adds the
+wall-clock limit, the disk cap where no tmpfs enforces it, bounded output capture and the verdict.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import signal
@@ -20,11 +22,16 @@ from pathlib import Path
 from typing import Literal
 
 from tools.procs import OWNER_ENV
+from tools.servers._landlock import abi_version
 
 CHILD = Path(__file__).with_name("_sandbox_child.py")
 SETUP_FAILED = 120  # the child's exit code when the lock-down itself failed
+DISK_POLL_S = 0.02
+"""How often the work directory is measured where no tmpfs caps it (landlock, rlimits)."""
 
-Isolation = Literal["namespaces", "rlimits"]
+Isolation = Literal["namespaces", "landlock", "rlimits"]
+ISOLATIONS: tuple[Isolation, ...] = ("namespaces", "landlock", "rlimits")
+"""Strongest first: the order detect_isolation tries them in."""
 ExitReason = Literal[
     "ok",
     "error",
@@ -32,6 +39,7 @@ ExitReason = Literal[
     "cpu_limit",
     "memory_limit",
     "file_size_limit",
+    "disk_limit",
     "killed",
     "sandbox_error",
 ]
@@ -49,6 +57,12 @@ class SandboxLimits:
     """Largest file the program may write (RLIMIT_FSIZE)."""
     open_files: int = 64
     """Open file descriptors (RLIMIT_NOFILE)."""
+    disk_mb: int = 64
+    """Total size of the work directory: a tmpfs of this size wherever the kernel gives the
+    sandbox a mount namespace (writes past it fail with ENOSPC); elsewhere measured every
+    DISK_POLL_S and the program killed when over."""
+    disk_files: int = 4096
+    """Files and directories in the work directory (the tmpfs inode count), main.py included."""
     max_output_bytes: int = 32_000
     """Bytes kept of stdout and of stderr each; the rest is counted and dropped."""
 
@@ -61,9 +75,19 @@ class SandboxResult:
     stderr: str
     duration_s: float
     isolation: Isolation
+    stdout_bytes: int = 0
+    """Bytes the program wrote to stdout, kept or not."""
+    stderr_bytes: int = 0
+    disk_cap: str = "polled"
+    """How the disk cap was enforced: `tmpfs` (by the kernel) or `polled`."""
+    not_contained: str = ""
+    """What this run's isolation left open, in words (see not_contained)."""
 
     def to_text(self, limits: SandboxLimits) -> str:
-        """What the model reads: the verdict line, then both streams."""
+        """What the model reads: the verdict line, both streams, and a final marker with the
+        original sizes when output was cut (the tool manager keeps a final marker line when it
+        truncates the text further)."""
+        disk = f"{limits.disk_mb} MB, {limits.disk_files} files"
         verdicts = {
             "ok": "ok",
             "error": f"error (exit code {self.exit_code})",
@@ -71,14 +95,28 @@ class SandboxResult:
             "cpu_limit": f"killed: CPU-time limit of {limits.cpu_seconds} s exceeded",
             "memory_limit": f"error: memory limit of {limits.memory_mb} MB exceeded",
             "file_size_limit": f"killed: file-size limit of {limits.file_size_mb} MB exceeded",
+            "disk_limit": f"error: the work directory is full (disk limit {disk})"
+            if self.disk_cap == "tmpfs"
+            else f"disk limit: the work directory went over its cap ({disk}); "
+            "killed if still running",
             "killed": f"killed by signal {_signal_name(self.exit_code)}",
             "sandbox_error": "sandbox error (the program did not run)",
         }
-        return (
+        text = (
             f"exit: {verdicts[self.exit_reason]}\n"
             f"--- stdout ---\n{self.stdout or '(empty)'}\n"
             f"--- stderr ---\n{self.stderr or '(empty)'}"
         )
+        kept = limits.max_output_bytes
+        cut = [
+            f"{name} was {size} bytes"
+            for name, size in (("stdout", self.stdout_bytes), ("stderr", self.stderr_bytes))
+            if size > kept
+        ]
+        if cut:
+            kept_note = f"the first {kept} bytes of each stream are kept"
+            text += f"\n…[output truncated: {' and '.join(cut)}; {kept_note}]"
+        return text
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,22 +131,63 @@ def _signal_name(exit_code: int | None) -> str:
         return str(-exit_code)
 
 
-async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> str:
+async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> tuple[str, int]:
+    """(the first `limit` bytes as text, with a marker if more came; the total byte count)."""
     kept = bytearray()
-    dropped = 0
+    total = 0
     while chunk := await stream.read(65536):
-        room = limit - len(kept)
-        kept += chunk[:room]
-        dropped += max(0, len(chunk) - room)
+        kept += chunk[: limit - len(kept)]
+        total += len(chunk)
     text = kept.decode("utf-8", errors="replace")
-    return text + (f"\n…[truncated {dropped} bytes]" if dropped else "")
+    dropped = total - len(kept)
+    return text + (f"\n…[truncated {dropped} bytes]" if dropped else ""), total
+
+
+def _disk_usage(workdir: str, max_entries: int) -> tuple[int, int]:
+    """(bytes allocated, entries) under `workdir`; stops counting past `max_entries`, so a
+    program that makes millions of files cannot make the count itself slow."""
+    used = entries = 0
+    folders = [workdir]
+    while folders and entries <= max_entries:
+        try:
+            listing = os.scandir(folders.pop())
+        except OSError:  # removed while we looked
+            continue
+        with listing:
+            for entry in listing:
+                entries += 1
+                try:
+                    used += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                except OSError:
+                    pass
+    return used, entries
+
+
+def _over_disk_cap(workdir: str, limits: SandboxLimits) -> bool:
+    used, entries = _disk_usage(workdir, limits.disk_files)
+    return used > limits.disk_mb * 1024 * 1024 or entries > limits.disk_files
+
+
+async def _watch_disk(workdir: str, limits: SandboxLimits) -> None:
+    """Returns once the work directory is over its cap; runs until cancelled otherwise."""
+    while not await asyncio.to_thread(_over_disk_cap, workdir, limits):
+        await asyncio.sleep(DISK_POLL_S)
 
 
 def _verdict(
-    returncode: int, timed_out: bool, stderr: str, duration: float, limits: SandboxLimits
+    returncode: int,
+    ended_by: str | None,
+    stderr: str,
+    duration: float,
+    limits: SandboxLimits,
+    disk_cap: str,
 ) -> ExitReason:
-    if timed_out:
+    if ended_by == "timeout":
         return "timeout"
+    if ended_by == "disk_limit":
+        return "disk_limit"
     if returncode == SETUP_FAILED and stderr.startswith("sandbox setup failed"):
         return "sandbox_error"
     if returncode == -signal.SIGXCPU or (
@@ -121,6 +200,9 @@ def _verdict(
         return "ok"
     if returncode > 0 and "MemoryError" in stderr[-2000:]:
         return "memory_limit"
+    # ENOSPC from the work directory's own tmpfs is the cap (not a full disk of the host).
+    if returncode > 0 and disk_cap == "tmpfs" and "[Errno 28]" in stderr[-2000:]:
+        return "disk_limit"
     return "killed" if returncode < 0 else "error"
 
 
@@ -140,50 +222,98 @@ async def run_sandboxed(code: str, limits: SandboxLimits, isolation: Isolation) 
     start = time.monotonic()
     try:
         Path(workdir, "main.py").write_text(code, encoding="utf-8")
-        owner = os.environ.get(OWNER_ENV, str(os.getpid()))
-        argv = [
-            sys.executable,
-            "-I",
-            "-S",
-            str(CHILD),
-            isolation,
-            workdir,
-            str(limits.cpu_seconds),
-            str(limits.memory_mb),
-            str(limits.file_size_mb),
-            str(limits.open_files),
-            str(os.getpid()),
-            f"mcp-grpo-sandbox:{owner}",
-        ]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=_child_env(workdir),
-            cwd=workdir,
-            start_new_session=True,
-        )
-        readers = asyncio.gather(
-            _read_bounded(proc.stdout, limits.max_output_bytes),
-            _read_bounded(proc.stderr, limits.max_output_bytes),
-        )
-        timed_out = False
+        report_read, report_write = os.pipe()
         try:
-            await asyncio.wait_for(proc.wait(), limits.wall_seconds)
-        except asyncio.TimeoutError:
-            timed_out = True
+            try:
+                proc = await _start_child(workdir, limits, isolation, report_write)
+            finally:
+                os.close(report_write)
+            readers = asyncio.gather(
+                _read_bounded(proc.stdout, limits.max_output_bytes),
+                _read_bounded(proc.stderr, limits.max_output_bytes),
+            )
+            ended_by = await _supervise(proc, workdir, limits)
+            (stdout, stdout_bytes), (stderr, stderr_bytes) = await readers
+            # Every writer is gone (the child closed it or exited): this read cannot block.
+            disk_cap = "tmpfs" if os.read(report_read, 16) == b"tmpfs" else "polled"
         finally:
-            # The child is a session leader (start_new_session): its group holds anything it made.
-            if proc.returncode is None or timed_out:
-                _kill_group(proc.pid)
-            await proc.wait()
-        stdout, stderr = await readers
+            os.close(report_read)
         duration = time.monotonic() - start
-        reason = _verdict(proc.returncode, timed_out, stderr, duration, limits)
-        return SandboxResult(reason, proc.returncode, stdout, stderr, round(duration, 3), isolation)
+        reason = _verdict(proc.returncode, ended_by, stderr, duration, limits, disk_cap)
+        return SandboxResult(
+            reason,
+            proc.returncode,
+            stdout,
+            stderr,
+            round(duration, 3),
+            isolation,
+            stdout_bytes,
+            stderr_bytes,
+            disk_cap,
+            not_contained(isolation, disk_cap),
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _start_child(
+    workdir: str, limits: SandboxLimits, isolation: Isolation, report_fd: int
+) -> asyncio.subprocess.Process:
+    owner = os.environ.get(OWNER_ENV, str(os.getpid()))
+    argv = [
+        sys.executable,
+        "-I",
+        "-S",
+        str(CHILD),
+        isolation,
+        workdir,
+        str(limits.cpu_seconds),
+        str(limits.memory_mb),
+        str(limits.file_size_mb),
+        str(limits.open_files),
+        str(limits.disk_mb),
+        str(limits.disk_files),
+        str(os.getpid()),
+        str(report_fd),
+        f"mcp-grpo-sandbox:{owner}",
+    ]
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        pass_fds=(report_fd,),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_child_env(workdir),
+        cwd=workdir,
+        start_new_session=True,
+    )
+
+
+async def _supervise(
+    proc: asyncio.subprocess.Process, workdir: str, limits: SandboxLimits
+) -> str | None:
+    """Wait for the program to end; kill it at the wall-clock limit, or when the work directory
+    goes over the disk cap (the poll sees only main.py where a private tmpfs hides the rest, and
+    costs little then). Returns "timeout", "disk_limit" or None."""
+    exited = asyncio.ensure_future(proc.wait())
+    watched = {exited, asyncio.ensure_future(_watch_disk(workdir, limits))}
+    ended_by = None
+    try:
+        done, _ = await asyncio.wait(
+            watched, timeout=limits.wall_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+        if not done:
+            ended_by = "timeout"
+        elif exited not in done or _over_disk_cap(workdir, limits):
+            ended_by = "disk_limit"  # the last check: a fast writer may end between two polls
+    finally:
+        for task in watched - {exited}:
+            task.cancel()
+        # The child is a session leader (start_new_session): its group holds anything it made.
+        if proc.returncode is None or ended_by is not None:
+            _kill_group(proc.pid)
+        await exited
+    return ended_by
 
 
 def _kill_group(pid: int) -> None:
@@ -193,9 +323,53 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+@functools.cache
+def _landlock_abi() -> int:
+    return abi_version()
+
+
+def not_contained(isolation: Isolation, disk_cap: str) -> str:
+    """What `isolation` (with the disk cap `tmpfs` or `polled`) leaves open on this machine, in
+    words, for the tool result and the server's log."""
+    guard = "only an in-process guard, which C code bypasses, stops"
+    root = os.geteuid() == 0  # RLIMIT_NPROC stops process creation for everyone else
+    processes = ", process creation" if root else ""
+    polled = ""
+    if disk_cap != "tmpfs":
+        polled = (
+            f"; the disk cap is polled every {DISK_POLL_S * 1000:g} ms, so a fast writer can go "
+            "over it by what it writes in that time (no mount namespace for a tmpfs here)"
+        )
+    if isolation == "namespaces":
+        return "reads of files that every user may read (the program runs as nobody)"
+    if isolation == "landlock":
+        abi = _landlock_abi()
+        network = "UDP and Unix-socket connections" if abi >= 4 else "network connections"
+        signals = ", signals to other processes" if abi < 6 else ""
+        return (
+            f"reads of every file the server's user may read; {guard} {network}{processes}"
+            f"{signals} (Landlock ABI {abi}){polled}"
+        )
+    return (
+        f"{guard} writes outside the work directory (sqlite3, for one, writes anywhere the "
+        f"server's user may), network connections{processes}, signals and reads of other "
+        "processes' /proc files; the program runs as the server's user and reads every file "
+        f"that user may read{polled}"
+    )
+
+
+async def isolation_works(isolation: Isolation) -> bool:
+    """Whether a program runs under `isolation` here (namespaces need root; landlock a kernel
+    with Landlock enabled; rlimits always)."""
+    if isolation == "namespaces" and os.geteuid() != 0:
+        return False
+    result = await run_sandboxed("print('ok')", SandboxLimits(wall_seconds=10), isolation)
+    return result.exit_reason == "ok" and result.stdout == "ok\n"
+
+
 async def detect_isolation() -> Isolation:
-    """`namespaces` where this process may create namespaces and drop to nobody, else `rlimits`."""
-    if os.geteuid() != 0:
-        return "rlimits"
-    result = await run_sandboxed("print('ok')", SandboxLimits(wall_seconds=10), "namespaces")
-    return "namespaces" if result.exit_reason == "ok" and result.stdout == "ok\n" else "rlimits"
+    """The strongest isolation level that works on this machine."""
+    for isolation in ISOLATIONS[:-1]:
+        if await isolation_works(isolation):
+            return isolation
+    return "rlimits"
