@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from environments.base import registered_ids
 
 
 class _Section(BaseModel):
@@ -30,7 +33,8 @@ class BFCLEnvConfig(_Section):
 
 class EnvironmentConfig(_Section):
     env_class: str | None = None
-    """Registry id that overrides each task's `env_class` (null: use the task's)."""
+    """Registry id that overrides each task's `env_class` (null: use the task's). An id that is
+    not registered (environments/base.py) is an error listing the registered ones."""
     call_format: Literal["hermes", "json", "openai", "react", "python", "tool_tag", "auto"] = "auto"
     """Tool-call format taught in the system prompt; `auto` accepts every format when parsing
     and teaches Hermes `<tool_call>` blocks."""
@@ -56,11 +60,27 @@ class EnvironmentConfig(_Section):
     """Called with the episode id, when the episode closes, on each server the episode used that
     has a tool of this name (the bundled kv server's `reset` drops the episode's keys). Null: none."""
 
+    @field_validator("env_class")
+    @classmethod
+    def _registered(cls, env_class: str | None) -> str | None:
+        if env_class is not None and env_class not in registered_ids():
+            raise PydanticCustomError("unknown_env_class", "got {value}; registered: {registered}",
+                                      {"value": repr(env_class), "registered": ", ".join(registered_ids()) or "none"})
+        return env_class
+
 
 class DatasetSource(_Section):
+    OVERRIDE_REPLACES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "path": ("generator", "num_tasks", "options"),
+        "generator": ("path",),
+    }
+    """A dotted override that sets one kind of source drops the other kind's keys from the
+    config file (grpo/config.py `apply_overrides`): `data.train.path=my_tasks.jsonl` on a file
+    that says `generator: calculator` trains on the file."""
+
     path: str | None = None
     """A .json, .jsonl or .parquet file of task records, or `bfcl:<categories|all>:<train|eval|all>`
-    for BFCL multi-turn tasks from the bfcl-eval package (environments/bfcl_data.py)."""
+    for BFCL multi-turn tasks from the bfcl-eval package (environments/bfcl/data.py)."""
     generator: str | None = None
     """A synthetic generator: `calculator`, `multistep` (or `module:function`)."""
     num_tasks: int = Field(default=256, ge=1)

@@ -15,6 +15,11 @@ Components (each in [0, 1]; `reward_spec.method` picks which make up the reward)
 - `limits`: 1 when the call count and the number of distinct servers are within the limits.
 - `state`: the fraction of expected (server, key) values found in the final state the
   environment read (values compared like params).
+- `process`: per-call credit for following the tool sequence, dependencies on the model's own
+  earlier results included, over max(expected steps, calls made) (environments/process_reward.py).
+- `success`: 1 when the episode succeeds (below), else 0: the outcome as a component, so that
+  `method: [success, process]` rewards any success above any failure (process alone is at most
+  the weight share of `process`) while failures still differ by how far they got.
 - `module:function`: a custom reward `fn(task, episode) -> float | dict | RewardBreakdown`
   (a dict has "score" and optionally "success"); a float counts as passed when >= 1.
 
@@ -28,15 +33,15 @@ state matches), the limits (when given) are respected, and custom rewards passed
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from environments.base import Message, load_callable
+from environments.comparisons import answer_is_correct, values_match
 from environments.config import EnvironmentConfig
-from environments.tasks.schema import COMPONENTS, SuccessCriteria, Task, ToolStep
+from environments.process_reward import calls_tool, process_score
+from environments.tasks.schema import COMPONENTS, Task, ToolStep
 
 CallStatus = Literal["ok", "tool_error", "invalid"]
 
@@ -96,87 +101,7 @@ class RewardBreakdown:
     """Each success criterion that was checked and whether it held."""
 
 
-# -- comparisons -------------------------------------------------------------------------------
-
-_NUMBER_IN_TEXT = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
-
-
-def _as_number(value: Any) -> float | None:
-    """A number from a number or a string that is exactly one number."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, str):
-        text = value.strip().replace("−", "-")
-        if re.fullmatch(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+", text):
-            try:
-                number = float(text.replace(",", ""))
-            except (ValueError, OverflowError):
-                return None
-            return number if math.isfinite(number) else None
-    return None
-
-
-def last_number(text: str) -> float | None:
-    """The last number written in `text` (None when there is none)."""
-    matches = _NUMBER_IN_TEXT.findall(text.replace("−", "-"))
-    for match in reversed(matches):
-        number = _as_number(match)
-        if number is not None:
-            return number
-    return None
-
-
-def normalize_text(text: str) -> str:
-    """Case-folded, whitespace collapsed, surrounding quotes/markdown and trailing periods gone."""
-    text = " ".join(str(text).casefold().split())
-    previous = None
-    while text != previous:
-        previous = text
-        text = text.strip(" *_`\"'").rstrip(".")
-    return text
-
-
-def answer_is_correct(answer: str | None, criteria: SuccessCriteria) -> bool:
-    if answer is None or criteria.answer is None:
-        return False
-    truths = criteria.answer if isinstance(criteria.answer, list) else [criteria.answer]
-    for truth in truths:
-        numeric = criteria.answer_type == "number" or (
-            criteria.answer_type == "auto" and _as_number(truth) is not None)
-        if numeric:
-            expected, got = _as_number(truth), last_number(answer)
-            if expected is not None and got is not None and abs(got - expected) <= max(
-                criteria.tolerance, criteria.rel_tolerance * abs(expected)
-            ):
-                return True
-        elif normalize_text(answer) == normalize_text(str(truth)):
-            return True
-    return False
-
-
-def values_match(expected: Any, actual: Any) -> bool:
-    """Loose equality of argument/state values: numbers numerically (also when written as
-    strings), strings case-folded without whitespace, containers element-wise."""
-    exp_num, act_num = _as_number(expected), _as_number(actual)
-    if exp_num is not None and act_num is not None:
-        return math.isclose(exp_num, act_num, rel_tol=1e-9, abs_tol=1e-9)
-    if isinstance(expected, dict) and isinstance(actual, dict):
-        return expected.keys() == actual.keys() and all(values_match(v, actual[k]) for k, v in expected.items())
-    if isinstance(expected, list) and isinstance(actual, list):
-        return len(expected) == len(actual) and all(values_match(e, a) for e, a in zip(expected, actual))
-    if isinstance(expected, str) and isinstance(actual, str):
-        return "".join(expected.casefold().split()) == "".join(actual.casefold().split())
-    return expected == actual and type(expected) is type(actual)
-
-
 # -- components --------------------------------------------------------------------------------
-
-def _calls_tool(call: CallRecord, name: str) -> bool:
-    return name in (call.tool, call.exposed_name, call.name) or (
-        call.server is not None and name in (f"{call.server}.{call.tool}", f"{call.server}/{call.tool}"))
-
 
 def _required_tools(task: Task) -> list[str] | None:
     """Tools that must be called; None means 'any tool'."""
@@ -195,11 +120,11 @@ def must_call_tool_score(task: Task, episode: Episode) -> float:
         return 1.0 if ok else 0.0
     if not required:
         return 1.0
-    return sum(any(_calls_tool(c, name) for c in ok) for name in required) / len(required)
+    return sum(any(calls_tool(c, name) for c in ok) for name in required) / len(required)
 
 
 def _step_similarity(step: ToolStep, call: CallRecord) -> float:
-    if not _calls_tool(call, step.tool) or (step.server is not None and call.server != step.server):
+    if not calls_tool(call, step.tool, step.server):
         return 0.0
     if not step.params:
         return 1.0
@@ -289,6 +214,10 @@ def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None)
             components[method] = 1.0 if within_limits else 0.0
         elif method == "state":
             components[method] = state_value
+        elif method == "process":
+            components[method] = process_score(task, episode)
+        elif method == "success":
+            continue  # the outcome: set once the checks below are known
         else:
             value, passed = _custom(method, task, episode)
             components[method] = value
@@ -304,9 +233,11 @@ def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None)
         checks["limits"] = within_limits
     if not criteria.has_criteria:
         for name in spec.method:
-            if name in COMPONENTS:
+            if name in COMPONENTS and name != "success":
                 checks[name] = components[name] >= 1.0
     success = bool(checks) and all(checks.values())
+    if "success" in spec.method:
+        components["success"] = 1.0 if success else 0.0
 
     weights = {name: spec.weights.get(name, 1.0) for name in spec.method}
     weight_sum = sum(weights.values())

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from environments.config import DataConfig, EnvironmentConfig
 from grpo.algorithm.config import AlgorithmConfig, GAEConfig
@@ -152,16 +153,40 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each `dotted.key=value` in the raw config data, in order. A section that is absent or
+    null is created. Where the section's class declares `OVERRIDE_REPLACES` (e.g. a dataset
+    source: `path` replaces `generator`), setting such a key drops the keys it replaces, so an
+    override can switch what the file chose instead of adding a contradiction to it."""
     for text in overrides:
         parts, value = parse_override(text)
         node = data
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
             if not isinstance(child, dict):
                 raise ConfigError(f"override {text!r}: {part!r} is a value, not a section")
             node = child
+        if value is not None:
+            replaces = getattr(_section_class(parts[:-1]), "OVERRIDE_REPLACES", {})
+            for key in replaces.get(parts[-1], ()):
+                node.pop(key, None)
         node[parts[-1]] = value
     return data
+
+
+def _section_class(parts: list[str]) -> type[BaseModel] | None:
+    """The config class of the section at the dotted path `parts` (None where there is no one
+    class, e.g. a union such as `algorithm.advantage`, or no such section)."""
+    section: type[BaseModel] | None = RunConfig
+    for part in parts:
+        field = section.model_fields.get(part) if section is not None else None
+        if field is None:
+            return None
+        options = get_args(field.annotation) if get_origin(field.annotation) in (Union, UnionType) else ()
+        classes = [t for t in options or (field.annotation,) if isinstance(t, type) and issubclass(t, BaseModel)]
+        section = classes[0] if len(classes) == 1 else None
+    return section
 
 
 def _format_validation_error(exc: ValidationError, source: str) -> str:

@@ -80,7 +80,7 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
     engine = make_engine(engine_name, policy=policy, tokenizer=tokenizer, config=config, device=device)
     bfcl = tasks is not None
     if tasks is None:
-        _, tasks = train_validation_split(config.data)
+        _, tasks = train_validation_split(config.data, config.environment.env_class)
         tasks = tasks[:num_tasks] if num_tasks else tasks
     started = time.time()
     transcripts = config.run_dir / "eval" / f"{name}.jsonl"

@@ -2,6 +2,11 @@
 
 Resolves the device and rollout engine (and says why), validates config, model, dataset and MCP servers, then runs
 GRPO. Prints the run directory at the end; `summary.json` there holds success before/after.
+
+A run that cannot start (a bad dataset, a server that does not start, a model or device that is
+not there) or that a health check stops prints what is wrong in `--dry-run`'s words, then the log
+that holds the traceback, and exits 1; a bad config exits 2. Other exceptions are bugs and keep
+their traceback.
 """
 
 from __future__ import annotations
@@ -10,10 +15,13 @@ import argparse
 import asyncio
 import json
 import sys
+import time
+import traceback
+from pathlib import Path
 
 from grpo.config import ConfigError, load_config
-from grpo.train.trainer import GRPOTrainer
-from launch.validate_setup import validate
+from grpo.train.trainer import GRPOTrainer, TrainingStopped
+from launch.validate_setup import setup_problem, validate
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,10 +44,30 @@ def main(argv=None) -> int:
         report = asyncio.run(validate(config))
         return 0 if report.ok else 1
 
-    summary = GRPOTrainer(config).run()
+    try:
+        summary = GRPOTrainer(config).run()
+    except Exception as exc:  # only setup and health-check errors are handled; a bug is re-raised
+        problem = setup_problem(exc) or (f"training stopped: {exc}" if isinstance(exc, TrainingStopped) else None)
+        if problem is None:
+            raise
+        print(problem, file=sys.stderr)
+        log_path = _log_traceback(config.run_dir / "training.log", problem)
+        if log_path is not None:
+            print(f"details: {log_path}", file=sys.stderr)
+        return 1
     print(json.dumps(summary, indent=2))
     print(f"run directory: {summary['run_dir']}")
     return 0
+
+
+def _log_traceback(log_path: Path, problem: str) -> Path | None:
+    """Append the problem and its traceback to the run's log (when the run got as far as making
+    its directory); the console shows the problem alone."""
+    if not log_path.parent.is_dir():
+        return None
+    with log_path.open("a") as log:
+        log.write(f"{time.strftime('%H:%M:%S')} ERROR {problem}\n{traceback.format_exc()}")
+    return log_path
 
 
 if __name__ == "__main__":

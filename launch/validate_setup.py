@@ -36,6 +36,21 @@ class Report:
         return all(ok for ok, _ in self.lines)
 
 
+def setup_problem(exc: BaseException) -> str | None:
+    """`<part>: <message>` for an error that a bad setup causes (dataset, MCP servers, model,
+    device), worded as the report below words it, so that `launch.train` stopping at start-up
+    says what `--dry-run` says; None for any other exception (a bug keeps its traceback)."""
+    # Imported here, not at the top, for the reason given in validate(): a missing dependency
+    # shows in the report instead of stopping it with an ImportError.
+    from environments.tasks.schema import TaskDataError
+    from grpo.models.source import ModelSourceError
+    from tools.connection import ToolServerStartError
+
+    parts = ((TaskDataError, "dataset"), (ToolServerStartError, "MCP servers"), (ModelSourceError, "model"),
+             (DeviceUnavailable, "device/engine"))
+    return next((f"{part}: {exc}" for kind, part in parts if isinstance(exc, kind)), None)
+
+
 async def validate(config: RunConfig) -> Report:
     report = Report()
     print(f"validating run {config.run_name!r}")
@@ -51,7 +66,7 @@ async def validate(config: RunConfig) -> Report:
         engine, why = choose_engine(config.rollout.engine, device)
         report.add(True, f"rollout engine {engine} ({why})")
     except (DeviceUnavailable, ValueError) as exc:
-        report.add(False, f"device/engine: {exc}")
+        report.add(False, setup_problem(exc) or f"device/engine: {exc}")
 
     # Imported after the package checks above (here and below), so that a missing dependency
     # shows in the report instead of stopping it with an ImportError.
@@ -64,16 +79,16 @@ async def validate(config: RunConfig) -> Report:
         where = model_dir or "built in memory"
         report.add(True, f"model {config.model.name_or_path} -> {where} ({time.time() - t0:.1f} s)")
     except (ModelSourceError, OSError, ValueError) as exc:
-        report.add(False, f"model: {exc}")
+        report.add(False, setup_problem(exc) or f"model: {exc}")
 
     from environments.tasks.loading import train_validation_split
     from environments.tasks.schema import TaskDataError
 
     try:
-        train, val = train_validation_split(config.data)
+        train, val = train_validation_split(config.data, config.environment.env_class)
         report.add(True, f"dataset: {len(train)} training tasks, {len(val)} held-out tasks")
     except (TaskDataError, OSError, ValueError) as exc:
-        report.add(False, f"dataset: {exc}")
+        report.add(False, setup_problem(exc) or f"dataset: {exc}")
 
     for name, server in config.tools.servers.items():
         missing = [var for var in server.required_env if not os.environ.get(var)]
@@ -96,7 +111,7 @@ async def validate(config: RunConfig) -> Report:
                 report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
             print(f"  servers started and stopped in {time.time() - t0:.1f} s")
         except ToolServerStartError as exc:
-            report.add(False, f"MCP servers: {exc}")
+            report.add(False, setup_problem(exc))
     else:
         print("  [--] no MCP servers configured")
     print("setup OK" if report.ok else "setup has problems (see FAIL lines)")

@@ -21,7 +21,6 @@ from conftest import running_manager
 
 import environments  # noqa: F401  (registers bfcl)
 from environments.base import Environment, resolve
-from environments.bfcl.env import BFCLEnvironment
 from environments.bfcl.data import (
     CATEGORIES,
     BFCLUnavailable,
@@ -34,6 +33,7 @@ from environments.bfcl.data import (
     scenario_index,
     split_rule,
 )
+from environments.bfcl.env import BFCLEnvironment
 from environments.bfcl.scoring import bfcl_reward, official_check
 from environments.config import BFCLEnvConfig, DatasetSource, EnvironmentConfig
 from environments.tasks.loading import load_tasks

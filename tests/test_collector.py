@@ -22,12 +22,12 @@ from conftest import running_manager
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import StepResult
 from environments.config import EnvironmentConfig
-from environments.tasks.loading import generate_tasks
 from environments.mcp_tool.env import MCPToolEnvironment
+from environments.tasks.loading import generate_tasks
 from grpo.collect import chat_tokens
 from grpo.collect.collector import TrajectoryCollector, turn_seed
-from grpo.rollout.config import RolloutConfig
 from grpo.rollout.base import GenerationResult, RolloutEngine
+from grpo.rollout.config import RolloutConfig
 from grpo.rollout.hf import HFEngine
 
 # -- fixtures ----------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 import pytest
 import yaml
 
+from environments.base import registered_ids
+from grpo.algorithm.config import GAEConfig
 from grpo.config import ConfigError, RunConfig, load_config, parse_override, save_config
 
 
@@ -30,7 +32,8 @@ def test_unknown_key_and_bad_device_are_named():
 
 def test_advantage_is_a_union_on_the_estimator():
     cfg = load_config(None, ["algorithm.advantage.estimator=gae", "algorithm.advantage.gamma=1.0"])
-    assert (cfg.algorithm.advantage.estimator, cfg.algorithm.advantage.gamma, cfg.algorithm.advantage.lam) == ("gae", 1.0, 0.95)
+    assert (cfg.algorithm.advantage.estimator, cfg.algorithm.advantage.gamma) == ("gae", 1.0)
+    assert cfg.algorithm.advantage.lam == GAEConfig().lam  # the default
     assert load_config(None, ["algorithm.advantage=rloo"]).algorithm.advantage.estimator == "rloo"
     with pytest.raises(ConfigError) as err:
         load_config(None, ["algorithm.advantage.gamma=0.9"])  # gamma belongs to gae only
@@ -107,3 +110,27 @@ def test_shipped_configs_validate():
     for name in ("cpu", "smoke"):
         cfg = load_config(f"configs/{name}.yaml")
         assert cfg.run_name
+
+
+def test_readme_dataset_override_replaces_the_generator_of_the_file(tmp_path):
+    # configs/cpu.yaml trains on `generator: calculator`; the README tells users to point it at files.
+    cfg = load_config("configs/cpu.yaml", ["data.train.path=my_tasks.jsonl", "data.validation.path=my_val.jsonl"])
+    assert (cfg.data.train.path, cfg.data.train.generator, cfg.data.train.options) == ("my_tasks.jsonl", None, {})
+    assert cfg.data.train.seed == 0 and cfg.data.validation.path == "my_val.jsonl"
+    # ...and the other way round; a section written as null takes keys too.
+    path_config = tmp_path / "files.yaml"
+    path_config.write_text("data:\n  train: {path: tasks.jsonl}\n  validation: null\n")
+    cfg = load_config(path_config, ["data.train.generator=calculator", "data.validation.path=val.jsonl"])
+    assert (cfg.data.train.generator, cfg.data.train.path) == ("calculator", None)
+    assert cfg.data.validation.path == "val.jsonl"
+    # Both in one source is still an error.
+    with pytest.raises(ConfigError, match="a dataset source needs exactly one of `path` or `generator`"):
+        load_config(None, ["data.train={path: a.jsonl, generator: calculator}"])
+
+
+def test_unknown_env_class_in_the_config_lists_the_registered_ones():
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/smoke.yaml", ["environment.env_class=mcp_env"])
+    assert str(err.value) == ("invalid config (configs/smoke.yaml):\n  environment.env_class: got 'mcp_env'; "
+                              f"registered: {', '.join(registered_ids())}")
+    assert load_config(None, ["environment.env_class=bfcl"]).environment.env_class == "bfcl"

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from environments.base import registered_ids
 from environments.config import DataConfig, DatasetSource
 from environments.tasks.loading import (
     GENERATORS,
@@ -262,3 +263,71 @@ def test_explicit_generator_validation_uses_the_validation_stream():
                      validation=DatasetSource(generator="calculator", num_tasks=10))  # same seed
     train, validation = train_validation_split(cfg)
     assert len(validation) == 10 and not questions(train) & questions(validation)
+
+
+# -- hostile input (issue 15): every bad record, unknown environments, encodings --------------
+
+def test_unknown_env_class_names_file_line_value_and_registered(tmp_path):
+    records = [record(f"t{i}", f"What is {i} * 3?") for i in range(1, 5)]
+    records[2]["env_class"] = "mcp_env"
+    path = write_jsonl(tmp_path / "tasks.jsonl", records)
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(path)))
+    assert str(info.value) == (f"{path} line 3: env_class: got 'mcp_env'; registered: "
+                               f"{', '.join(registered_ids())} (or set environment.env_class for every task)")
+    # `environment.env_class` overrides every task's own: the tasks' values are then not used.
+    assert len(load_tasks(DatasetSource(path=str(path)), env_class="mcp_tool")) == 4
+    cfg = DataConfig(train=DatasetSource(path=str(path)), validation_size=1)
+    with pytest.raises(TaskDataError, match="line 3: env_class: got 'mcp_env'"):
+        train_validation_split(cfg)
+    assert len(train_validation_split(cfg, env_class="mcp_tool")[0]) == 3
+
+
+def test_every_bad_record_is_reported_with_file_line_and_field(tmp_path):
+    bad_env = record("t5", "What is 5 * 3?")
+    bad_env["env_class"] = "nope"
+    lines = [record("t1"), "{not json", record("t3", "What is 3 * 3?", complexity="extreme"),
+             record("t4", "What is 4 * 3?"), bad_env, record("t1", "What is 6 * 3?"), "[1, 2]"]
+    path = write_jsonl(tmp_path / "tasks.jsonl", lines)
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(path)))
+    registered = ", ".join(registered_ids())
+    assert str(info.value) == "\n".join([
+        f"{path}: 5 bad records",
+        f"  {path} line 2: invalid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        f"  {path} line 3: reward_spec.ground_truth.complexity: got 'extreme'; allowed: easy, medium, hard",
+        (f"  {path} line 5: env_class: got 'nope'; registered: {registered} (or set environment.env_class for "
+         "every task)"),
+        f"  {path} line 6: reward_spec.ground_truth.task_id: 't1' is already used at {path} line 1",
+        f"  {path} line 7: expected an object, got list",
+    ])
+
+
+def test_many_bad_records_show_the_first_twenty_and_the_count(tmp_path):
+    lines = [record(f"t{i}", f"What is {i} * 3?", complexity="extreme") for i in range(25)]
+    path = write_jsonl(tmp_path / "tasks.jsonl", lines)
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(path)))
+    text = str(info.value).splitlines()
+    assert text[0] == f"{path}: 25 bad records (the first 20 below)"
+    assert text[1] == f"  {path} line 1: reward_spec.ground_truth.complexity: got 'extreme'; allowed: easy, medium, hard"
+    assert text[20].startswith(f"  {path} line 20: ") and text[21:] == ["  ... and 5 more"]
+
+
+def test_non_utf8_files_name_the_file_and_line(tmp_path):
+    lines = [json.dumps(record(f"t{i}", f"What is {i} * 3?")) for i in range(1, 5)]
+    data = ("\n".join(lines) + "\n").encode().replace(b"What is 3 * 3", b"What is 3 \xd7 3")  # latin-1 ×
+    (tmp_path / "tasks.jsonl").write_bytes(data)
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(tmp_path / "tasks.jsonl")))
+    column = lines[2].index("3 * 3") + 3
+    assert str(info.value) == (f"{tmp_path / 'tasks.jsonl'} line 3: not UTF-8 text (byte 0xd7 at column "
+                               f"{column}); save the file as UTF-8")
+    (tmp_path / "tasks.json").write_bytes(b"[\n" + data.replace(b"}\n{", b"},\n{") + b"]")
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(tmp_path / "tasks.json")))
+    assert str(info.value) == (f"{tmp_path / 'tasks.json'} line 4: not UTF-8 text (byte 0xd7 at column "
+                               f"{column}); save the file as UTF-8")
+    # A byte-order mark (what some editors write first) is no error.
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
+    assert len(load_tasks(DatasetSource(path=str(tmp_path / "bom.jsonl")))) == 4

@@ -11,10 +11,10 @@ from conftest import running_manager
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
-from environments.tasks.loading import generate_tasks
-from environments.tasks.schema import Task
 from environments.mcp_tool.env import MCPToolEnvironment
 from environments.mcp_tool.prompt import render_system_prompt
+from environments.tasks.loading import generate_tasks
+from environments.tasks.schema import Task
 from environments.toolcalls import FORMATS, format_tool_call
 
 REPO = Path(__file__).resolve().parents[1]

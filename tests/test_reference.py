@@ -6,11 +6,16 @@ import pytest
 import torch
 
 from grpo.algorithm.config import ReferenceConfig
+from grpo.algorithm.reference import (
+    FullCopyEMAReference,
+    LoraEMAReference,
+    ema_update_,
+    make_reference,
+)
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.peft_weights import lm_tensors
-from grpo.models.source import build_tiny_model
 from grpo.models.policy import PolicyWithValueHead
-from grpo.algorithm.reference import FullCopyEMAReference, LoraEMAReference, ema_update_, make_reference
+from grpo.models.source import build_tiny_model
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 Q_PROJ = "base_model.model.model.layers.0.self_attn.q_proj"

@@ -5,15 +5,13 @@ from __future__ import annotations
 import pytest
 
 from environments.config import EnvironmentConfig
+from environments.comparisons import answer_is_correct, last_number, values_match
 from environments.rewards import (
     CallRecord,
     Episode,
     RewardBreakdown,
-    answer_is_correct,
-    last_number,
     score,
     tool_sequence_score,
-    values_match,
 )
 from environments.tasks.schema import SuccessCriteria, Task
 

@@ -1,8 +1,15 @@
-"""launch.validate_setup: a good setup passes; a missing key or dataset is named, never a secret."""
+"""launch.validate_setup: a good setup passes; a missing key or dataset is named, never a secret.
+launch.train: a run that cannot start says why in the dry run's words, without a traceback."""
 
 import asyncio
+import json
+import logging
 
+import pytest
+
+from environments.base import registered_ids
 from grpo.config import load_config
+from launch.train import main as train_main
 from launch.validate_setup import validate
 
 
@@ -27,3 +34,68 @@ def test_missing_key_and_dataset_are_named_and_secrets_never_printed(capsys, mon
     assert "[FAIL] server calculator: environment variables not set: MCP_GRPO_TEST_MISSING" in out
     assert "[FAIL] dataset: task file '/nonexistent/tasks.jsonl' does not exist" in out
     assert "sk-do-not-print" not in out
+
+
+def write_tasks(path, env_classes):
+    lines = []
+    for i, env_class in enumerate(env_classes):
+        lines.append(json.dumps({
+            "env_class": env_class, "prompt": [{"role": "user", "content": f"What is {i} * 7?"}],
+            "reward_spec": {"method": "final_answer", "ground_truth": {
+                "task_id": f"t{i}", "complexity": "easy", "success": {"answer": 7 * i}}}}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def quiet_run_logging():
+    """launch.train sets up the run's console and file logging; drop those handlers afterwards."""
+    yield
+    logger = logging.getLogger("mcp_grpo")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def test_dry_run_fails_on_an_unknown_env_class(tmp_path, capsys):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["mcp_tool", "mcp_tool", "mcp_env", "mcp_tool"])
+    rc = train_main(["--config", "configs/smoke.yaml", f"data.train={{path: {tasks}}}", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert (f"[FAIL] dataset: {tasks} line 3: env_class: got 'mcp_env'; registered: "
+            f"{', '.join(registered_ids())} (or set environment.env_class for every task)") in out
+    assert "setup OK" not in out
+    # With environment.env_class set, the tasks' own values are not used: the setup is fine.
+    rc = train_main(["--config", "configs/smoke.yaml", f"data.train={{path: {tasks}}}", "environment.env_class=mcp_tool",
+                     "data.validation_size=1", "--dry-run"])
+    assert rc == 0, capsys.readouterr().out
+
+
+def test_train_stops_on_a_bad_dataset_with_one_line_and_the_log_path(tmp_path, capsys, quiet_run_logging):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["mcp_tool", "mcp_env", "mcp_tool"])
+    rc = train_main(["--config", "configs/smoke.yaml", f"output_dir={tmp_path}", f"data.train={{path: {tasks}}}"])
+    err = capsys.readouterr().err
+    log_path = tmp_path / "smoke" / "training.log"
+    assert rc == 1
+    assert err.splitlines()[-2:] == [
+        (f"dataset: {tasks} line 2: env_class: got 'mcp_env'; registered: {', '.join(registered_ids())} "
+         "(or set environment.env_class for every task)"),
+        f"details: {log_path}",
+    ]
+    assert "Traceback" not in err
+    assert "Traceback" in log_path.read_text() and "TaskDataError" in log_path.read_text()
+
+
+def test_train_stops_on_a_server_that_fails_to_start_with_one_line(tmp_path, capsys, quiet_run_logging):
+    rc = train_main(["--config", "configs/smoke.yaml", f"output_dir={tmp_path}",
+                     "tools.servers.calculator.args=[tests/servers/faulty.py, --die-at-start]"])
+    err = capsys.readouterr().err
+    log_path = tmp_path / "smoke" / "training.log"
+    assert rc == 1
+    assert err.splitlines()[-4:] == [
+        "MCP servers: MCP server 'calculator' failed to start: Connection closed (MCP error -32000)",
+        "--- stderr of 'calculator' (last lines) ---",
+        "faulty: cannot read config /nonexistent/faulty.yaml",
+        f"details: {log_path}",
+    ]
+    assert "Traceback" not in err and "ToolServerStartError" in log_path.read_text()

@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 
 from grpo.config import RunConfig, load_config
-from grpo.rollout.config import VLLMConfig
 from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.config import VLLMConfig
 from grpo.rollout.vllm_params import (
     PROCESSED,
     RAW,

@@ -73,9 +73,11 @@ class MCPToolEnvironment:
         self.max_turns = gt.max_turns or self.config.max_turns.get(gt.complexity) or max(
             self.config.max_turns.values(), default=5)
 
+        await self._run_setup()
         examples = []
         if self.config.one_shot_example:
-            examples = await calculator_examples(self.task, self._specs, self.tools, self.config.tool_timeout)
+            examples = self.task.examples or await calculator_examples(
+                self.task, self._specs, self.tools, self.config.tool_timeout)
         calculator = find_calculator(self._specs)
         example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, self.config.call_format)
                         if calculator is not None else None)
@@ -84,9 +86,33 @@ class MCPToolEnvironment:
         if task_messages[0]["role"] == "system":
             system += "\n\n" + task_messages.pop(0)["content"]
         messages = [{"role": "system", "content": system},
-                    *example_turns(examples, self.config.call_format), *task_messages]
+                    *example_turns(examples, self.config.call_format, self._exposed_name), *task_messages]
         self.episode.messages = list(messages)
         return messages
+
+    async def _run_setup(self) -> None:
+        """The task's initial state: its setup calls, with this episode's id, unseen by the model.
+        A failed setup call raises (the collector retries the episode, then excludes its group):
+        an episode on a wrong initial state would be scored against the wrong truth."""
+        for step in self.task.setup:
+            spec = self._spec_of(step.tool, step.server, self._all_specs)
+            if spec is None:
+                raise RuntimeError(f"task {self.task.task_id}: setup tool {step.server or ''}.{step.tool} "
+                                   "is not offered by any configured server")
+            self._servers_used.add(spec.server)
+            result = await self.tools.call_tool(spec.name, step.params, timeout=self.config.tool_timeout,
+                                                episode_id=self.episode_id)
+            if result.is_error:
+                raise RuntimeError(f"task {self.task.task_id}: setup call {spec.name}({step.params}) "
+                                   f"failed: {result.text}")
+
+    @staticmethod
+    def _spec_of(tool: str, server: str | None, specs: list[ToolSpec]) -> ToolSpec | None:
+        return next((s for s in specs if s.tool == tool and server in (None, s.server)), None)
+
+    def _exposed_name(self, tool: str, server: str | None) -> str:
+        spec = self._spec_of(tool, server, self._specs)
+        return spec.name if spec is not None else tool
 
     @staticmethod
     def _name_table(specs: list[ToolSpec]) -> dict[str, ToolSpec]:

@@ -1,7 +1,8 @@
 """Worked examples an MCP tool episode shows before the task, as real chat turns.
 
-A `WorkedExample` is a question, the calls that answer it with their real results, and the
-answer. `calculator_examples` gives the measured one-shot pair for servers with a calculator-shaped
+A `WorkedExample` (environments/tasks/schema.py) is a question, the calls that answer it with their
+real results, and the answer. A task may carry its own (`Task.examples`, e.g. gold chains of its
+family from the training split); otherwise `calculator_examples` gives the measured one-shot pair for servers with a calculator-shaped
 tool (one string argument `expression`), with the calculator's real answers so the example shows
 the exact observation format.
 """
@@ -11,23 +12,14 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from environments.tasks.schema import Task, normalize_question, question_key
+from environments.tasks.schema import ExampleStep, Task, WorkedExample, normalize_question, question_key
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkedExample:
-    question: str
-    steps: tuple[tuple[str, dict, str], ...]
-    """(tool name, arguments, the tool's result text) per call, in order."""
-    answer: str
 
 
 CALCULATOR_EXAMPLES = (("What is 523 + 198?", "523 + 198"), ("What is 4 * 56?", "4 * 56"),
@@ -70,6 +62,6 @@ async def calculator_examples(task: Task, specs: Sequence[ToolSpec], tools: Shar
                 log.warning("example call %s(%r) failed: %s", calculator.name, expression, result.text)
                 continue
             cache[key] = result.text.strip()
-        steps = ((calculator.name, {"expression": expression}, cache[key]),)
-        examples.append(WorkedExample(question, steps, cache[key]))
+        step = ExampleStep(tool=calculator.name, params={"expression": expression}, result=cache[key])
+        examples.append(WorkedExample(question=question, steps=[step], answer=cache[key]))
     return examples

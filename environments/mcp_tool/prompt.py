@@ -3,7 +3,7 @@ the tools, one compact signature line each, and worked examples as real chat tur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from environments.base import Message
@@ -11,7 +11,7 @@ from environments.toolcalls import format_tool_call, resolve_format
 from tools.schema import signature
 
 if TYPE_CHECKING:
-    from environments.mcp_tool.examples import WorkedExample
+    from environments.tasks.schema import WorkedExample
     from tools.manager import ToolSpec
 
 
@@ -41,16 +41,16 @@ def render_system_prompt(specs: Sequence[ToolSpec], call_format: str = "auto", e
     ])
 
 
-def example_turns(examples: Sequence[WorkedExample], call_format: str = "auto") -> list[Message]:
-    """Worked examples as chat turns: the question, then for each step an assistant call and its
-    tool result, then the answer."""
+def example_turns(examples: Sequence[WorkedExample], call_format: str = "auto",
+                  exposed: Callable[[str, str | None], str] = lambda tool, server: tool) -> list[Message]:
+    """Worked examples as chat turns: the question, then for each step an assistant call (the
+    tool under the name the model sees, `exposed(tool, server)`) and its tool result, then the
+    answer."""
     turns: list[Message] = []
     for example in examples:
         turns.append({"role": "user", "content": example.question})
-        for tool, arguments, result in example.steps:
-            turns += [
-                {"role": "assistant", "content": format_tool_call(tool, arguments, call_format)},
-                {"role": "tool", "content": result},
-            ]
+        for step in example.steps:
+            call = format_tool_call(exposed(step.tool, step.server), step.params, call_format)
+            turns += [{"role": "assistant", "content": call}, {"role": "tool", "content": step.result}]
         turns.append({"role": "assistant", "content": f"<answer>{example.answer}</answer>"})
     return turns

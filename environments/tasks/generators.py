@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from environments.tasks.schema import complexity_for, task_record
+from environments.tasks.schema import task_record
 
 CALCULATOR_SERVER = "calculator"
 CALCULATOR_TOOL = "calculate"

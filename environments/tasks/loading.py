@@ -1,8 +1,11 @@
 """Task datasets: loading files, running generators, and the train/validation split.
 
 - `load_tasks(source)`: a `DatasetSource` (a .json list, .jsonl or .parquet file, or a generator)
-  → validated `Task`s. A bad record is an error that names the file, the line (jsonl, 1-based),
-  item (json, 0-based) or row (parquet, 0-based), and the field. Nothing is skipped.
+  → validated `Task`s. Nothing is skipped: one error lists every bad record of a file (the first
+  `MAX_REPORTED` and a count), each with the file, the line (jsonl, 1-based; a line that is not
+  JSON or not UTF-8 is a bad record too), item (json, 0-based) or row (parquet, 0-based), and the
+  field. A task's `env_class` must be registered (environments/base.py) unless the caller passes
+  the config's `environment.env_class`, which overrides every task's.
   Records in the short tool-sequence form (`question` + `tool_sequence`, no `reward_spec`) are
   converted to full tasks (`Task.from_record`). A path with a registered prefix goes to that
   source's loader (`register_path_source`; `bfcl:<categories|all>:<train|eval|all>` loads BFCL
@@ -11,12 +14,13 @@
   registered by name (`calculator`, `multistep`) or given as `module:function`. The seed and
   the split name together seed `rng`, so validation tasks come from a stream disjoint from
   training. Task ids are assigned here (`<name>-<split>-s<seed>-<index>`).
-- `train_validation_split(data_cfg)`: (train, validation) that never share a question
+- `train_validation_split(data_cfg, env_class)`: (train, validation) that never share a question
   (compared with `normalize_question`).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import random
@@ -27,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from environments.base import PATH_SOURCES, load_callable
+from environments.base import PATH_SOURCES, load_callable, registered_ids
 from environments.config import DataConfig, DatasetSource
 from environments.rewards import resolve_custom_reward
 from environments.tasks import generators
@@ -84,51 +88,135 @@ def _drop_nulls(value: Any) -> Any:
 
 # -- files -------------------------------------------------------------------------------------
 
-def _read_records(path: Path) -> Iterable[tuple[Any, str]]:
+MAX_REPORTED = 20
+"""Bad records listed in one error; the rest are counted."""
+
+
+class _BadRecords:
+    """The problems of one file, each `<file> line N: field: what is wrong`, raised together."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.shown: list[str] = []
+        self.count = 0
+
+    def add(self, problem: str) -> None:
+        self.count += 1
+        if len(self.shown) < MAX_REPORTED:
+            self.shown.append(problem)
+
+    def raise_if_any(self) -> None:
+        if self.count == 1:
+            raise TaskDataError(self.shown[0])
+        if self.count:
+            more = f" (the first {MAX_REPORTED} below)" if self.count > MAX_REPORTED else ""
+            lines = [f"{self.name}: {self.count} bad records{more}"]
+            lines += ["  " + problem.replace("\n", "\n  ") for problem in self.shown]
+            if self.count > MAX_REPORTED:
+                lines.append(f"  ... and {self.count - MAX_REPORTED} more")
+            raise TaskDataError("\n".join(lines))
+
+
+def _not_utf8(where: str, raw: bytes, exc: UnicodeDecodeError, line_start: int = 0) -> str:
+    column = exc.start - line_start + 1
+    return f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {column}); save the file as UTF-8"
+
+
+def _read_records(path: Path) -> Iterable[tuple[Any, str, str | None]]:
+    """(record, where, problem) per record; `problem` (then `record` is None) for a line that
+    cannot be read. Problems of the whole file raise TaskDataError. A byte-order mark (which some
+    editors write) may open a JSON file."""
     name = str(path)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
+        with path.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                where = f"{name} line {number}"
+                if number == 1:
+                    raw = raw.removeprefix(codecs.BOM_UTF8)
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    yield None, where, _not_utf8(where, raw, exc)
+                    continue
                 if not line.strip():
                     continue  # blank lines separate nothing; they are not records
                 try:
-                    yield json.loads(line), f"{name} line {number}"
+                    yield json.loads(line), where, None
                 except json.JSONDecodeError as exc:
-                    raise TaskDataError(f"{name} line {number}: invalid JSON: {exc}") from None
+                    yield None, where, f"{where}: invalid JSON: {exc}"
     elif suffix == ".json":
+        raw = path.read_bytes().removeprefix(codecs.BOM_UTF8)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            line_start = raw.rfind(b"\n", 0, exc.start) + 1
+            raise TaskDataError(_not_utf8(f"{name} line {line}", raw, exc, line_start)) from None
+        try:
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise TaskDataError(f"{name}: invalid JSON: {exc}") from None
         if not isinstance(data, list):
             raise TaskDataError(f"{name}: expected a JSON list of task records, got {type(data).__name__}")
         for index, item in enumerate(data):
-            yield item, f"{name} item {index}"
+            yield item, f"{name} item {index}", None
     elif suffix == ".parquet":
-        for index, row in enumerate(pq.read_table(path).to_pylist()):
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise TaskDataError(f"{name}: cannot read it as parquet: {exc}") from None
+        for index, row in enumerate(rows):
             where = f"{name} row {index}"
             try:
-                yield _decode_json_columns(row), where
+                yield _decode_json_columns(row), where, None
             except json.JSONDecodeError as exc:
-                raise TaskDataError(f"{where}: a JSON column is not valid JSON: {exc}") from None
+                yield None, where, f"{where}: a JSON column is not valid JSON: {exc}"
     else:
         raise TaskDataError(f"{name}: unknown task file type {suffix!r}; use .json, .jsonl or .parquet")
 
 
-def load_file(path: str | Path) -> list[Task]:
+def env_class_problem(task: Task) -> str | None:
+    """What is wrong with a task's `env_class` (not a registered environment), or None."""
+    registered = registered_ids()
+    if task.env_class in registered:
+        return None
+    return (f"env_class: got {task.env_class!r}; registered: {', '.join(registered) or 'none'} "
+            "(or set environment.env_class for every task)")
+
+
+def load_file(path: str | Path, env_class: str | None = None) -> list[Task]:
+    """The tasks of a .jsonl, .json or .parquet file; every bad record in one TaskDataError.
+    `env_class`: the config's `environment.env_class` (null: each task's own must be registered)."""
     path = Path(path)
     if not path.is_file():
         raise TaskDataError(f"task file {str(path)!r} does not exist")
     tasks: list[Task] = []
     seen: dict[str, str] = {}
-    for record, where in _read_records(path):
-        task = Task.from_record(record, where)
-        if task.task_id in seen:
-            raise TaskDataError(f"{where}: reward_spec.ground_truth.task_id: {task.task_id!r} is already "
-                                f"used at {seen[task.task_id]}")
-        seen[task.task_id] = where
-        tasks.append(task)
+    bad = _BadRecords(str(path))
+    try:
+        for record, where, problem in _read_records(path):
+            if problem is not None:
+                bad.add(problem)
+                continue
+            try:
+                task = Task.from_record(record, where)
+            except TaskDataError as exc:
+                bad.add(str(exc))
+                continue
+            if task.task_id in seen:
+                bad.add(f"{where}: reward_spec.ground_truth.task_id: {task.task_id!r} is already used at "
+                        f"{seen[task.task_id]}")
+                continue
+            seen[task.task_id] = where
+            wrong_env = None if env_class is not None else env_class_problem(task)
+            if wrong_env is not None:
+                bad.add(f"{where}: {wrong_env}")
+                continue
+            tasks.append(task)
+    except OSError as exc:  # unreadable (permissions, a device error): name the file, not a traceback
+        raise TaskDataError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    bad.raise_if_any()
     if not tasks:
         raise TaskDataError(f"{path}: no task records")
     return tasks
@@ -199,9 +287,11 @@ def generate_tasks(
     return tasks
 
 
-def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: Iterable[str] = ()) -> list[Task]:
+def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: Iterable[str] = (),
+               env_class: str | None = None) -> list[Task]:
     """The tasks of one source: a file's records, or `num_tasks` generated tasks. Custom reward
-    functions (`module:function` methods) are imported here, so a bad path fails before training."""
+    functions (`module:function` methods) are imported here, so a bad path fails before training.
+    `env_class`: the config's `environment.env_class`; null: every task's own must be registered."""
     prefix = next((p for p in PATH_SOURCES if source.path is not None and source.path.startswith(p)), None)
     if prefix is not None:
         loader = load_callable(PATH_SOURCES[prefix], f"dataset source {prefix!r}", TaskDataError)
@@ -210,11 +300,19 @@ def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: I
         except (ValueError, ImportError) as exc:  # a bad spec, or a missing package (named by the loader)
             raise TaskDataError(f"dataset {source.path!r}: {exc}") from exc
     elif source.path is not None:
-        tasks = load_file(source.path)
+        tasks = load_file(source.path, env_class)  # checks env_class per record, with its line
     else:
         tasks = generate_tasks(source.generator, source.num_tasks, source.seed, source.options, split,
                                frozenset(exclude_questions))
-    _check_custom_rewards(tasks, source.path or f"generator {source.generator!r}")
+    where = source.path or f"generator {source.generator!r}"
+    if env_class is None and (prefix is not None or source.path is None):
+        bad = _BadRecords(where)
+        for task in tasks:
+            problem = env_class_problem(task)
+            if problem is not None:
+                bad.add(f"{where}: task {task.task_id!r}: {problem}")
+        bad.raise_if_any()
+    _check_custom_rewards(tasks, where)
     return tasks
 
 
@@ -231,7 +329,7 @@ def _check_custom_rewards(tasks: list[Task], where: str) -> None:
                 raise TaskDataError(f"{where}: task {task.task_id!r}: reward_spec.method: {exc}") from None
 
 
-def train_validation_split(data_cfg: DataConfig) -> tuple[list[Task], list[Task]]:
+def train_validation_split(data_cfg: DataConfig, env_class: str | None = None) -> tuple[list[Task], list[Task]]:
     """Training and held-out tasks that never share a question.
 
     - `validation` given: its tasks, minus any whose question is also a training question
@@ -240,16 +338,19 @@ def train_validation_split(data_cfg: DataConfig) -> tuple[list[Task], list[Task]
       generator's validation stream, excluding every training question.
     - No `validation`, file training source: `validation_size` distinct questions held out of the
       file (seeded by `train.seed`), with every task that asks them.
+
+    `env_class`: the config's `environment.env_class`, which overrides every task's own (null:
+    each task's must be registered).
     """
     if data_cfg.validation is None and data_cfg.train.path is not None:
-        return _split_file(load_tasks(data_cfg.train), data_cfg.validation_size, data_cfg.train.seed,
-                           data_cfg.train.path)
-    train = load_tasks(data_cfg.train, "train")
+        return _split_file(load_tasks(data_cfg.train, env_class=env_class), data_cfg.validation_size,
+                           data_cfg.train.seed, data_cfg.train.path)
+    train = load_tasks(data_cfg.train, "train", env_class=env_class)
     train_questions = {normalize_question(t) for t in train}
     if data_cfg.validation is None:
         source = data_cfg.train.model_copy(update={"num_tasks": data_cfg.validation_size})
-        return train, load_tasks(source, "validation", train_questions)
-    validation = load_tasks(data_cfg.validation, "validation", train_questions)
+        return train, load_tasks(source, "validation", train_questions, env_class)
+    validation = load_tasks(data_cfg.validation, "validation", train_questions, env_class)
     kept = [t for t in validation if normalize_question(t) not in train_questions]
     if len(kept) < len(validation):
         log.warning("data: dropped %d validation tasks whose question is also a training question",

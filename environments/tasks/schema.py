@@ -6,6 +6,9 @@ A record (one line of a .jsonl file, one item of a .json list, one row of a .par
 {"data_source": "calculator",                 # where the task comes from (free text)
  "env_class": "mcp_tool",                     # environment registry id
  "prompt": [{"role": "system", ...}?, {"role": "user", "content": "What is 964 * 494?"}],
+ "setup": [{"server": "kv", "tool": "put", "params": {...}}],   # optional: initial state, hidden
+ "examples": [{"question": ..., "steps": [{"tool": ..., "params": {...}, "result": ...}],
+               "answer": ...}],                                 # optional: worked examples
  "reward_spec": {
    "method": ["final_answer", "must_call_tool"],   # components of the reward (see rewards.py)
    "weights": {"final_answer": 1.0},               # optional, default 1 each
@@ -35,7 +38,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-COMPONENTS: tuple[str, ...] = ("final_answer", "must_call_tool", "tool_sequence", "limits", "state")
+COMPONENTS: tuple[str, ...] = ("final_answer", "must_call_tool", "tool_sequence", "limits", "state", "process",
+                               "success")
 """Built-in reward components; a `method` entry may also be a `module:function` custom reward."""
 
 Complexity = Literal["easy", "medium", "hard"]
@@ -110,6 +114,20 @@ class ToolStep(_Strict):
     """Tool name on the server (the exposed, possibly qualified, name also matches)."""
     params: dict[str, Any] = Field(default_factory=dict)
     """Expected arguments; arguments not listed here are not checked."""
+    uses: dict[str, str] = Field(default_factory=dict)
+    """Arguments built from earlier steps' results, as templates in which `{N}` is step N's
+    result (1-based), e.g. `{"expression": "{1} + 12"}` or `{"value": "{2}"}`. The process reward
+    accepts such an argument when it equals the template filled with the model's own earlier
+    results, so a call that correctly uses a wrong upstream result still earns its dependency."""
+
+    @field_validator("uses")
+    @classmethod
+    def _check_uses(cls, uses: dict[str, str]) -> dict[str, str]:
+        for name, template in uses.items():
+            refs = [int(n) for n in re.findall(r"\{(\d+)\}", template)]
+            if not refs or min(refs) < 1:
+                raise ValueError(f"uses.{name}: {template!r} names no earlier step as {{N}} (N >= 1)")
+        return uses
 
 
 class Limits(_Strict):
@@ -174,6 +192,24 @@ class RewardSpec(_Strict):
         return self
 
 
+class ExampleStep(_Strict):
+    tool: str = Field(min_length=1)
+    """Tool name on its server (the environment writes the name the model sees)."""
+    server: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    result: str
+    """The tool's real result text, as the model would see it."""
+
+
+class WorkedExample(_Strict):
+    """A solved task shown before the task as real chat turns: the question, each call with its
+    result, the answer."""
+
+    question: str = Field(min_length=1)
+    steps: list[ExampleStep] = Field(default_factory=list)
+    answer: str
+
+
 class PromptMessage(_Strict):
     role: Literal["system", "user", "assistant"]
     content: str
@@ -186,6 +222,11 @@ class Task(_Strict):
     env_class: str = "mcp_tool"
     prompt: list[PromptMessage]
     reward_spec: RewardSpec
+    setup: list[ToolStep] = Field(default_factory=list)
+    """Calls the environment makes at reset, with the episode's id and hidden from the model: the
+    initial state of stateful servers (e.g. kv `put`s the task then reads)."""
+    examples: list[WorkedExample] = Field(default_factory=list)
+    """Worked examples shown before this task (else the environment's own, if any)."""
     extra_info: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("prompt")

@@ -5,7 +5,7 @@ Two kinds behind one interface (`make_reference` picks by the policy):
   copy of the adapter tensors only, swapped into the policy's forward with
   `torch.func.functional_call` (no second model in memory, the policy's parameters untouched).
 - `FullCopyEMAReference`: a separate frozen copy of the whole LM, optionally kept on the CPU and
-  moved to the policy's device only for its forward.
+  moved to the policy's device only while it scores (once per scoring pass: `scoring_on`).
 
 Only floating-point parameters are averaged: buffers and quantized tensors (bitsandbytes 4-bit
 weights and their quant states) are never touched. The value head is not part of the reference.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import nn
@@ -62,6 +62,19 @@ class EMAReference(ABC):
     @abstractmethod
     def update(self) -> None:
         """One EMA step toward the policy's current weights."""
+
+    def copy_policy(self) -> None:
+        """Become the policy's current weights (after a warm start: the KL then anchors there)."""
+        decay, self.decay = self.decay, 0.0
+        try:
+            self.update()
+        finally:
+            self.decay = decay
+
+    def scoring_on(self, device: torch.device) -> AbstractContextManager:
+        """A context for many `ref_logprobs` calls on `device`: an offloaded copy moves there
+        once on entry and back on exit, not once per call."""
+        return nullcontext()
 
     @abstractmethod
     def ref_logprobs(
@@ -166,6 +179,7 @@ class FullCopyEMAReference(EMAReference):
                 "FullCopyEMAReference is for full fine-tuning; use LoraEMAReference for LoRA"
             )
         self.offload_to_cpu = offload_to_cpu
+        self._resident = False
         model = copy.deepcopy(policy.model)
         model.requires_grad_(False)
         for p in model.parameters():
@@ -192,20 +206,21 @@ class FullCopyEMAReference(EMAReference):
         ema_update_(ref, pol, self.decay)
 
     @contextmanager
-    def _on_device(self, device: torch.device):
-        moved = self.offload_to_cpu and device.type != "cpu"
+    def scoring_on(self, device: torch.device) -> Iterator[None]:
+        moved = self.offload_to_cpu and device.type != "cpu" and not self._resident
         if moved:
             self.model.to(device)
+            self._resident = True
         try:
             yield
         finally:
             if moved:
                 self.model.to("cpu")
+                self._resident = False
 
     @torch.no_grad()
     def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0, positions=None) -> torch.Tensor:
-        device = input_ids.device
-        with self._on_device(device):
+        with self.scoring_on(input_ids.device):
             return self.model(
                 input_ids, attention_mask, temperature=temperature, positions=positions
             ).logprobs  # [B, T-1]

@@ -170,6 +170,8 @@ class TrajectoryCollector:
                     list(episode.token_ids),
                     sampling,
                     request_id=f"{episode.episode_id}/t{episode.num_turns}",
+                    task_id=episode.task_id,
+                    turn=episode.num_turns,
                 )
                 result = await batcher.generate(request)
                 await self._take_turn(batcher, env, episode, result)

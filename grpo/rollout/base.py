@@ -34,6 +34,10 @@ class GenerationRequest:
     prompt_ids: list[int]
     sampling: SamplingParams
     request_id: str = ""
+    task_id: str = ""
+    """The task of the episode asking (engines that sample ignore it; a scripted one reads it)."""
+    turn: int = 0
+    """The episode's assistant turn this request generates (0-based)."""
 
 
 @dataclass

@@ -9,6 +9,35 @@ from pydantic import Field
 from grpo.sections import Section
 
 
+class WarmupConfig(Section):
+    """Supervised warm start on gold trajectories before GRPO (grpo/train/warmup.py)."""
+
+    steps: int = Field(default=0, ge=0)
+    """Optimizer steps of the warm start; 0 turns it off."""
+    tasks_per_step: int = Field(default=16, ge=1)
+    """Gold trajectories per warm-start step (training tasks, in the task stream's order)."""
+    learning_rate: float = Field(default=2e-5, gt=0.0)
+    """AdamW learning rate of the warm start (its own optimizer; GRPO's starts fresh after it)."""
+
+
+class CurriculumConfig(Section):
+    """Serve training tasks by learnability (grpo/train/curriculum.py) instead of a shuffled pass."""
+
+    enabled: bool = False
+    """Weight buckets (complexity x tools) by max(p (1 - p), floor); start from one-call tasks."""
+    floor: float = Field(default=0.05, gt=0.0, le=0.25)
+    """Least weight of a bucket before normalising (solved and hopeless buckets keep it)."""
+    ema: float = Field(default=0.3, gt=0.0, le=1.0)
+    """Weight of the newest step's success in a bucket's running success rate."""
+
+
+class DynamicSamplingConfig(Section):
+    """Drop groups whose rewards are all equal (no GRPO signal) and play new tasks instead."""
+
+    max_refill_groups: int = Field(default=0, ge=0)
+    """Most replacement groups per step, played in one extra round; 0 turns it off."""
+
+
 class TrainConfig(Section):
     steps: int = Field(default=10, ge=0)
     """Training steps (one step = collect, advantages, update)."""
@@ -30,6 +59,12 @@ class TrainConfig(Section):
     """`auto` (latest checkpoint in the run directory) or a checkpoint path."""
     save_final_model: bool = True
     """Write the final model in HF format (merged, plus the adapter for LoRA runs)."""
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    """Optional supervised warm start on gold trajectories."""
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    """Optional learnability curriculum over the training tasks."""
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    """Optional replacement of zero-variance groups."""
 
 
 class WandbConfig(Section):

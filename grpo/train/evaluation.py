@@ -8,6 +8,41 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo.collect.episode import task_id_of
+
+
+def group_of(task: Any) -> dict[str, str]:
+    """The groups a held-out task is reported in: its complexity, and its `extra_info.split`
+    when it has one (generated chains: `eval` = a trained template, `novel` = a composition
+    never trained on)."""
+    groups = {}
+    complexity = getattr(task, "complexity", None)
+    if complexity:
+        groups["complexity"] = str(complexity)
+    split = (getattr(task, "extra_info", None) or {}).get("split")
+    if split:
+        groups["split"] = str(split)
+    return groups
+
+
+def grouped_success(trajectories: Sequence, tasks: Sequence, task_ids: Sequence[str], k: int) -> dict[str, float]:
+    """`eval/success/<group>=<value>` per group of `group_of` (and its task count): a task whose
+    episodes were all excluded counts as failed."""
+    by_task: dict[str, list] = defaultdict(list)
+    for traj in trajectories:
+        by_task[traj.task_id].append(traj)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for task, task_id in zip(tasks, task_ids):
+        wins = sum(t.success for t in by_task.get(task_id, []))
+        for name, value in group_of(task).items():
+            totals[f"{name}={value}"][0] += wins
+            totals[f"{name}={value}"][1] += k
+    out = {}
+    for key, (wins, attempts) in sorted(totals.items()):
+        out[f"eval/success/{key}"] = wins / attempts
+        out[f"eval/tasks/{key}"] = attempts / k
+    return out
+
 
 def summarize(trajectories: Sequence, num_tasks: int, k: int, excluded_groups: int = 0) -> dict[str, float]:
     """Metrics over evaluated episodes. A task whose episodes were excluded counts as failed."""
@@ -59,6 +94,8 @@ async def evaluate(
         raise ValueError("evaluation needs at least one task")
     result = await collector.collect(list(tasks), group_size=k, temperature=temperature, seed=seed, step=-1)
     metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
+    task_ids = [task_id_of(task, i) for i, task in enumerate(tasks)]
+    metrics.update(grouped_success(result.trajectories, tasks, task_ids, k))
     if transcripts_path is not None:
         transcripts_path.parent.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories)]

@@ -31,9 +31,11 @@ class TaskStream:
             random.Random(self.seed * 100_003 + epoch).shuffle(order)
         return order
 
-    def next_batch(self) -> list[Any]:
+    def next_batch(self, size: int | None = None) -> list[Any]:
+        """The next `size` tasks (default `batch_size`)."""
+        size = self.batch_size if size is None else size
         batch = []
-        while len(batch) < self.batch_size:
+        while len(batch) < size:
             if self.position >= len(self._order):
                 self.epoch += 1
                 self.position = 0

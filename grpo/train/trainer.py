@@ -26,6 +26,7 @@ from grpo.algorithm.update import (
     train_step,
 )
 from grpo.collect.collector import TrajectoryCollector
+from grpo.collect.episode import task_id_of
 from grpo.config import RunConfig, save_config
 from grpo.models.devices import resolve_device
 from grpo.models.export import save_pretrained
@@ -37,13 +38,24 @@ from grpo.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from grpo.train.curriculum import CurriculumStream
 from grpo.train.evaluation import evaluate
 from grpo.train.logger import MetricsLogger, setup_console_logging
 from grpo.train.plots import plot_curves
+from grpo.train.refill import refill
 from grpo.train.task_stream import TaskStream
+from grpo.train.warmup import warm_start
 from tools.manager import SharedToolManager
 
 log = logging.getLogger("mcp_grpo")
+
+
+def _eval_summary(metrics: dict[str, float], tag: str) -> dict[str, float]:
+    """summary.json's view of an evaluation: success and reward, and success per held-out group
+    (complexity, split) as `success_<tag>/<group>`."""
+    out = {f"success_{tag}": metrics["eval/success_rate"], f"reward_{tag}": metrics["eval/reward_mean"]}
+    out.update({f"success_{tag}/{k.split('/', 2)[2]}": v for k, v in metrics.items() if k.startswith("eval/success/")})
+    return out
 
 
 class TrainingStopped(RuntimeError):
@@ -79,9 +91,13 @@ class GRPOTrainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
 
-        self.train_tasks, self.val_tasks = train_validation_split(cfg.data)
+        self.train_tasks, self.val_tasks = train_validation_split(cfg.data, cfg.environment.env_class)
         log.info("data: %d training tasks, %d held-out tasks", len(self.train_tasks), len(self.val_tasks))
-        self.stream = TaskStream(self.train_tasks, cfg.train.tasks_per_step, cfg.seed, cfg.data.shuffle)
+        curriculum = cfg.train.curriculum
+        self.stream = (CurriculumStream(self.train_tasks, cfg.train.tasks_per_step, cfg.seed,
+                                        floor=curriculum.floor, ema=curriculum.ema)
+                       if curriculum.enabled else
+                       TaskStream(self.train_tasks, cfg.train.tasks_per_step, cfg.seed, cfg.data.shuffle))
 
         self.policy, self.tokenizer = PolicyWithValueHead.from_config(
             cfg.model, cfg.lora, device=self.device, seed=cfg.seed
@@ -184,8 +200,9 @@ class GRPOTrainer:
             )
             if cfg.train.eval_before and self.step == 0:
                 before = await self._evaluate("before")
-                summary["success_before"] = before["eval/success_rate"]
-                summary["reward_before"] = before["eval/reward_mean"]
+                summary.update(_eval_summary(before, "before"))
+            if cfg.train.warmup.steps and self.step == 0:
+                await self._warm_start(tools)
             while self.step < cfg.train.steps:
                 metrics = await self._one_step(tools)
                 self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
@@ -195,8 +212,7 @@ class GRPOTrainer:
                     self._save()
             if cfg.train.eval_after:
                 after = await self._evaluate("after")
-                summary["success_after"] = after["eval/success_rate"]
-                summary["reward_after"] = after["eval/reward_mean"]
+                summary.update(_eval_summary(after, "after"))
         self._save()
         if cfg.train.save_final_model:
             self._save_final_model()
@@ -217,8 +233,8 @@ class GRPOTrainer:
         collected = await self.collector.collect(
             tasks, cfg.algorithm.group_size, seed=cfg.seed, step=self.step
         )
+        trajectories, dynamic = await self._dynamic_sampling(collected, tasks)
         t_rollout = time.time() - t0
-        trajectories = self._trajectories_to_train(collected)
         if not trajectories:
             raise TrainingStopped(
                 f"step {self.step}: every episode group failed ({collected.excluded_groups} excluded); "
@@ -241,6 +257,8 @@ class GRPOTrainer:
         self._after_update()
         metrics = {
             **collected.metrics,
+            **dynamic,
+            **(self.stream.metrics() if isinstance(self.stream, CurriculumStream) else {}),
             **stats,
             **tools.metrics(),
             "time/rollout_s": t_rollout,
@@ -251,6 +269,43 @@ class GRPOTrainer:
         tools.reset_metrics()
         self.logger.log(metrics, self.step)
         return metrics
+
+    async def _dynamic_sampling(self, collected, tasks: list) -> tuple[list, dict[str, float]]:
+        """The curriculum learns from every episode played; then zero-variance groups are swapped
+        for new ones (`train.dynamic_sampling`). Returns the trajectories to train on."""
+        cfg = self.config
+        played, all_tasks = list(collected.trajectories), list(tasks)
+
+        async def play(n: int):
+            extra_tasks = self._local_share(self.stream.next_batch(n))
+            all_tasks.extend(extra_tasks)
+            return await self.collector.collect(extra_tasks, cfg.algorithm.group_size, seed=cfg.seed,
+                                                step=self.step + 1_000_000)  # other seeds than any step's
+
+        trajectories, metrics, extra = await refill(self._trajectories_to_train(collected), play,
+                                                    cfg.train.dynamic_sampling.max_refill_groups)
+        if extra is not None:
+            played += list(extra.trajectories)
+            # The refill round's failures count too (its other metrics describe that round only).
+            for key in ("rollout/failed_episodes", "rollout/excluded_groups", "rollout/wall_s"):
+                metrics[key] = collected.metrics.get(key, 0.0) + extra.metrics.get(key, 0.0)
+        if isinstance(self.stream, CurriculumStream):
+            self.stream.record(played, all_tasks, [task_id_of(t, i) for i, t in enumerate(all_tasks)])
+        return trajectories, metrics
+
+    async def _warm_start(self, tools) -> None:
+        """`train.warmup`: supervised steps on gold trajectories, then the engine and the
+        reference follow the warmed-up policy."""
+        cfg = self.config
+        for metrics in await warm_start(self.policy, self.tokenizer, tools, cfg, self.train_tasks,
+                                        pad_token_id=self.tokenizer.pad_token_id):
+            log.info("warm start %d/%d: loss %.4f, gold success %.0f%% (%.0f s)", metrics["warmup/step"],
+                     cfg.train.warmup.steps, metrics["warmup/loss"], 100 * metrics["warmup/gold_success"],
+                     metrics["warmup/seconds"])
+            self.logger.log(metrics, 0)
+        self.engine.sync_weights(self.policy)
+        if self.reference is not None:
+            self.reference.copy_policy()
 
     async def _evaluate(self, tag: str) -> dict[str, float]:
         cfg = self.config

@@ -1,0 +1,168 @@
+"""What a chain of calls can do with the tools a set of MCP servers offers.
+
+`build_catalog(tools, servers)` reads every tool's JSON schema through the `SharedToolManager`,
+gives each argument a role by type and name (a math `expression`, a `number`, a storage `key`, a
+stored `value`), and sorts the tools into three kinds, each confirmed by calling the real server:
+
+- `compute`: numbers (or an expression) in, a number out — probed with `2 + 3` (or 2 and 3);
+- `store`: a key and a value in, state changed — probed by storing a marker value;
+- `load`: a key in, the stored value out — a key-only tool that returns the marker just stored.
+
+Tools that fit none (no arguments, text in and out, a delete that returns no value) are left out.
+How a step is said in a question comes from `PHRASES` for the bundled servers, else from a
+generic sentence built from the tool's name and description.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from tools.manager import SharedToolManager, ToolSpec
+
+Role = Literal["expression", "number", "key", "value", "text"]
+Kind = Literal["compute", "store", "load"]
+
+_EXPRESSION_NAMES = re.compile(r"^(expr|expression|formula|equation|math)$", re.I)
+_KEY_NAMES = re.compile(r"^(key|name|id|label|variable|slot)$", re.I)
+_VALUE_NAMES = re.compile(r"^(value|data|content|payload|item)$", re.I)
+_PROBE_VALUE = 73_519
+_NUMBER = re.compile(r"^\s*[-+]?\d+(\.\d+)?\s*$")
+
+
+@dataclass(frozen=True)
+class Phrases:
+    """How one kind of step reads in a question; `{…}` fields are filled per step."""
+
+    first: str = ""
+    """compute as the first step: `{expression}` or `{args}`."""
+    chain: dict[str, str] = field(default_factory=dict)
+    """compute on the last number, by operator: `{operand}`."""
+    pair: dict[str, str] = field(default_factory=dict)
+    """compute on two numbers, by operator: `{left}` and `{right}` name them."""
+    step: str = ""
+    """store: `{key}`, `{it}`; load: `{key}`."""
+
+
+PHRASES: dict[tuple[str, str], Phrases] = {
+    ("calculator", "calculate"): Phrases(
+        first="Compute {expression}.",
+        chain={"+": "Add {operand} to {it}.", "-": "Subtract {operand} from {it}.", "*": "Multiply {it} by {operand}."},
+        pair={"+": "Add {left} and {right}.", "-": "Subtract {right} from {left}.", "*": "Multiply {left} by {right}."},
+    ),
+    ("kv", "put"): Phrases(step='Store {it} under the key "{key}".'),
+    ("kv", "get"): Phrases(step='Look up the value stored under the key "{key}".'),
+}
+"""Per-tool phrasing for the servers this project ships."""
+
+
+@dataclass(frozen=True)
+class ToolProfile:
+    spec: ToolSpec
+    kind: Kind
+    roles: dict[str, Role]
+    """Argument name -> role (only the arguments a chain fills)."""
+
+    @property
+    def phrases(self) -> Phrases:
+        known = PHRASES.get((self.spec.server, self.spec.tool))
+        return known if known is not None else generic_phrases(self)
+
+
+def _summary(description: str) -> str:
+    first = " ".join((description or "").strip().split("\n\n")[0].split())
+    return first[:80].rstrip(". ")
+
+
+def generic_phrases(profile: ToolProfile) -> Phrases:
+    """A sentence per kind from the tool's name and description (servers without PHRASES)."""
+    what = f'the {profile.spec.name} tool ({_summary(profile.spec.description)})' if profile.spec.description \
+        else f"the {profile.spec.name} tool"
+    return Phrases(
+        first=f"Use {what} with {{args}}.",
+        chain={op: f"Use {what} on {{it}} and {{operand}}." for op in "+-*"},
+        pair={op: f"Use {what} on {{left}} and {{right}}." for op in "+-*"},
+        step=(f'Use {what} to save {{it}} under "{{key}}".' if profile.kind == "store"
+              else f'Use {what} to read "{{key}}".'),
+    )
+
+
+def argument_role(name: str, schema: dict) -> Role:
+    """An argument's role from its JSON-schema type and its name."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind in ("number", "integer"):
+        return "number"
+    if kind == "string" and _EXPRESSION_NAMES.match(name):
+        return "expression"
+    if kind == "string" and _KEY_NAMES.match(name):
+        return "key"
+    if kind in (None, "object", "array") or _VALUE_NAMES.match(name):
+        return "value"
+    return "text"
+
+
+def _roles(spec: ToolSpec) -> dict[str, Role]:
+    properties = (spec.input_schema or {}).get("properties") or {}
+    return {name: argument_role(name, prop) for name, prop in properties.items()}
+
+
+def _candidate_kind(roles: dict[str, Role]) -> Kind | None:
+    values = sorted(set(roles.values()))
+    if values == ["expression"] and len(roles) == 1:
+        return "compute"
+    if values == ["number"] and len(roles) in (1, 2):
+        return "compute"
+    if values == ["key", "value"] and len(roles) == 2:
+        return "store"
+    if values == ["key"] and len(roles) == 1:
+        return "load"
+    return None
+
+
+def _is_number(text: str) -> bool:
+    return bool(_NUMBER.match(text or ""))
+
+
+async def build_catalog(tools: SharedToolManager, servers: Iterable[str] | None = None,
+                        hidden: Iterable[str] = ("dump", "reset"),
+                        timeout: float | None = None) -> list[ToolProfile]:
+    """The tools of `servers` (all when None) a chain can use, each kind confirmed by a probe
+    call on the real server (see the module doc); tools named in `hidden` are never used."""
+    wanted = None if servers is None else set(servers)
+    specs = [s for s in tools.tool_specs() if (wanted is None or s.server in wanted) and s.tool not in set(hidden)]
+    episode = f"taskgen-probe-{uuid.uuid4().hex[:8]}"
+    profiles: list[ToolProfile] = []
+    stores: list[ToolSpec] = []
+    for spec in specs:
+        roles = _roles(spec)
+        kind = _candidate_kind(roles)
+        if kind == "compute":
+            args = {n: "2 + 3" if r == "expression" else v for (n, r), v in zip(roles.items(), (2, 3))}
+            result = await tools.call_tool(spec.name, args, timeout=timeout, episode_id=episode)
+            if not result.is_error and _is_number(result.text):
+                profiles.append(ToolProfile(spec, "compute", roles))
+        elif kind == "store":
+            key = next(n for n, r in roles.items() if r == "key")
+            value = next(n for n, r in roles.items() if r == "value")
+            result = await tools.call_tool(spec.name, {key: "taskgen_probe", value: _PROBE_VALUE},
+                                           timeout=timeout, episode_id=episode)
+            if not result.is_error:
+                profiles.append(ToolProfile(spec, "store", roles))
+                stores.append(spec)
+    for spec in specs:
+        roles = _roles(spec)
+        if _candidate_kind(roles) != "load" or not stores:
+            continue
+        key = next(iter(roles))
+        result = await tools.call_tool(spec.name, {key: "taskgen_probe"}, timeout=timeout, episode_id=episode)
+        if not result.is_error and str(_PROBE_VALUE) in result.text and spec.server in {s.server for s in stores}:
+            profiles.append(ToolProfile(spec, "load", roles))
+    for server in {s.server for s in stores}:
+        cleanup = next((s for s in tools.tool_specs() if s.server == server and s.tool == "reset"), None)
+        if cleanup is not None:
+            await tools.call_tool(cleanup.name, {}, timeout=timeout, episode_id=episode)
+    return profiles

@@ -1,0 +1,101 @@
+"""The optional warm start: a few steps of supervised fine-tuning on gold trajectories.
+
+A task's gold script (`gold_script`) is one assistant turn per `tool_sequence` step — the call
+with its gold arguments in the configured call format — then `<answer>…</answer>`. The scripts
+are played through the ordinary collector with a `ScriptedEngine`, so the environment runs the
+calls on the real servers and the trajectories are token-exact exactly as rollouts are (chat
+template deltas, loss mask on the assistant tokens only). `warmup_step` minimises their
+negative log-likelihood (`nll_loss`, a token mean over the loss mask).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from environments.toolcalls import format_tool_call
+from grpo.algorithm.batching import micro_batches
+from grpo.collect.collector import TrajectoryCollector
+from grpo.rollout.scripted import ScriptedEngine
+from grpo.trajectory import Trajectory
+
+
+def gold_script(task: Any, call_format: str = "auto") -> list[str]:
+    """The assistant turns that solve `task` by its tool sequence, then answer."""
+    gt = task.reward_spec.ground_truth
+    answer = gt.success.answer
+    answer = answer[0] if isinstance(answer, list) else answer
+    turns = [format_tool_call(step.tool, step.params, call_format) for step in gt.tool_sequence]
+    return turns + [f"<answer>{answer}</answer>"]
+
+
+def nll_loss(policy_logprobs: torch.Tensor, loss_mask: torch.Tensor, denominator: float) -> torch.Tensor:
+    """-sum of log-probs on the loss mask / `denominator` (the minibatch's masked tokens, so
+    micro-batch losses add up to the token mean). [B, T] -> scalar."""
+    mask = loss_mask.bool()  # [B, T]
+    return -torch.where(mask, policy_logprobs, 0.0).sum() / max(float(denominator), 1.0)
+
+
+def warmup_step(policy, optimizer, trajectories: Sequence[Trajectory], *, micro_batch_size: int,
+                pad_token_id: int, max_grad_norm: float) -> dict[str, float]:
+    """One optimizer step of NLL on `trajectories` (gradient accumulation over micro-batches)."""
+    start = time.perf_counter()
+    device = next(policy.parameters()).device
+    policy.train()
+    rows = list(range(len(trajectories)))
+    batches = micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device)
+    denominator = float(sum(int(mb.loss_mask.sum()) for mb in batches))
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for mb in batches:
+        out = policy(mb.input_ids, mb.attention_mask, positions=mb.loss_mask)
+        loss = nll_loss(out.logprobs.float(), mb.loss_mask, denominator)
+        loss.backward()
+        total += float(loss.detach())
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(
+        [p for p in policy.trainable_parameters() if p.grad is not None], max_grad_norm))
+    if not (math.isfinite(total) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"warm start: non-finite loss {total} or gradient norm {grad_norm}")
+    optimizer.step()
+    return {"warmup/loss": total, "warmup/grad_norm": grad_norm, "warmup/tokens": denominator,
+            "warmup/seconds": time.perf_counter() - start}
+
+
+async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any], *,
+                     pad_token_id: int) -> list[dict[str, float]]:
+    """`config.train.warmup.steps` supervised steps on gold trajectories of training tasks (a seeded
+    sample, `tasks_per_step` each), with their own AdamW; one metrics dict per step."""
+    warmup = config.train.warmup
+    scripts = {}
+    usable = [t for t in train_tasks if t.reward_spec.ground_truth.tool_sequence]
+    if not usable:
+        raise ValueError("train.warmup needs training tasks with a tool_sequence (the gold calls)")
+    for task in usable:
+        scripts[task.task_id] = gold_script(task, config.environment.call_format)
+    collector = TrajectoryCollector(ScriptedEngine(tokenizer, scripts), tokenizer, tools,
+                                    config.environment, config.rollout)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=warmup.learning_rate)
+    rng = random.Random(f"mcp-grpo|warmup|{config.seed}")
+    order: list[Any] = []
+    history = []
+    for step in range(1, warmup.steps + 1):
+        if len(order) < warmup.tasks_per_step:
+            order += rng.sample(usable, len(usable))
+        batch, order = order[: warmup.tasks_per_step], order[warmup.tasks_per_step:]
+        collected = await collector.collect(batch, 1, temperature=0.0, seed=config.seed, step=-1 - step)
+        if not collected.trajectories:
+            raise RuntimeError(f"warm start step {step}: every gold episode failed "
+                               f"({collected.excluded_groups} excluded); see the warnings above")
+        metrics = warmup_step(policy, optimizer, collected.trajectories,
+                              micro_batch_size=config.algorithm.optimizer.micro_batch_size,
+                              pad_token_id=pad_token_id, max_grad_norm=config.algorithm.optimizer.max_grad_norm)
+        metrics["warmup/step"] = float(step)
+        metrics["warmup/gold_success"] = sum(t.success for t in collected.trajectories) / len(batch)
+        history.append(metrics)
+    return history
