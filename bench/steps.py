@@ -52,9 +52,11 @@ def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: b
         "model": {"name_or_path": "smollm2-135m-instruct", "weights_dtype": "float32"},
         "lora": {"enabled": False},
         "algorithm": {
-            "group_size": 4, "kl_coef": 0.01, "learning_rate": 1e-6, "ppo_epochs": 1,
-            "num_minibatches": 1, "micro_batch_size": micro_batch_size, "ref_update_every": 1,
-            "skip_zero_advantage": skip_zero_advantage,
+            "group_size": 4,
+            "reference": {"kl": "loss", "kl_coef": 0.01, "update_every": 1},
+            "optimizer": {"learning_rate": 1e-6, "ppo_epochs": 1, "num_minibatches": 1,
+                          "micro_batch_size": micro_batch_size},
+            "loss": {"skip_zero_advantage": skip_zero_advantage},
         },
         "rollout": {"temperature": 1.0, "max_new_tokens": 48},
     })

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from grpo.algorithm.config import OutcomeAdvantageConfig
-from grpo.algorithm.estimators import ESTIMATORS
 from conftest import assert_close_to
 
 from grpo.algorithm.advantages import (
@@ -18,6 +15,10 @@ from grpo.algorithm.advantages import (
     token_rewards_from_outcome,
     whiten_advantages,
 )
+from grpo.algorithm.config import GAEConfig, OutcomeAdvantageConfig
+from grpo.algorithm.estimators import ESTIMATORS, trajectory_advantages
+from grpo.algorithm.loss import LossSettings
+from grpo.trajectory import Trajectory
 
 
 def tensor(*rows) -> torch.Tensor:
@@ -202,3 +203,48 @@ def test_whiten_advantages():
     )
     empty = whiten_advantages(advantages, torch.zeros(2, 3))
     assert torch.equal(empty, torch.zeros(2, 3))
+
+
+# --- GAE defaults (issue 14, item 5) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [128, 512])
+def test_gae_default_config_gives_the_first_token_the_final_reward(length):
+    """A zero-initialised value head and one reward at the end of `length` sampled tokens: the
+    default gamma = lam = 1 gives every token, the first included, the whole reward (the former
+    defaults 0.99 / 0.95 gave the first token 0.9405^(length - 1): 4e-4 at 128, 2e-14 at 512)."""
+    config = GAEConfig()
+    assert (config.gamma, config.lam) == (1.0, 1.0)
+    ids = list(range(4 + length))
+    t = Trajectory(task_id="t", group_id="g", token_ids=ids, loss_mask=[0] * 4 + [1] * length,
+                   behavior_logprobs=[0.0] * len(ids), prompt_length=4, reward=1.0)
+    values = {0: torch.zeros(len(ids) - 1)}
+    advantages, returns = trajectory_advantages([t], config, LossSettings(kl="off"), values=values)
+    sampled = advantages[0][3:]  # target positions of the sampled tokens
+    assert_close_to(sampled, torch.ones(length))
+    assert_close_to(returns[0][3:], torch.ones(length))
+    old = gae(tensor([0.0] * (length - 1) + [1.0]), torch.zeros(1, length), torch.ones(1, length), 0.99, 0.95)[0]
+    assert float(old[0, 0]) == pytest.approx(0.9405 ** (length - 1), rel=1e-3)
+
+
+def test_gae_decoupled_value_lambda_changes_only_the_returns():
+    # The three-token example above with lam 0.8 for the advantages and 1.0 for the targets:
+    # returns with lam 1 are the discounted reward-to-go: [0.81, 0.9, 1.0] (gamma 0.9).
+    rewards, values, mask = tensor([0, 0, 1]), tensor([0.5, 0.6, 0.7]), tensor([1, 1, 1])
+    advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.8, value_lam=1.0)
+    assert_close_to(advantages, [THREE_ADV])
+    assert_close_to(returns, [[0.81, 0.9, 1.0]])
+
+
+def test_gae_whitening_over_the_whole_step():
+    """`whiten: true` whitens over every sampled token of the step's rows together."""
+    trajs = [Trajectory(task_id="t", group_id=f"g{i}", token_ids=list(range(2 + n)), loss_mask=[0, 0] + [1] * n,
+                        behavior_logprobs=[0.0] * (2 + n), prompt_length=2, reward=r)
+             for i, (n, r) in enumerate([(3, 1.0), (5, 0.0), (2, 0.5)])]
+    values = {i: torch.full((len(t.token_ids) - 1,), 0.25) for i, t in enumerate(trajs)}
+    raw, _ = trajectory_advantages(trajs, GAEConfig(), LossSettings(kl="off"), values=values)
+    white, _ = trajectory_advantages(trajs, GAEConfig(whiten=True), LossSettings(kl="off"), values=values)
+    flat_raw = torch.cat([raw[i][1:] for i in range(3)])  # the sampled positions
+    flat = torch.cat([white[i][1:] for i in range(3)])
+    assert_close_to(flat, (flat_raw - flat_raw.mean()) / flat_raw.std(correction=0), atol=1e-5)
+    assert all(float(white[i][0]) == 0.0 for i in range(3))  # the prompt position stays 0

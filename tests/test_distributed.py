@@ -103,11 +103,18 @@ def test_two_steps_identical_ranks_rank0_io_and_resume(tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["ddp", "zero3"])
 def test_split_batch_gradient_equals_single_process_gradient(tmp_path, kind):
+    """Under the default algorithm config (the smoke file's entropy bonus removed: KL in the loss,
+    zero-advantage skipping on, behaviour correction on), with a reference that differs from the
+    policy and zero-variance groups in the batch: one process (`launch.train`'s settings) and two
+    ranks (which never skip) compute the same gradient, i.e. optimise the same objective."""
     out = tmp_path / "check.json"
-    _launch(kind, f"output_dir={tmp_path}", "threads=1", "--check-gradients", str(out))
+    _launch(kind, f"output_dir={tmp_path}", "threads=1", "algorithm.loss.entropy_coef=0",
+            "--check-gradients", str(out))
     result = json.loads(out.read_text())
     # The ranks hold different numbers of loss tokens: a per-rank token mean would fail this.
     assert result["loss_tokens_per_rank"][0] != result["loss_tokens_per_rank"][1]
+    # Half the groups have zero advantage; with the KL in the loss they keep their KL gradient.
+    assert result["zero_variance_groups"] == 0.5 and result["single_process_skipped_sequences"] == 0.0
     assert result["tensors_compared"] >= 20
     assert result["max_abs_diff"] <= 1e-5 * result["max_abs_grad"], result
     assert result["ok"]
@@ -168,8 +175,8 @@ def test_scale_grad_scales_only_the_gradient():
 
 
 def test_single_process_collectives_are_identities():
-    from grpo.distributed.parallel import balance_groups, local_denominator_scale
     from grpo.distributed.gradient_check import synthetic_groups
+    from grpo.distributed.parallel import balance_groups, local_denominator_scale
 
     batch = synthetic_groups(num_groups=3, group_size=2)
     assert local_denominator_scale(batch, "token_mean") == 1.0

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import assert_close_to
 
-from grpo.algorithm.config import AlgorithmConfig
+from grpo.algorithm.config import AlgorithmConfig, ReferenceConfig
 from grpo.algorithm.loss import (
     LossInputs,
     LossSettings,
@@ -61,9 +61,10 @@ def test_unclipped_ratio_inside_the_clip_range():
     assert_close_to(metrics["ratio_std"], 0.1)  # population std of {1.1, 0.9}
     assert_close_to(metrics["clip_frac_low"], 0.0)
     assert_close_to(metrics["clip_frac_high"], 0.0)
-    # k3(old vs policy) = exp(old - policy) - 1 - (old - policy):
-    # 1/1.1 - 1 + ln 1.1 = 0.0044011, 1/0.9 - 1 + ln 0.9 = 0.0057506, mean 0.0050758
-    assert_close_to(metrics["approx_kl_old"], 0.0050758422)
+    # Tokens come from old, so KL(old || policy) = E_old[r - 1 - ln r] (k3 with the ratio r):
+    # 1.1 - 1 - ln 1.1 = 0.0046898, 0.9 - 1 - ln 0.9 = 0.0053605, mean 0.0050252.
+    # (The old metric had the ratio the wrong way round: 1/r - 1 + ln r, mean 0.0050758.)
+    assert_close_to(metrics["approx_kl_old"], 0.0050251670)
 
 
 def test_clipped_with_positive_advantage():
@@ -244,6 +245,58 @@ def test_kl_in_reward_removes_the_kl_term_from_the_loss():
     assert not penalty.requires_grad
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimators_expected_gradients_on_a_categorical(estimator):
+    """Over a 6-token categorical pi = softmax(theta), the expected gradient of each estimator as
+    a loss term, sum_x pi(x) * d k(x) / d theta (tokens sampled from pi, not differentiated
+    through), against the exact gradients of both KL directions (float64, all tokens summed)."""
+    gen = torch.Generator().manual_seed(0)
+    theta = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.randn(6, generator=gen, dtype=torch.float64), -1)
+    policy = torch.log_softmax(theta, -1)
+    per_token = kl_per_token(policy.unsqueeze(0), ref.unsqueeze(0), estimator)[0]  # [6]
+    (expected_grad,) = torch.autograd.grad((policy.detach().exp() * per_token).sum(), theta)
+
+    def grad_of(kl):
+        (grad,) = torch.autograd.grad(kl(torch.log_softmax(theta, -1)), theta)
+        return grad
+
+    reverse = grad_of(lambda lp: (lp.exp() * (lp - ref)).sum())  # d KL(pi || ref)
+    forward = grad_of(lambda lp: (ref.exp() * (ref - lp)).sum())  # d KL(ref || pi)
+    want = {"k1": torch.zeros(6, dtype=torch.float64), "k2": reverse, "k3": forward}[estimator]
+    torch.testing.assert_close(expected_grad, want, atol=1e-12, rtol=0)
+    assert reverse.abs().max() > 0.05 and (reverse - forward).abs().max() > 0.05  # they differ
+
+
+def test_k1_in_the_loss_is_refused_and_allowed_in_the_reward():
+    with pytest.raises(ValueError, match="k1 in the loss has zero expected gradient"):
+        LossSettings(kl="loss", kl_estimator="k1")
+    with pytest.raises(ValueError, match="k1 in the loss has zero expected gradient"):
+        ReferenceConfig(kl="loss", kl_estimator="k1")
+    assert LossSettings(kl="reward", kl_estimator="k1").kl_estimator == "k1"
+    assert ReferenceConfig(kl="reward", kl_estimator="k1").kl_estimator == "k1"
+
+
+def test_importance_weights_multiply_the_policy_and_kl_terms():
+    # Tokens: r = 1.1, A = 2 -> -2.2 (w 0.5); r = 0.9, A = -1 -> 0.9 (w 2.0); a masked third.
+    # policy = (0.5 * -2.2 + 2.0 * 0.9) / 2 = (-1.1 + 1.8) / 2 = 0.35
+    # d/dlogp (w * -A r / 2) = [0.5 * -2.2 / 2, 2.0 * 0.9 / 2] = [-0.55, 0.9]
+    # KL (k3, ref = old = 0, log_r = -ln r): [1/1.1 - 1 + ln 1.1, 1/0.9 - 1 + ln 0.9]
+    #    = [0.0044011, 0.0057506]; weighted mean (0.5 * 0.0044011 + 2 * 0.0057506) / 2 = 0.0068509
+    # The denominator stays 2 (the weights do not rescale it) and the masked NaN is ignored.
+    policy = torch.tensor([[math.log(1.1), math.log(0.9), NAN]], requires_grad=True)
+    inputs = LossInputs(policy, torch.zeros(1, 3), tensor([2.0, -1.0, 5.0]), tensor([1, 1, 0]),
+                        ref_logprobs=torch.zeros(1, 3), is_weights=tensor([0.5, 2.0, NAN]))
+    loss, metrics = compute_policy_loss(inputs, LossSettings(kl_coef=0.1))
+    assert_close_to(metrics["policy_loss"], 0.35)
+    assert_close_to(metrics["kl_loss"], 0.0068509)
+    assert_close_to(metrics["kl_ref"], (0.0044011 + 0.0057506) / 2)  # the metric is unweighted
+    assert_close_to(loss, 0.35 + 0.1 * 0.0068509)
+    (grad,) = torch.autograd.grad(loss, policy)
+    # plus the KL's: 0.1 * w * (1 - e^(ref - policy)) / 2 = 0.1 * [0.5 * 0.0909091, 2 * -0.1111111] / 2
+    assert_close_to(grad, [[-0.55 + 0.0022727, 0.9 - 0.0111111, 0.0]])
+
+
 def test_kl_in_loss_without_reference_is_an_error():
     inputs = LossInputs(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
     with pytest.raises(ValueError, match="ref_logprobs"):
@@ -363,6 +416,7 @@ def _random_inputs(batch: int, length: int, seed: int) -> tuple[LossInputs, list
         values=values,
         old_values=values.detach() + rand(0.3),
         returns=rand(),
+        is_weights=rand().abs(),
     )
     return inputs, leaves
 

@@ -30,3 +30,23 @@ def test_non_main_process_writes_nothing(tmp_path):
 
 def test_console_line_orders_known_keys():
     assert format_console({"train/loss": 0.25, "rollout/reward_mean": 0.5}) == "reward 0.5 | loss 0.25"
+
+
+def test_resume_truncates_rows_written_after_the_checkpoint(tmp_path):
+    """A run killed at step 113 after a checkpoint at 111 wrote rows 112 and 113 (and maybe a torn
+    line); resuming from 111 drops them, so the resumed run's 112 and 113 are the only ones."""
+    logger = MetricsLogger(tmp_path)
+    for step in (0, 110, 111, 112, 113):
+        logger.log({"train/loss": float(step)}, step=step)
+    logger.close()
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 114, "train/lo')  # the kill tore the last line
+    resumed = MetricsLogger(tmp_path)
+    assert resumed.truncate_after(111) == 3
+    for step in (112, 113):
+        resumed.log({"train/loss": -float(step)}, step=step)
+    resumed.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [0, 110, 111, 112, 113]
+    assert [row["train/loss"] for row in rows[-2:]] == [-112.0, -113.0]
+    assert MetricsLogger(tmp_path, is_main_process=False).truncate_after(0) == 0  # other ranks: no-op

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+
 import pytest
 import torch
 
@@ -12,10 +15,12 @@ from grpo.algorithm.reference import (
     ema_update_,
     make_reference,
 )
+from grpo.algorithm.scoring import score
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.peft_weights import lm_tensors
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import build_tiny_model
+from grpo.trajectory import Trajectory
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 Q_PROJ = "base_model.model.model.layers.0.self_attn.q_proj"
@@ -252,6 +257,39 @@ def test_full_copy_never_averages_non_float_tensors():
     ref_norm = ref.model.model.model.norm
     assert ref_norm.codes.tolist() == [1, 2] and ref_norm.stat.tolist() == [1.0]
     assert "model.norm.codes" not in ref.state_dict()
+
+
+def test_an_offloaded_copy_moves_once_per_scoring_pass_not_per_micro_batch():
+    policy = _policy(lora=False)
+    ref = FullCopyEMAReference(policy, decay=0.5, update_every=1, offload_to_cpu=True)
+    moves: list[str] = []
+    ref.model.to = lambda device: moves.append(torch.device(device).type) or ref.model  # count only
+    with ref.scoring_on(torch.device("cuda")):  # as a pass on a GPU policy would
+        for _ in range(3):
+            ref.ref_logprobs(*_batch())
+    assert moves == ["cuda", "cpu"]  # in once, out once (was: in and out for every call)
+
+    # score() opens one such context around all its micro-batches (each ref_logprobs call then
+    # enters it again, nested, which moves nothing).
+    outermost, open_now, scored = [], [], []
+    open_context, ref_logprobs = ref.scoring_on, ref.ref_logprobs
+
+    @contextlib.contextmanager
+    def counted(device):
+        outermost.append(not open_now)
+        open_now.append(device)
+        with open_context(device):
+            yield
+        open_now.pop()
+
+    ref.scoring_on = counted
+    ref.ref_logprobs = lambda *args, **kwargs: scored.append(bool(open_now)) or ref_logprobs(*args, **kwargs)
+    ids = list(range(100, 112))
+    trajs = [Trajectory(task_id="t", group_id="g", token_ids=ids, loss_mask=[0] * 6 + [1] * 6,
+                        behavior_logprobs=[0.0] * 12, prompt_length=6) for _ in range(6)]
+    score(policy, ref, trajs, list(range(6)), want_old=False, want_values=False, micro_batch_size=2,
+          pad_token_id=0, temperature=1.0, seconds=collections.defaultdict(float))
+    assert sum(outermost) == 1 and scored == [True, True, True]
 
 
 @pytest.mark.gpu

@@ -7,19 +7,25 @@ import math
 import pytest
 import torch
 
+from grpo.algorithm import update as update_module
+from grpo.algorithm.advantages import grpo_advantages
+from grpo.algorithm.batching import micro_batches
 from grpo.algorithm.config import AlgorithmConfig, OptimizerConfig, ReferenceConfig
-from grpo.models.config import LoraConfig, ModelConfig
-from grpo.algorithm.loss import LossSettings
-from grpo.models.policy import PolicyWithValueHead
+from grpo.algorithm.correction import CorrectionSettings
+from grpo.algorithm.loss import LossSettings, kl_per_token
 from grpo.algorithm.reference import make_reference
-from grpo.trajectory import Trajectory
 from grpo.algorithm.update import (
     LogprobMismatchError,
     NonFiniteLossError,
     UpdateSettings,
+    make_grad_scaler,
     make_scheduler,
     train_step,
 )
+from grpo.config import load_config
+from grpo.models.config import LoraConfig, ModelConfig
+from grpo.models.policy import PolicyWithValueHead
+from grpo.trajectory import Trajectory
 
 
 def _policy(value_head: bool = True) -> PolicyWithValueHead:
@@ -50,11 +56,31 @@ def _trajectories(policy, rewards: list[list[float]], seed: int = 0) -> list[Tra
     return out
 
 
-def _settings(*, loss=None, advantage="grpo", skip_zero_advantage=True, **schedule) -> UpdateSettings:
+def _settings(*, loss=None, advantage="grpo", skip_zero_advantage=True, correction=None,
+              **schedule) -> UpdateSettings:
     schedule.setdefault("micro_batch_size", 4)
     return UpdateSettings(loss=LossSettings(**(loss or {})),
                           advantage=AlgorithmConfig(advantage=advantage).advantage,
-                          schedule=OptimizerConfig(**schedule), skip_zero_advantage=skip_zero_advantage)
+                          schedule=OptimizerConfig(**schedule), skip_zero_advantage=skip_zero_advantage,
+                          correction=CorrectionSettings(**(correction or {})))
+
+
+def _sgd(policy):
+    """lr 1: the update is minus the gradient, so a prediction about the gradient is exact."""
+    opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
+    return opt, make_scheduler(opt, OptimizerConfig())
+
+
+def _row_logprobs(policy, t: Trajectory) -> torch.Tensor:
+    """[n] the policy's log-prob of each sampled token of `t` (0 elsewhere), one row alone."""
+    lp = policy(torch.tensor([t.token_ids]), torch.ones(1, len(t.token_ids), dtype=torch.long)).logprobs[0]
+    return torch.where(torch.tensor(t.loss_mask[1:], dtype=torch.bool), lp, 0.0)
+
+
+def _shift_engine(trajs, shift: float) -> None:
+    """The engine reports every sampled token's log-prob `shift` nats higher than it is."""
+    for t in trajs:
+        t.behavior_logprobs = [lp + shift if m else lp for lp, m in zip(t.behavior_logprobs, t.loss_mask)]
 
 
 def _adam(policy, lr=1e-3):
@@ -66,18 +92,30 @@ def _snapshot(policy):
     return [p.detach().clone() for p in policy.trainable_parameters()]
 
 
-def test_on_policy_single_pass_has_ratio_exactly_one_and_updates_weights():
+def test_on_policy_ratio_against_the_scoring_pass_is_one_and_the_update_is_the_policy_gradient():
+    """Old log-probs from the separate no-grad scoring pass (eval mode, other batch shapes), so a
+    ratio of 1 is measured, not built in; and the update equals the hand-built policy gradient
+    -sum_i A_i sum_t grad log pi / N (token_mean, ratio 1, weights 1 with an exact engine)."""
     policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    rewards = [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]]
+    trajs = _trajectories(policy, rewards)
+    advantages = grpo_advantages(torch.tensor(rewards)).flatten()  # [8], rows in group order
+    copy = _policy(value_head=False)  # the same weights (seed 0)
+    surrogate = sum(a * _row_logprobs(copy, t).sum() for a, t in zip(advantages, trajs))
+    tokens = sum(sum(t.loss_mask[1:]) for t in trajs)
+    expected = torch.autograd.grad(-surrogate / tokens, copy.trainable_parameters())
     before = _snapshot(policy)
-    opt, sched = _adam(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}))
+    opt, sched = _sgd(policy)
+    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}, max_grad_norm=1e9),
+                       check_logprobs=True)
     assert stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-    assert stats["train/ratio_std"] == pytest.approx(0.0, abs=1e-6)
-    assert stats["train/clip_frac"] == 0.0
-    assert stats["train/logprob_mismatch"] < 1e-5
+    assert stats["train/ratio_std"] < 1e-6
+    assert stats["train/clip_frac"] == 0.0 and stats["train/logprob_mismatch"] < 1e-5
+    assert stats["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-6)
     assert all(math.isfinite(v) for v in stats.values())
-    assert any(not torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
+    for grad, old, new in zip(expected, before, _snapshot(policy), strict=True):
+        torch.testing.assert_close(old - new, grad, atol=1e-6, rtol=1e-4)
+    assert max(float(g.abs().max()) for g in expected) > 1e-3
 
 
 @pytest.mark.parametrize("check", [False, True])
@@ -185,14 +223,21 @@ def test_several_epochs_move_ratios_and_report_kl_to_reference():
     assert opt.state[policy.trainable_parameters()[0]]["step"] == 6  # 3 epochs x 2 minibatches
 
 
-def test_gae_trains_the_value_head():
+def test_gae_losses_have_the_predicted_values_and_the_head_moves_toward_the_returns():
+    # The head starts at 0, so with the default gamma = lam = 1 every sampled token's return and
+    # advantage is its episode's reward r_i: value loss 0.5 sum_i n_i r_i^2 / N, policy loss
+    # -sum_i n_i r_i / N (ratio 1); the clipped value branch equals the unclipped one at V = V_old.
     policy = _policy(value_head=True)
-    trajs = _trajectories(policy, [[1.0, 0.0], [0.0, 1.0]])
+    rewards = [1.0, 0.0, 0.0, 0.5]
+    trajs = _trajectories(policy, [rewards[:2], rewards[2:]])
+    n = [sum(t.loss_mask[1:]) for t in trajs]
     opt, sched = _adam(policy)
-    head_before = policy.value_head.weight.detach().clone()
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}, advantage="gae"))
-    assert stats["train/value_loss"] > 0.0
-    assert not torch.equal(head_before, policy.value_head.weight)
+    settings = _settings(loss={"kl": "off"}, advantage="gae")
+    stats = train_step(policy, None, opt, sched, trajs, settings)
+    assert stats["train/value_loss"] == pytest.approx(0.5 * sum(k * r * r for k, r in zip(n, rewards)) / sum(n), abs=1e-6)
+    assert stats["train/policy_loss"] == pytest.approx(-sum(k * r for k, r in zip(n, rewards)) / sum(n), abs=1e-5)
+    again = train_step(policy, None, *_adam(policy, lr=0.0), trajs, settings)  # lr 0: only measures
+    assert again["train/value_loss"] < stats["train/value_loss"] - 1e-4
 
 
 def test_non_finite_reward_skips_the_update():
@@ -205,16 +250,251 @@ def test_non_finite_reward_skips_the_update():
     assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
 
 
+def _drift(policy, scale: float = 0.05, seed: int = 0) -> None:
+    """Move the policy away from a reference built before (seeded)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+
+
 def test_kl_in_reward_lowers_the_reward_of_the_sequence_that_drifted():
     policy = _policy(value_head=False)
     reference = make_reference(policy, ReferenceConfig(ema_decay=1.0))
-    with torch.no_grad():  # move the policy away from its reference
-        for p in policy.trainable_parameters():
-            p.add_(0.05 * torch.randn_like(p))
+    _drift(policy)
     trajs = _trajectories(policy, [[1.0, 1.0]])
+    # By hand: reward_i - kl_coef * sum_t k1(old, ref), then GRPO over the pair; with ratio 1 the
+    # policy loss is -sum_i A_i n_i / N.
+    with torch.no_grad():
+        penalties = [float(kl_per_token(_row_logprobs(policy, t), _row_logprobs(reference.model, t), "k1").sum())
+                     for t in trajs]
+    advantages = grpo_advantages(torch.tensor([[1.0 - p for p in penalties]]))[0]
+    n = [sum(t.loss_mask[1:]) for t in trajs]
     opt, sched = _adam(policy)
     stats = train_step(policy, reference, opt, sched, trajs,
                        _settings(loss={"kl_coef": 1.0, "kl": "reward", "kl_estimator": "k1"}))
-    # Equal rewards, but the KL penalties differ: the group is no longer zero-variance in effect.
-    assert stats["train/grad_norm"] > 0.0
-    assert "train/kl_loss" not in stats
+    assert abs(penalties[0] - penalties[1]) > 0.05  # the two sequences drifted by different amounts
+    assert float(advantages[penalties.index(max(penalties))]) < -0.99  # the one that drifted more
+    assert stats["train/policy_loss"] == pytest.approx(-float(advantages @ torch.tensor(n, dtype=torch.float)) / sum(n), abs=1e-5)
+    assert "train/kl_loss" not in stats and stats["train/skipped_sequences"] == 0.0
+
+
+# ----- behaviour correction (issue 14, item 1) --------------------------------------------------
+def _delta(policy, before):
+    return [a - b for a, b in zip(_snapshot(policy), before, strict=True)]
+
+
+def _update_with_engine_shift(shift: float, correction=None):
+    """The weight change of one SGD step (lr 1, no clipping) on a fixed batch whose engine
+    log-probs are off by `shift` nats, and the step's stats."""
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 1.0]])
+    _shift_engine(trajs, shift)
+    before = _snapshot(policy)
+    opt, sched = _sgd(policy)
+    stats = train_step(policy, None, opt, sched, trajs,
+                       _settings(loss={"kl": "off"}, correction=correction, max_grad_norm=1e9))
+    return _delta(policy, before), stats
+
+
+@pytest.mark.parametrize(("shift", "correction", "factor"), [
+    (0.3, None, math.exp(-0.3)),  # default tis: rho = e^-0.3 on every token, k3 0.041 < 0.05
+    (-0.25, None, math.exp(0.25)),  # rho = e^0.25 = 1.28 < C = 2, k3 0.034
+    (-0.8, {"max_sequence_kl": None}, 2.0),  # rho = 2.23 truncated to C = 2
+    (-0.8, {"mode": "mis", "max_sequence_kl": None}, 0.0),  # rho > C: every token masked
+    (-0.8, None, 0.0),  # default: k3 = 0.43 per token > 0.05, every sequence rejected
+    (0.7, {"mode": "off"}, 1.0),  # off: the engine's log-probs do not enter the update
+])
+def test_shifted_engine_logprobs_change_the_update_exactly_as_predicted(shift, correction, factor):
+    """Every token gets the same weight w, so the SGD update is w times the exact engine's."""
+    exact, _ = _update_with_engine_shift(0.0)
+    shifted, stats = _update_with_engine_shift(shift, correction)
+    assert max(float(d.abs().max()) for d in exact) > 1e-3
+    for a, b in zip(shifted, exact, strict=True):
+        # atol: a few ulps of the weights themselves (a delta is a difference of two weights).
+        torch.testing.assert_close(a, factor * b, atol=3e-7, rtol=1e-5)
+    assert stats["train/mismatch_kl"] == pytest.approx(math.exp(-shift) - 1 + shift, rel=1e-4)
+    if correction != {"mode": "off"}:
+        weight = 0.0 if factor == 0 else min(math.exp(-shift), 2.0)
+        assert stats["train/is_weight_mean"] == pytest.approx(weight, rel=1e-5)
+        assert stats["train/is_clip_frac"] == (1.0 if math.exp(-shift) > 2 else 0.0)
+        assert stats["train/is_rejected_frac"] == (1.0 if correction is None and shift == -0.8 else 0.0)
+
+
+def test_correction_off_reproduces_the_uncorrected_update_bit_for_bit():
+    """`off` ignores the engine's log-probs bit for bit; and with an engine that reports exactly
+    the trainer's log-probs, `tis` (every weight exactly 1) gives the same bits as `off`."""
+    results = {}
+    for name, shift, mode in [("off", 0.0, "off"), ("off_shifted", 0.7, "off"), ("tis_exact", 0.0, "tis")]:
+        policy = _policy(value_head=False)
+        reference = make_reference(policy, ReferenceConfig(ema_decay=1.0))
+        _drift(policy, 0.02)
+        trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 1.0]])
+        settings = _settings(loss={"kl_coef": 0.1}, correction={"mode": mode}, micro_batch_size=8)
+        if mode == "tis":  # the engine reports what the training forward will compute, bit for bit
+            (mb,) = micro_batches(trajs, list(range(8)), 8, 0, "cpu")
+            with torch.no_grad():
+                lp = policy(mb.input_ids, mb.attention_mask, positions=mb.loss_mask).logprobs
+            for r, i in enumerate(mb.index.tolist()):
+                row = lp[r, : len(trajs[i].token_ids) - 1].tolist()
+                trajs[i].behavior_logprobs = [0.0] + [v if m else 0.0 for v, m in zip(row, trajs[i].loss_mask[1:])]
+        _shift_engine(trajs, shift)
+        opt, sched = _adam(policy)
+        stats = train_step(policy, reference, opt, sched, trajs, settings)
+        results[name] = (_snapshot(policy), stats["train/loss"])
+        if mode == "tis":
+            assert stats["train/is_weight_mean"] == 1.0 and stats["train/mismatch_kl"] == 0.0
+    for name in ("off_shifted", "tis_exact"):
+        assert results[name][1] == results["off"][1]
+        assert all(torch.equal(a, b) for a, b in zip(results[name][0], results["off"][0], strict=True))
+
+
+# ----- one objective for every parallelism (item 3) -----------------------------------------------
+def test_zero_advantage_rows_keep_their_kl_gradient_under_the_default_config():
+    """KL in the loss (the default): a zero-advantage sequence still has the KL gradient, so it is
+    not skipped, and skipping on (one process) or off (data-parallel ranks) is the same update."""
+    results = []
+    for skip in (True, False):
+        policy = _policy(value_head=False)
+        reference = make_reference(policy, ReferenceConfig(ema_decay=1.0))
+        _drift(policy)
+        trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+        opt, sched = _sgd(policy)
+        stats = train_step(policy, reference, opt, sched, trajs,
+                           _settings(loss={"kl_coef": 0.1}, skip_zero_advantage=skip, max_grad_norm=1e9))
+        assert stats["train/skipped_sequences"] == 0.0
+        results.append((_snapshot(policy), stats["train/kl_loss"]))
+    assert results[0][1] == pytest.approx(results[1][1], abs=1e-7)
+    for a, b in zip(results[0][0], results[1][0], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
+
+
+# ----- all or nothing (item 6) --------------------------------------------------------------------
+def test_a_non_finite_loss_in_a_later_minibatch_undoes_the_whole_update():
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    settings = _settings(loss={"kl": "off"}, ppo_epochs=2, num_minibatches=2, micro_batch_size=8)
+    opt, sched = _adam(policy)
+    train_step(policy, None, opt, sched, trajs, settings)  # a clean update: Adam has state now
+    forward, calls = policy.forward, []
+
+    def third_forward_is_nan(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        if torch.is_grad_enabled():
+            calls.append(1)
+            if len(calls) == 3:  # epoch 2, minibatch 1: two optimizer steps were applied before
+                out.logprobs = out.logprobs * float("nan")
+        return out
+
+    policy.forward = third_forward_is_nan
+    before, lr_before = _snapshot(policy), sched.get_last_lr()
+    adam_before = {k: {n: v.clone() for n, v in state.items()} for k, state in opt.state_dict()["state"].items()}
+    with pytest.raises(NonFiniteLossError):
+        train_step(policy, None, opt, sched, trajs, settings)
+    assert len(calls) == 3
+    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy), strict=True))
+    adam_after = opt.state_dict()["state"]
+    assert adam_after.keys() == adam_before.keys()
+    assert all(torch.equal(adam_after[k][n], v) for k, state in adam_before.items() for n, v in state.items())
+    assert float(adam_after[0]["step"]) == 4 and sched.last_epoch == 4 and sched.get_last_lr() == lr_before
+
+
+# ----- dropout, entropy, minibatch order (items 8, 9) ---------------------------------------------
+def test_lora_dropout_puts_no_noise_into_the_first_ratio():
+    policy, _ = PolicyWithValueHead.from_config(
+        ModelConfig(name_or_path="tiny-random", dtype="float32", value_head=False),
+        LoraConfig(enabled=True, dropout=0.5), device="cpu", seed=0)
+    with torch.no_grad():  # B starts at 0, which would hide the dropout on the adapter's input
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    policy.eval()  # the engine samples without dropout
+    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0]])
+    stats = train_step(policy, None, *_adam(policy), trajs, _settings(loss={"kl": "off"}), check_logprobs=True)
+    assert stats["train/ratio_std"] < 1e-6 and stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_entropy_is_computed_only_when_its_coefficient_needs_it():
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0]])
+    forward, asked = policy.forward, []
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("with_entropy", False))
+        return forward(*args, **kwargs)
+
+    # The sampled tokens' mean -log pi estimates the entropy for free.
+    with torch.no_grad():
+        lps = torch.cat([_row_logprobs(policy, t)[torch.tensor(t.loss_mask[1:], dtype=torch.bool)] for t in trajs])
+    policy.forward = spy
+    stats = train_step(policy, None, *_adam(policy), trajs, _settings(loss={"kl": "off"}))
+    assert asked == [False] and "train/entropy" not in stats
+    assert stats["train/entropy_estimate"] == pytest.approx(float(-lps.mean()), abs=1e-5)
+    asked.clear()
+    stats = train_step(policy, None, *_adam(policy), trajs, _settings(loss={"kl": "off", "entropy_coef": 0.01}))
+    assert asked == [True] and stats["train/entropy"] > 0
+
+
+def test_every_step_draws_its_own_minibatch_order(monkeypatch):
+    seen: list[list[int]] = []
+    original = update_module.micro_batches
+
+    def spy(trajectories, rows, *args, **kwargs):
+        seen.append(sorted(rows))
+        return original(trajectories, rows, *args, **kwargs)
+
+    policy = _policy(value_head=False)
+    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    settings = _settings(loss={"kl": "off"}, num_minibatches=2, micro_batch_size=8)
+    opt, sched = _adam(policy)
+    monkeypatch.setattr(update_module, "micro_batches", spy)
+    orders = []
+    for _ in range(4):  # the same batch size every step, as in a run
+        seen.clear()
+        train_step(policy, None, opt, sched, trajs, settings)
+        orders.append(tuple(map(tuple, seen)))
+    assert len(set(orders)) > 1  # was: one fixed permutation for every step of equal size
+
+
+# ----- fp16 loss scaling (item 2), nucleus sampling (item 7) --------------------------------------
+def _fp16_and_fp32_updates(**scaler_kwargs):
+    """One SGD step of an fp16-compute and an fp32 policy (same weights) on advantages of 5e-5:
+    gradients small enough that fp16 activations' gradients flush to zero unscaled."""
+    deltas, stats = [], []
+    for dtype in ("float16", "float32"):
+        policy, _ = PolicyWithValueHead.from_config(
+            ModelConfig(name_or_path="tiny-random", dtype=dtype, value_head=False), LoraConfig(), device="cpu", seed=0)
+        trajs = _trajectories(_policy(value_head=False), [[1e-4, 0.0, 0.0, 1e-4]])
+        scaler = make_grad_scaler(policy)
+        assert (scaler is not None) == (dtype == "float16")
+        if scaler is not None and scaler_kwargs:
+            scaler = torch.amp.GradScaler("cpu", **scaler_kwargs)
+        before = _snapshot(policy)
+        opt, sched = _sgd(policy)
+        stats.append(train_step(policy, None, opt, sched, trajs, _settings(
+            loss={"kl": "off"}, advantage={"estimator": "dr_grpo"}, max_grad_norm=1e9), scaler=scaler))
+        deltas.append(_delta(policy, before))
+    return deltas, stats
+
+
+def test_fp16_compute_scales_the_loss_so_small_gradients_survive():
+    (fp16, fp32), (stats, _) = _fp16_and_fp32_updates()
+    assert stats["train/scaler_skipped_steps"] == 0.0
+    for a, b in zip(fp16, fp32, strict=True):
+        # Unscaled, 98.5% of these entries were exactly 0 in fp16 (21% nonzero in fp32: 1.5%).
+        assert float((a != 0).float().mean()) >= 0.9 * float((b != 0).float().mean())
+        assert float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)) > 0.99 or b.abs().max() == 0
+
+
+def test_an_fp16_overflow_skips_that_step_and_is_counted_not_raised():
+    (fp16, _), (stats, _) = _fp16_and_fp32_updates(init_scale=2.0**120)  # overflows to inf
+    assert stats["train/scaler_skipped_steps"] == 1.0 and stats["train/optimizer_steps"] == 0.0
+    assert all(float(d.abs().max()) == 0.0 for d in fp16)
+
+
+def test_nucleus_sampling_is_refused_for_training():
+    with pytest.raises(ValueError, match=r"rollout.top_p=0.9 < 1.*rollout.top_p: 1.0"):
+        UpdateSettings.from_config(load_config(None, ["rollout.top_p=0.9"]))
+    settings = UpdateSettings.from_config(load_config(None, []))
+    assert settings.correction == CorrectionSettings("tis", 2.0, 0.05)

@@ -157,12 +157,14 @@ def gae(
     token_rewards: torch.Tensor,
     values: torch.Tensor,
     loss_mask: torch.Tensor,
-    gamma: float = 0.99,
-    lam: float = 0.95,
+    gamma: float = 1.0,
+    lam: float = 1.0,
     whiten: bool = False,
+    value_lam: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over multi-turn trajectories -> (advantages, returns),
-    both [B, T].
+    both [B, T]. `value_lam` (default `lam`) is the lambda of the returns (value targets):
+    returns = GAE(gamma, value_lam) + values, decoupled from the advantages' lambda.
 
     The time steps are only the sampled tokens (loss_mask 1). Prompt and observation tokens are
     skipped: the next value of a turn's last token is the value at the first sampled token of the
@@ -196,11 +198,15 @@ def gae(
     # Packed padding holds value 0, so the last sampled token's next value is 0: terminal.
     deltas = torch.where(valid, packed_rewards + gamma * next_values - packed_values, 0.0)  # [B, S]
 
-    packed_advantages = _discounted_reverse_cumsum(deltas, gamma * lam)  # [B, S]
+    def unpack(packed: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(rewards)  # [B, T]
+        return out.scatter_(1, order[:, :steps], torch.where(valid, packed, 0.0))
 
-    advantages = torch.zeros_like(rewards)  # [B, T]
-    advantages.scatter_(1, order[:, :steps], torch.where(valid, packed_advantages, 0.0))
-    returns = advantages + values  # [B, T]; 0 off the mask, where both terms are 0
+    advantages = unpack(_discounted_reverse_cumsum(deltas, gamma * lam))  # [B, T]
+    target_advantages = advantages
+    if value_lam is not None and value_lam != lam:
+        target_advantages = unpack(_discounted_reverse_cumsum(deltas, gamma * value_lam))
+    returns = target_advantages + values  # [B, T]; 0 off the mask, where both terms are 0
     if whiten:
         advantages = whiten_advantages(advantages, mask)
     return advantages, returns

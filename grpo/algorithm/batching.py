@@ -1,5 +1,5 @@
-"""Trajectories as padded tensors: micro-batches sorted by length, and per-row values placed
-back onto a micro-batch's target positions."""
+"""Trajectories as padded tensors: the minibatches of an epoch, micro-batches sorted by length,
+and per-row values placed back onto a micro-batch's target positions."""
 
 from __future__ import annotations
 
@@ -37,6 +37,14 @@ def collate(trajectories: Sequence[Trajectory], rows: list[int], pad_id: int, de
         behavior[r, : n - 1] = torch.tensor(t.behavior_logprobs[1:])
     return MicroBatch(torch.tensor(rows), input_ids.to(device), attention_mask.to(device),
                       loss_mask.to(device), behavior.to(device))
+
+
+def minibatch_order(num_rows: int, num_minibatches: int, shuffle: bool) -> list[list[int]]:
+    """One epoch's minibatches of row indices: a fresh permutation from torch's global generator
+    when `shuffle` (so every step and epoch gets its own, and a resumed run, whose checkpoint
+    restores that generator, the same as an uninterrupted one), else the rows in order."""
+    order = torch.randperm(num_rows).tolist() if shuffle else list(range(num_rows))
+    return [order[part::num_minibatches] for part in range(num_minibatches)]
 
 
 def micro_batches(trajectories: Sequence[Trajectory], rows: list[int], size: int, pad_id: int,

@@ -1,15 +1,17 @@
-"""The algorithm's config, in sections: `advantage`, `loss`, `optimizer`, `reference`.
+"""The algorithm's config, in sections: `advantage`, `loss`, `optimizer`, `reference`,
+`behavior_correction`.
 
 `advantage` is a discriminated union on `estimator`: the outcome estimators (`grpo`, `dr_grpo`,
 `rloo`) have no discount, and GAE's `gamma` and `lam` exist only when `estimator: gae`. A bare
-string (`advantage: rloo`) is read as `{estimator: rloo}`.
+string (`advantage: rloo`) is read as `{estimator: rloo}`, and `behavior_correction: off` as
+`{mode: off}` (YAML reads a bare `off` as false; both spellings work).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from grpo.sections import Section
 
@@ -25,13 +27,26 @@ class OutcomeAdvantageConfig(Section):
 
 
 class GAEConfig(Section):
-    """Token-level GAE with the policy's value head (needs `model.value_head: true`)."""
+    """Token-level GAE with the policy's value head (needs `model.value_head: true`).
+
+    The time step is one sampled token, so a per-token discount compounds over hundreds of steps:
+    gamma 0.99 and lam 0.95 give the first of 128 tokens 4e-4 of a final reward (2e-14 at 512)
+    while the value head is still near 0. Hence gamma = lam = 1 by default: the advantage is the
+    reward-to-go minus the value. VC-PPO and VAPO likewise fit the value head with lambda 1
+    (`value_lam`) even where the policy uses a lower one."""
 
     estimator: Literal["gae"] = "gae"
-    gamma: float = Field(default=0.99, ge=0.0, le=1.0)
-    """Discount per token."""
-    lam: float = Field(default=0.95, ge=0.0, le=1.0)
-    """GAE lambda."""
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Discount per sampled token."""
+    lam: float = Field(default=1.0, ge=0.0, le=1.0)
+    """GAE lambda of the advantages (the policy's credit assignment)."""
+    value_lam: float | None = Field(default=None, ge=0.0, le=1.0)
+    """GAE lambda of the value targets, decoupled from `lam` (VC-PPO / VAPO train the critic
+    with 1.0 while the policy uses a lower lambda); null = `lam`."""
+    whiten: bool = False
+    """Whiten the step's advantages over all its sampled tokens (mean 0, std 1). With data
+    parallelism each rank whitens its own share, so the update then depends slightly on the
+    number of ranks."""
 
 
 AdvantageConfig = Annotated[OutcomeAdvantageConfig | GAEConfig, Field(discriminator="estimator")]
@@ -54,8 +69,10 @@ class LossConfig(Section):
     """How per-token losses are aggregated (see grpo/algorithm/loss.py for each denominator)."""
     skip_zero_advantage: bool = True
     """Skip the forward/backward of sequences whose advantage is exactly 0 (e.g. every episode of
-    a group got the same reward) when nothing else would move them: never with an entropy bonus,
-    GAE, or the KL in the reward. The loss denominator still counts them."""
+    a group got the same reward) when nothing else would move them: only with outcome advantages,
+    no entropy bonus and `reference.kl: off` (with the KL in the loss such a sequence still has a
+    KL gradient; in the reward, a KL penalty that makes its advantage non-zero). The loss
+    denominator still counts them, so skipping never changes the update."""
 
 
 class OptimizerConfig(Section):
@@ -79,18 +96,59 @@ class ReferenceConfig(Section):
     """The EMA reference policy and the KL that pulls the policy toward it."""
 
     kl: Literal["off", "loss", "reward"] = "loss"
-    """Where KL(policy || reference) acts: `loss` adds kl_coef * KL to the loss, `reward`
-    subtracts kl_coef * KL from the token rewards, `off` builds no reference at all."""
+    """Where the KL to the reference acts: `loss` adds kl_coef * KL to the loss, `reward`
+    subtracts kl_coef * KL(policy || reference) from the token rewards, `off` builds no
+    reference at all."""
     kl_coef: float = Field(default=0.01, gt=0.0)
     """Weight of the KL term (unused with `kl: off`)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """Per-token KL estimator (Schulman's k1, k2, k3)."""
+    """Per-token estimator (Schulman's k1, k2, k3; log_r = log ref - log policy). As a value
+    (`kl: reward`) each estimates KL(policy || ref): k1 = -log_r and k3 = e^log_r - 1 - log_r
+    without bias, k2 = log_r^2 / 2 with a small bias. As a loss term (`kl: loss`) what counts is
+    the expected gradient over sampled tokens: k3's is that of KL(ref || policy) (mass-covering),
+    k2's that of KL(policy || ref), and k1's is zero (pure noise), so k1 is refused there."""
     ema_decay: float = Field(default=0.99, ge=0.0, le=1.0)
     """ref <- decay * ref + (1 - decay) * policy. 1 freezes it, 0 copies."""
     update_every: int = Field(default=100, ge=1)
     """Training steps between EMA reference updates."""
     offload_to_cpu: bool = False
-    """Full fine-tuning: keep the reference copy on the CPU (saves accelerator memory)."""
+    """Full fine-tuning: keep the reference copy on the CPU (saves accelerator memory); it moves
+    to the accelerator once per scoring pass."""
+
+    @field_validator("kl", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare `off` as false
+
+    @model_validator(mode="after")
+    def _no_k1_in_the_loss(self) -> ReferenceConfig:
+        if self.kl == "loss" and self.kl_estimator == "k1":
+            raise ValueError(K1_IN_LOSS)
+        return self
+
+
+K1_IN_LOSS = (
+    "kl_estimator k1 in the loss has zero expected gradient (E[grad log pi] = 0): it adds noise, "
+    "not a pull toward the reference. Use k3 (gradient of KL(ref || policy)) or k2 (gradient "
+    "of KL(policy || ref)) with kl: loss, or k1 with kl: reward"
+)
+
+
+class BehaviorCorrectionConfig(Section):
+    """Importance correction for the gap between the rollout engine that sampled the tokens and
+    the trainer that scores them (grpo/algorithm/correction.py). Per sampled token
+    rho = pi_old / pi_behavior (trainer before the update / engine at sample time)."""
+
+    mode: Literal["off", "tis", "mis"] = "tis"
+    """`tis`: each token's policy and KL terms are weighted by min(rho, clip) (truncated
+    importance sampling); `mis`: by rho, or 0 where rho > clip (masked); `off`: no weights, the
+    update ignores the engine's log-probs (they feed only metrics and the step-0 check)."""
+    clip: float = Field(default=2.0, ge=1.0)
+    """C: the bound on a token's weight (truncated with `tis`, masked above with `mis`)."""
+    max_sequence_kl: float | None = Field(default=0.05, gt=0.0)
+    """Reject (weight 0) every token of a sequence whose mean per-token mismatch KL(behavior ||
+    old) exceeds this; null never rejects. 0.05 is ~40x the mismatch the step-0 check allows
+    for a whole batch (mean |log-prob difference| 0.05)."""
 
 
 class AlgorithmConfig(Section):
@@ -104,6 +162,8 @@ class AlgorithmConfig(Section):
     """AdamW and the update schedule (epochs, minibatches, micro-batches)."""
     reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
     """The EMA reference and the KL to it."""
+    behavior_correction: BehaviorCorrectionConfig = Field(default_factory=BehaviorCorrectionConfig)
+    """Importance weights for the sampler/trainer gap (`mode: off | tis | mis`)."""
     logprob_tolerance: float = Field(default=0.05, gt=0.0)
     """Step-0 health check: mean |trainer - engine| log-prob of sampled tokens must be below this."""
     max_nonfinite_steps: int = Field(default=3, ge=1)
@@ -118,6 +178,14 @@ class AlgorithmConfig(Section):
         if isinstance(value, dict) and "estimator" not in value:
             return {"estimator": "grpo", **value}
         return value
+
+    @field_validator("behavior_correction", mode="before")
+    @classmethod
+    def _mode_shorthand(cls, value: Any) -> Any:
+        # `behavior_correction: tis` means {mode: tis}; YAML reads a bare `off` as false.
+        if value is False:
+            return {"mode": "off"}
+        return {"mode": value} if isinstance(value, str) else value
 
     @property
     def uses_reference(self) -> bool:

@@ -24,6 +24,7 @@ from grpo.algorithm.advantages import (
     grpo_advantages,
     rloo_advantages,
     token_rewards_from_outcome,
+    whiten_advantages,
 )
 from grpo.algorithm.config import GAEConfig, OutcomeAdvantageConfig
 from grpo.algorithm.loss import LossSettings, kl_reward_penalty
@@ -43,7 +44,8 @@ ESTIMATORS: dict[str, Estimator] = {
     "grpo": Estimator(lambda r, cfg: grpo_advantages(r, cfg.normalize_std), False, False),
     "dr_grpo": Estimator(lambda r, cfg: dr_grpo_advantages(r), False, False),
     "rloo": Estimator(lambda r, cfg: rloo_advantages(r), False, False),
-    "gae": Estimator(lambda rw, v, m, cfg: gae(rw, v, m, cfg.gamma, cfg.lam), True, True),
+    "gae": Estimator(lambda rw, v, m, cfg: gae(rw, v, m, cfg.gamma, cfg.lam, value_lam=cfg.value_lam),
+                     True, True),
 }
 
 AdvantageConfig = OutcomeAdvantageConfig | GAEConfig
@@ -114,13 +116,27 @@ def trajectory_advantages(
             rewards = rewards - penalty(i).unsqueeze(0)
         adv, ret = estimator.compute(rewards, values[i].unsqueeze(0).cpu(), mask, config)
         advantages[i], returns[i] = adv[0], ret[0]
+    if isinstance(config, GAEConfig) and config.whiten:
+        advantages = _whiten_rows(advantages, trajectories)
     return advantages, returns
 
 
+def _whiten_rows(advantages: dict[int, torch.Tensor], trajectories: Sequence[Trajectory]) -> dict[int, torch.Tensor]:
+    """Whitened over every sampled token of the step (rows have different lengths: concatenate)."""
+    rows = sorted(advantages)
+    flat = torch.cat([advantages[i] for i in rows]).unsqueeze(0)  # [1, sum n]
+    mask = torch.cat([target_mask(trajectories[i]) for i in rows]).unsqueeze(0)  # [1, sum n]
+    whitened = whiten_advantages(flat, mask)[0]  # [sum n]
+    return dict(zip(rows, whitened.split([len(advantages[i]) for i in rows]), strict=True))
+
+
 def skips_zero_advantage(config: AdvantageConfig, loss: LossSettings, skip: bool) -> bool:
-    """Whether a zero-advantage sequence has no gradient but (at most) the KL term, so its
-    forward/backward may be skipped: outcome advantages, no KL in the reward, no entropy bonus."""
-    return skip and not estimator_of(config).token_level and loss.kl != "reward" and loss.entropy_coef == 0
+    """Whether a zero-advantage sequence has no gradient at all, so its forward/backward may be
+    skipped without changing the update: outcome advantages, no entropy bonus, and the KL off
+    (in the loss it still pulls the sequence toward the reference; in the reward its penalty
+    makes the advantage non-zero). So one process and data-parallel ranks, which never skip,
+    optimise the same objective."""
+    return skip and not estimator_of(config).token_level and loss.kl == "off" and loss.entropy_coef == 0
 
 
 def rows_to_train(trajectories: Sequence[Trajectory], config: AdvantageConfig, loss: LossSettings,

@@ -3,7 +3,8 @@
 This module owns the per-token terms (PPO clipped surrogate with clip-higher and dual-clip, KL to
 the EMA reference with Schulman's k1/k2/k3 estimators, the clipped value loss, the entropy bonus),
 how per-token terms become one scalar (the aggregation modes and their denominator), and
-`compute_policy_loss`, which combines them and returns `(loss, detached metrics)`.
+`compute_policy_loss`, which combines them, weighted by the behaviour-correction weights
+(grpo/algorithm/correction.py) when given, and returns `(loss, detached metrics)`.
 
 Shapes: B sequences, T target positions. Every log-prob is already aligned to the token it scores,
 so all per-token tensors are [B, T] and `loss_mask` is 1 exactly on the tokens the policy sampled.
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+from grpo.algorithm.config import K1_IN_LOSS
 
 if TYPE_CHECKING:
     from grpo.algorithm.config import AlgorithmConfig
@@ -60,21 +63,15 @@ class LossSettings:
         if self.loss_agg not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg {self.loss_agg!r} is unknown; options: {LOSS_AGG_MODES}")
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(
-                f"kl_estimator {self.kl_estimator!r} is unknown; options: {KL_ESTIMATORS}"
-            )
+            raise ValueError(f"kl_estimator {self.kl_estimator!r} is unknown; options: {KL_ESTIMATORS}")
+        if self.kl == "loss" and self.kl_estimator == "k1":
+            raise ValueError(K1_IN_LOSS)
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1 (got {self.dual_clip})")
         if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError(
-                f"clip_low/clip_high must be >= 0 (got {self.clip_low}, {self.clip_high})"
-            )
-        if self.loss_agg == "seq_mean_token_sum_norm" and not (
-            self.norm_length and self.norm_length > 0
-        ):
-            raise ValueError(
-                "loss_agg seq_mean_token_sum_norm needs norm_length > 0 (the constant L)"
-            )
+            raise ValueError(f"clip_low/clip_high must be >= 0 (got {self.clip_low}, {self.clip_high})")
+        if self.loss_agg == "seq_mean_token_sum_norm" and not (self.norm_length and self.norm_length > 0):
+            raise ValueError("loss_agg seq_mean_token_sum_norm needs norm_length > 0 (the constant L)")
 
     @property
     def kl_in_loss(self) -> bool:
@@ -124,6 +121,9 @@ class LossInputs:
     """[B, T] value-head predictions before this update (needed when value_clip is set)."""
     returns: torch.Tensor | None = None
     """[B, T] value targets (e.g. GAE returns); needed with `values`."""
+    is_weights: torch.Tensor | None = None
+    """[B, T] behaviour-correction weights (no grad, grpo/algorithm/correction.py) multiplying
+    each token's policy and KL terms; None: every weight is 1."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,8 +270,10 @@ def kl_per_token(
     """Per-token estimate [B, T] of KL(policy || reference) on tokens sampled from the policy.
 
     With log_r = ref - policy (reference detached):
-    k1 = -log_r; k2 = log_r^2 / 2; k3 = exp(log_r) - 1 - log_r (unbiased and >= 0).
-    Positions where loss_mask is 0 are 0.
+    k1 = -log_r (unbiased); k2 = log_r^2 / 2 (biased); k3 = exp(log_r) - 1 - log_r (unbiased and
+    >= 0). Their gradients are another matter: in expectation over sampled tokens, grad k3 is
+    grad KL(ref || policy), grad k2 is grad KL(policy || ref) and grad k1 is 0 (which is why
+    `kl: loss` refuses k1). Positions where loss_mask is 0 are 0.
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimator {estimator!r} is unknown; options: {KL_ESTIMATORS}")
@@ -332,15 +334,8 @@ def _check_shapes(inputs: LossInputs) -> None:
     shape = inputs.loss_mask.shape
     if len(shape) != 2:
         raise ValueError(f"loss_mask must be [B, T], got {tuple(shape)}")
-    for name in (
-        "policy_logprobs",
-        "old_logprobs",
-        "ref_logprobs",
-        "entropy",
-        "values",
-        "old_values",
-        "returns",
-    ):
+    for name in ("policy_logprobs", "old_logprobs", "ref_logprobs", "entropy", "values",
+                 "old_values", "returns", "is_weights"):
         tensor = getattr(inputs, name)
         if tensor is not None and tensor.shape != shape:
             raise ValueError(f"{name} has shape {tuple(tensor.shape)}, loss_mask {tuple(shape)}")
@@ -358,12 +353,14 @@ def compute_policy_loss(
     loss = policy + kl_coef * kl (when `settings.kl_in_loss`) + value_coef * value (when `values`
     is given) - entropy_coef * entropy (when `entropy` is given), each term aggregated by
     `settings.loss_agg` over `denominator` (default: this batch's own, see `loss_denominator`).
+    With `is_weights`, the policy and KL terms are weighted per token before aggregation.
 
     Metrics: `policy_loss`, `kl_loss`, `value_loss`, `entropy_loss` are the aggregated terms (with
     a minibatch denominator they sum over micro-batches). `ratio_mean`, `ratio_std`,
-    `clip_frac_low`, `clip_frac_high`, `dual_clip_frac`, `approx_kl_old` (k3 of old vs policy),
-    `kl_ref`, `entropy`, `value_clip_frac` are means over this call's unmasked tokens, and
-    `num_tokens` is their count (to weight them across micro-batches). An empty mask gives 0s.
+    `clip_frac_low`, `clip_frac_high`, `dual_clip_frac`, `approx_kl_old` (k3 estimate of
+    KL(old || policy) from tokens sampled by old: r - 1 - log r), `kl_ref`, `entropy`,
+    `value_clip_frac` are means over this call's unmasked tokens, and `num_tokens` is their count
+    (to weight them across micro-batches). An empty mask gives 0s.
     """
     _check_shapes(inputs)
     mask = inputs.loss_mask.bool()  # [B, T]
@@ -385,13 +382,19 @@ def compute_policy_loss(
         settings.clip_high,
         settings.dual_clip,
     )
-    policy_loss = aggregate(policy.loss)
+    weights = inputs.is_weights.detach() if inputs.is_weights is not None else None
+
+    def weighted(per_token: torch.Tensor) -> torch.Tensor:
+        return per_token if weights is None else per_token * weights
+
+    policy_loss = aggregate(weighted(policy.loss))
     loss = policy_loss
 
     def token_mean(values: torch.Tensor) -> torch.Tensor:
         return masked_mean(values.detach().float(), mask)
 
-    approx_kl_old = kl_per_token(inputs.policy_logprobs.detach(), inputs.old_logprobs, "k3", mask)
+    # Tokens were sampled by old: log_r = policy - old, i.e. KL(old || policy) = E_old[r - 1 - log r].
+    approx_kl_old = kl_per_token(inputs.old_logprobs, inputs.policy_logprobs.detach(), "k3", mask)
     metrics: dict[str, torch.Tensor] = {
         "policy_loss": policy_loss.detach(),
         "ratio_mean": token_mean(policy.ratio),
@@ -407,7 +410,7 @@ def compute_policy_loss(
         kl = kl_per_token(inputs.policy_logprobs, inputs.ref_logprobs, settings.kl_estimator, mask)
         metrics["kl_ref"] = token_mean(kl)
         if settings.kl_in_loss:
-            kl_loss = aggregate(kl)
+            kl_loss = aggregate(weighted(kl))
             loss = loss + settings.kl_coef * kl_loss
             metrics["kl_loss"] = kl_loss.detach()
     elif settings.kl_in_loss:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,17 @@ def score(policy, reference, trajectories: Sequence[Trajectory], rows: list[int]
     was_training = policy.training
     policy.eval()
     device = next(policy.parameters()).device
+    with reference.scoring_on(device) if reference is not None else nullcontext():
+        _score_rows(policy, reference, trajectories, rows, scores, want_old=want_old,
+                    want_values=want_values, micro_batch_size=micro_batch_size,
+                    pad_token_id=pad_token_id, temperature=temperature, seconds=seconds)
+    policy.train(was_training)
+    return scores
+
+
+def _score_rows(policy, reference, trajectories, rows, scores: Scores, *, want_old, want_values,
+                micro_batch_size, pad_token_id, temperature, seconds) -> None:
+    device = next(policy.parameters()).device
     for mb in micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device):
         start = time.perf_counter()
         out = None
@@ -67,8 +79,6 @@ def score(policy, reference, trajectories: Sequence[Trajectory], rows: list[int]
                 scores.values[i] = out.values[r, :n].float()
             if ref_lp is not None:
                 scores.ref[i] = ref_lp[r, :n].float()
-    policy.train(was_training)
-    return scores
 
 
 def sampled_diffs(trajectories: Sequence[Trajectory], trainer_logprobs: dict[int, torch.Tensor]) -> list[torch.Tensor]:

@@ -135,6 +135,17 @@ class DataParallelPolicy:
     def parameters(self) -> Iterable[nn.Parameter]:
         return self.policy.parameters()
 
+    def modules(self) -> Iterable[nn.Module]:
+        return self.wrapped.modules()
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.policy.compute_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.policy.device
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return self.policy.trainable_parameters()
 

@@ -150,8 +150,17 @@ class DistributedGRPOTrainer(GRPOTrainer):
                 "this DeepSpeed/torch pair does not support calling loss.backward() directly, "
                 "which train_step does; use deepspeed>=0.18 with torch>=2.4"
             )
-        # Skipping zero-advantage sequences would give ranks different numbers of forwards.
-        self.settings = dataclasses.replace(self.settings, skip_zero_advantage=False)
+        if self.uses_deepspeed and self.scaler is not None:
+            raise ValueError(
+                "fp16 compute (model.dtype float16, or auto on a GPU without bf16) needs loss "
+                "scaling, which this run does through torch's GradScaler; DeepSpeed's partitioned "
+                "gradients are out of its reach. Use model.dtype: bfloat16 or float32, or plain DDP"
+            )
+        # Skipping zero-advantage sequences would give ranks different numbers of forwards (it
+        # never changes the objective: it happens only where those sequences have no gradient).
+        # A non-finite loss stops a data-parallel run, so no rollback copy is kept.
+        self.settings = dataclasses.replace(self.settings, skip_zero_advantage=False,
+                                            rollback_on_nonfinite=False)
         self._sync_engine()
         kind = (f"DeepSpeed ZeRO-{self.accelerator.state.deepspeed_plugin.zero_stage}"
                 if self.uses_deepspeed else self.accelerator.distributed_type.value)
@@ -178,7 +187,7 @@ class DistributedGRPOTrainer(GRPOTrainer):
         try:
             stats = train_step(
                 self.dp_policy, self.reference, self.step_optimizer, self.scheduler,
-                trajectories, self.settings, check_logprobs=(self.step == 0),
+                trajectories, self.settings, check_logprobs=(self.step == 0), scaler=self.scaler,
             )
         except NonFiniteLossError as exc:
             # One rank alone cannot skip an update: the others would wait in their next
@@ -229,6 +238,7 @@ class DistributedGRPOTrainer(GRPOTrainer):
             "deepspeed": self.uses_deepspeed,
             "reference": self.reference.state_dict() if self.reference is not None else None,
             "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "data": self.stream.state_dict(),
             "history": self.history,
         }
@@ -267,8 +277,11 @@ class DistributedGRPOTrainer(GRPOTrainer):
         if self.reference is not None and state.get("reference") is not None:
             self.reference.load_state_dict(state["reference"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("grad_scaler") is not None:
+            self.scaler.load_state_dict(state["grad_scaler"])
         self.stream.load_state_dict(state["data"])
         self.history = state.get("history", [])
         self.step = state["step"]
+        self.logger.truncate_after(self.step)  # rank 0's metrics.jsonl; a no-op elsewhere
         self._sync_engine()
         log.info("resumed from %s at step %d", path, self.step)

@@ -7,7 +7,9 @@
 - `autocast_context(device, dtype)`: `torch.autocast` for reduced precision, a no-op for fp32.
 
 Weights stay in their own dtype (`model.weights_dtype`); autocast only changes the precision of
-the matmuls, so the optimizer updates full-precision master weights.
+the matmuls, so the optimizer updates full-precision master weights. fp16 compute (GPUs without
+bf16 under `auto`, or `model.dtype: float16`) needs loss scaling: `needs_grad_scaler` tells the
+update (grpo/algorithm/update.py, `make_grad_scaler`) to use torch's GradScaler.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def mps_compute_dtype(
     """The autocast dtype on an Apple GPU (a pure function of what the machine supports).
 
     `auto`: bf16 where MPS has it (macOS 14+) and torch has MPS autocast, else fp32. Not fp16:
-    fp16 gradients need loss scaling, which the update step does not apply. An explicit
+    its gradients need loss scaling (the update applies it, but bf16 needs none). An explicit
     `bfloat16` without bf16 support, or any reduced dtype without MPS autocast, is an error.
     MPS has no float64 at all; nothing here ever asks for it."""
     if requested == "auto":
@@ -135,7 +137,8 @@ def check_weights_dtype(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def needs_grad_scaler(dtype: torch.dtype) -> bool:
-    """fp16 gradients underflow without loss scaling; bf16 and fp32 do not need it."""
+    """fp16 gradients underflow without loss scaling (gradients below ~6e-8 flush to zero in an
+    fp16 backward); bf16 (fp32's exponent range) and fp32 do not need it."""
     return dtype == torch.float16
 
 

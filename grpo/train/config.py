@@ -59,6 +59,9 @@ class TrainConfig(Section):
     """`auto` (latest checkpoint in the run directory) or a checkpoint path."""
     save_final_model: bool = True
     """Write the final model in HF format (merged, plus the adapter for LoRA runs)."""
+    max_minutes: float | None = Field(default=None, gt=0)
+    """Wall-clock budget of the training loop: no new step starts after it (evaluations and the
+    warm start count toward it); null = run all `steps`."""
     warmup: WarmupConfig = Field(default_factory=WarmupConfig)
     """Optional supervised warm start on gold trajectories."""
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)

@@ -2,7 +2,8 @@
 
 Functions elsewhere return flat dicts of metrics (`train/…`, `rollout/…`, `tools/…`, `eval/…`);
 only this logger writes them. It is a no-op on non-zero ranks, drops non-finite values with a
-warning, and never lets a wandb problem stop training.
+warning, and never lets a wandb problem stop training. On resume, `truncate_after(step)` drops the
+rows that a killed run wrote after its last checkpoint, so no step appears twice.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ _CONSOLE_KEYS = (
     ("train/clip_frac", "clip"),
     ("train/grad_norm", "gnorm"),
     ("train/logprob_mismatch", "mismatch"),
+    ("train/mismatch_kl", "mismatch_kl"),
+    ("train/is_weight_mean", "is_w"),
     ("time/step_s", "step_s"),
 )
 
@@ -65,12 +68,14 @@ class MetricsLogger:
         if not self.enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "metrics.jsonl"
         # Held open for the run (closed in close()): one line per step, line-buffered.
-        self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+        self._jsonl = open(self.path, "a", buffering=1)  # noqa: SIM115
         if wandb_config is not None and wandb_config.enabled:
             self._wandb = _start_wandb(wandb_config, run_dir, run_name, config_dict)
 
-    def log(self, metrics: dict[str, Any], step: int) -> None:
+    def log(self, metrics: dict[str, Any], step: int, *, console: bool = True) -> None:
+        """Write `metrics` for `step` (metrics.jsonl, wandb) and, with `console`, a console line."""
         if not self.enabled:
             return
         kept, dropped = finite_metrics(metrics)
@@ -83,8 +88,35 @@ class MetricsLogger:
             except Exception as exc:  # noqa: BLE001 - wandb must never stop a run
                 log.warning("wandb log failed (%s); continuing without it", exc)
                 self._wandb = None
-        if step % self.log_every == 0 or any(k.startswith("eval/") for k in kept):
+        if console and (step % self.log_every == 0 or any(k.startswith("eval/") for k in kept)):
             log.info("step %d | %s", step, format_console(kept))
+
+    def truncate_after(self, step: int) -> int:
+        """Drop the metrics.jsonl rows of steps after `step`, the checkpoint this run resumes
+        from (a killed run wrote them; this run writes them again), and any line torn by the
+        kill; returns how many rows went. wandb keeps what it was sent."""
+        if self._jsonl is None:
+            return 0
+        self._jsonl.close()
+        kept, dropped = [], 0
+        for line in self.path.read_text().splitlines():
+            try:
+                row_step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError):
+                dropped += 1  # a line torn by the kill
+                continue
+            if row_step > step:
+                dropped += 1
+            else:
+                kept.append(line + "\n")
+        if dropped:
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(self.path)  # atomic: a second kill leaves one file or the other
+            log.info("metrics.jsonl: dropped %d row(s) written after step %d, the checkpoint "
+                     "this run resumes from", dropped, step)
+        self._jsonl = open(self.path, "a", buffering=1)  # noqa: SIM115
+        return dropped
 
     def close(self) -> None:
         if self._jsonl is not None:

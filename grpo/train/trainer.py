@@ -21,6 +21,7 @@ from grpo.algorithm.reference import make_reference
 from grpo.algorithm.update import (
     NonFiniteLossError,
     UpdateSettings,
+    make_grad_scaler,
     make_optimizer,
     make_scheduler,
     train_step,
@@ -109,6 +110,7 @@ class GRPOTrainer:
         self.settings = UpdateSettings.from_config(cfg, pad_token_id=self.tokenizer.pad_token_id)
         self.optimizer = make_optimizer(self.policy, cfg.algorithm.optimizer)
         self.scheduler = make_scheduler(self.optimizer, cfg.algorithm.optimizer)
+        self.scaler = make_grad_scaler(self.policy)  # fp16 compute only: loss scaling
         self.engine_name, why = choose_engine(cfg.rollout.engine, self.device)
         log.info("rollout engine: %s (%s)", self.engine_name, why)
         self.engine = make_engine(self.engine_name, policy=self.policy, tokenizer=self.tokenizer,
@@ -139,7 +141,7 @@ class GRPOTrainer:
     def _train_step(self, trajectories: list) -> dict[str, float]:
         return train_step(
             self.policy, self.reference, self.optimizer, self.scheduler,
-            trajectories, self.settings, check_logprobs=(self.step == 0),
+            trajectories, self.settings, check_logprobs=(self.step == 0), scaler=self.scaler,
         )
 
     def _after_update(self) -> None:
@@ -171,10 +173,13 @@ class GRPOTrainer:
             self.reference.load_state_dict(state["reference"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("grad_scaler") is not None:
+            self.scaler.load_state_dict(state["grad_scaler"])
         self.stream.load_state_dict(state["data"])
         self.history = state.get("history", [])
         restore_rng_state(state["rng"])
         self.step = state["step"]
+        self.logger.truncate_after(self.step)  # rows a killed run wrote after this checkpoint
         self.engine.sync_weights(self.policy)
         log.info("resumed from %s at step %d", path, self.step)
 
@@ -184,6 +189,7 @@ class GRPOTrainer:
             "reference": self.reference.state_dict() if self.reference is not None else None,
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "data": self.stream.state_dict(),
             "history": self.history,
         }
@@ -204,6 +210,9 @@ class GRPOTrainer:
             if cfg.train.warmup.steps and self.step == 0:
                 await self._warm_start(tools)
             while self.step < cfg.train.steps:
+                if cfg.train.max_minutes and time.time() - started > 60 * cfg.train.max_minutes:
+                    log.info("train.max_minutes=%g reached after %d steps: stopping", cfg.train.max_minutes, self.step)
+                    break
                 metrics = await self._one_step(tools)
                 self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
                 if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
@@ -241,10 +250,12 @@ class GRPOTrainer:
                 "see the warnings above for the episode errors"
             )
         self.engine.sleep()  # vLLM with sleep mode hands its GPU memory to the update meanwhile
+        updated = True
         try:
             stats = self._train_step(trajectories)
             self._nonfinite_in_a_row = 0
-        except NonFiniteLossError as exc:
+        except NonFiniteLossError as exc:  # train_step undid the whole update
+            updated = False
             self._nonfinite_in_a_row += 1
             log.warning("step %d: %s; update skipped (%d in a row)", self.step, exc, self._nonfinite_in_a_row)
             if self._nonfinite_in_a_row >= cfg.algorithm.max_nonfinite_steps:
@@ -254,7 +265,8 @@ class GRPOTrainer:
                 ) from exc
             stats = {"train/skipped_nonfinite": 1.0}
         self.step += 1
-        self._after_update()
+        if updated:  # a skipped update left the weights as they were: no EMA step, nothing to push
+            self._after_update()
         metrics = {
             **collected.metrics,
             **dynamic,
@@ -302,7 +314,7 @@ class GRPOTrainer:
             log.info("warm start %d/%d: loss %.4f, gold success %.0f%% (%.0f s)", metrics["warmup/step"],
                      cfg.train.warmup.steps, metrics["warmup/loss"], 100 * metrics["warmup/gold_success"],
                      metrics["warmup/seconds"])
-            self.logger.log(metrics, 0)
+            self.logger.log(metrics, 0, console=False)  # the line above is its console line
         self.engine.sync_weights(self.policy)
         if self.reference is not None:
             self.reference.copy_policy()
