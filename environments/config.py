@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from environments.base import registered_ids
+from environments.judge.config import JudgeConfig
+from environments.tau2.config import Tau2EnvConfig
 
 
 class _Section(BaseModel):
@@ -35,9 +38,23 @@ class EnvironmentConfig(_Section):
     env_class: str | None = None
     """Registry id that overrides each task's `env_class` (null: use the task's). An id that is
     not registered (environments/base.py) is an error listing the registered ones."""
-    call_format: Literal["hermes", "json", "openai", "react", "python", "tool_tag", "auto"] = "auto"
-    """Tool-call format taught in the system prompt; `auto` accepts every format when parsing
-    and teaches Hermes `<tool_call>` blocks."""
+    tool_prompt: Literal["auto", "native", "compact"] = "auto"
+    """How tools reach the model. `native`: their JSON schemas go through the model's own chat
+    template (`tools=`), worked examples are structured tool calls, results are the template's
+    tool role, and calls are parsed in the template's syntax (`call_format`). `compact`: the
+    system prompt lists one signature line per tool and teaches `call_format` (any template).
+    `auto`: native when the chat template renders tools and its call syntax is known, else compact
+    (the launcher logs which and why). `native` with a template that renders no tools is an error."""
+    call_format: Literal["hermes", "json", "openai", "react", "python", "tool_tag", "mistral", "harmony",
+                         "auto"] = "auto"
+    """The call syntax. Compact prompts: the format taught in the system prompt; `auto` accepts
+    every format when parsing and teaches Hermes `<tool_call>` blocks. Native prompts: the syntax
+    parsed; `auto` reads it from the template (`<tool_call>` → hermes: Qwen2.5/3, SmolLM3;
+    `"parameters"` → json: Llama 3.1/3.2; `[TOOL_CALLS]` → mistral; `<|call|>` → harmony: gpt-oss)."""
+    chat_template: str | None = None
+    """A Jinja file that replaces the tokenizer's chat template for the run (and is saved with the
+    final model), e.g. to give a model without tool support a tool-aware template. Null: the
+    model's own."""
     one_shot_example: bool = True
     """Put a worked tool-call example into the system prompt (small models need it)."""
     max_turns: dict[str, int] = Field(default_factory=lambda: {"easy": 5, "medium": 8, "hard": 10})
@@ -56,9 +73,21 @@ class EnvironmentConfig(_Section):
     (the bundled kv server's `dump`)."""
     bfcl: BFCLEnvConfig = Field(default_factory=BFCLEnvConfig)
     """Options of the `bfcl` environment (BFCL multi-turn tasks)."""
+    tau2: Tau2EnvConfig = Field(default_factory=Tau2EnvConfig)
+    """Options of the `tau2` environment (τ²-bench conversations: the simulated user, step caps,
+    the NL-assertion judge)."""
     cleanup_tool: str | None = "reset"
     """Called with the episode id, when the episode closes, on each server the episode used that
     has a tool of this name (the bundled kv server's `reset` drops the episode's keys). Null: none."""
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    """The LLM judge of tasks whose `reward_spec.method` includes `judge`."""
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_file(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).is_file():
+            raise PydanticCustomError("missing_file", "no such file: {path}", {"path": repr(path)})
+        return path
 
     @field_validator("env_class")
     @classmethod

@@ -20,6 +20,12 @@ Components (each in [0, 1]; `reward_spec.method` picks which make up the reward)
 - `success`: 1 when the episode succeeds (below), else 0: the outcome as a component, so that
   `method: [success, process]` rewards any success above any failure (process alone is at most
   the weight share of `process`) while failures still differ by how far they got.
+- `judge`: an LLM judge's score of the episode against a rubric (the task's `reward_spec.rubric`,
+  else `environment.judge.rubric`), given to `score` as `judge_score` by the environment
+  (environments/judge/); with group-relative judging it is filled in once the whole group has
+  finished (`with_judge_score`). It adds the success check `judge` (score >= pass_threshold).
+  A judge that times out or answers malformed raises `RewardError`: the episode's group is
+  excluded and counted, never scored 0.
 - `module:function`: a custom reward `fn(task, episode) -> float | dict | RewardBreakdown`
   (a dict has "score" and optionally "success"); a float counts as passed when >= 1.
 
@@ -44,6 +50,12 @@ from environments.process_reward import calls_tool, process_score
 from environments.tasks.schema import COMPONENTS, Task, ToolStep
 
 CallStatus = Literal["ok", "tool_error", "invalid"]
+
+
+class RewardError(RuntimeError):
+    """The reward of an episode could not be computed (e.g. the judge timed out or answered in a
+    malformed way). Raised out of the environment, it takes the collector's failure path: the
+    episode is retried, then its group is excluded and counted (`rollout/reward_error_groups`)."""
 
 
 @dataclass
@@ -190,8 +202,10 @@ def _custom(path: str, task: Task, episode: Episode) -> tuple[float, bool]:
 
 # -- the score ---------------------------------------------------------------------------------
 
-def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None) -> RewardBreakdown:
-    """The reward of a finished episode (see the module doc)."""
+def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None,
+          judge_score: float | None = None) -> RewardBreakdown:
+    """The reward of a finished episode (see the module doc). `judge_score`: the judge's score
+    when `judge` is a method; None leaves it pending (0 until `with_judge_score` fills it in)."""
     spec = task.reward_spec
     gt = spec.ground_truth
     criteria = gt.success
@@ -218,6 +232,10 @@ def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None)
             components[method] = process_score(task, episode)
         elif method == "success":
             continue  # the outcome: set once the checks below are known
+        elif method == "judge":
+            components[method] = 0.0 if judge_score is None else float(judge_score)
+            threshold = config.judge.pass_threshold if config is not None else 0.5
+            checks[method] = judge_score is not None and judge_score >= threshold
         else:
             value, passed = _custom(method, task, episode)
             components[method] = value
@@ -233,18 +251,36 @@ def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None)
         checks["limits"] = within_limits
     if not criteria.has_criteria:
         for name in spec.method:
-            if name in COMPONENTS and name != "success":
+            if name in COMPONENTS and name not in ("success", "judge"):
                 checks[name] = components[name] >= 1.0
     success = bool(checks) and all(checks.values())
     if "success" in spec.method:
         components["success"] = 1.0 if success else 0.0
 
-    weights = {name: spec.weights.get(name, 1.0) for name in spec.method}
-    weight_sum = sum(weights.values())
-    total = sum(weights[n] * components[n] for n in spec.method) / weight_sum if weight_sum > 0 else 0.0
     if config is not None:
         penalty = config.invalid_call_penalty * episode.invalid_calls + config.parse_failure_penalty * episode.parse_failures
         if penalty:
             components["penalty"] = -penalty
-            total -= penalty
-    return RewardBreakdown(total=total, components=components, success=success, checks=checks)
+    return RewardBreakdown(total=_total(task, components), components=components, success=success, checks=checks)
+
+
+def _total(task: Task, components: dict[str, float]) -> float:
+    """The weighted mean of the method's components, plus the (negative) penalty."""
+    spec = task.reward_spec
+    weights = {name: spec.weights.get(name, 1.0) for name in spec.method}
+    weight_sum = sum(weights.values())
+    total = sum(weights[n] * components[n] for n in spec.method) / weight_sum if weight_sum > 0 else 0.0
+    return total + components.get("penalty", 0.0)
+
+
+def with_judge_score(task: Task, breakdown: RewardBreakdown, judge_score: float,
+                     config: EnvironmentConfig | None = None) -> RewardBreakdown:
+    """`breakdown` (scored with the judge pending) with the judge's score filled in: the `judge`
+    component and check, the outcome and the total recomputed."""
+    threshold = config.judge.pass_threshold if config is not None else 0.5
+    components = {**breakdown.components, "judge": float(judge_score)}
+    checks = {**breakdown.checks, "judge": judge_score >= threshold}
+    success = all(checks.values())
+    if "success" in task.reward_spec.method:
+        components["success"] = 1.0 if success else 0.0
+    return RewardBreakdown(total=_total(task, components), components=components, success=success, checks=checks)

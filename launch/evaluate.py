@@ -14,6 +14,16 @@ BFCL multi-turn (the Berkeley Function Calling Leaderboard, scored by its offici
 (the declared held-out scenarios, default), train or all; `--tasks N` keeps the first N of each
 category. Metrics add `bfcl/<category>/accuracy` (official) and `bfcl/<category>/turn_credit`;
 each transcript line carries the checker's verdict and the decoded calls under `bfcl`.
+
+τ²-bench (a simulated user; τ²'s own evaluator; environments/tau2):
+
+    python -m launch.evaluate --config configs/tau2.yaml --env tau2 --domain mock [--split all] [--k 4]
+
+`--domain` is mock, airline, retail or telecom; `--split` eval (the declared held-out tasks of
+configs/data/tau2_split.json, default), train or all; `--tasks N` keeps the first N. The config's
+`environment.tau2` section chooses the simulated user; a server `tau2_<domain>` is added when the
+config has none of that name. Metrics add `eval/tau2/<domain>/pass^1` .. `pass^k` (τ²'s pass^k
+over k plays of every task) and `avg_reward`; each transcript line carries τ²'s verdict under `tau2`.
 """
 
 from __future__ import annotations
@@ -28,6 +38,9 @@ from pathlib import Path
 from environments.bfcl.data import BFCLUnavailable, load_bfcl_tasks
 from environments.bfcl.scoring import summarize as summarize_bfcl
 from environments.tasks.loading import train_validation_split
+from environments.tau2.data import load_tau2_tasks
+from environments.tau2.gold import server_config as tau2_server_config
+from environments.tau2.scoring import summarize as summarize_tau2
 from grpo.collect.collector import TrajectoryCollector
 from grpo.config import ConfigError, RunConfig, load_config
 from grpo.models.devices import resolve_device
@@ -37,6 +50,8 @@ from grpo.train.checkpoint import load_checkpoint
 from grpo.train.evaluation import evaluate, summarize, transcript_records
 from tools.config import MCPServerConfig
 from tools.manager import SharedToolManager
+from tools.servers.tau2_domains import DOMAINS as TAU2_DOMAINS
+from tools.servers.tau2_domains import Tau2Unavailable
 
 
 def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | None) -> list:
@@ -50,16 +65,36 @@ def bfcl_setup(config: RunConfig, category: str, split: str, num_tasks: int | No
     return tasks
 
 
-async def evaluate_bfcl(collector, tasks: list, *, k: int, temperature: float, seed: int,
-                        transcripts_path: Path) -> dict[str, float]:
-    """Play the BFCL tasks; generic eval metrics plus per-category official accuracy and turn credit."""
+def tau2_setup(config: RunConfig, domain: str, split: str, num_tasks: int | None) -> list:
+    """τ² tasks of the domain's split, with the config pointed at the `tau2` environment and a
+    server for the domain."""
+
+    tasks = load_tau2_tasks(domain, split, limit=num_tasks)
+    config.environment.env_class = "tau2"
+    if f"tau2_{domain}" not in config.tools.servers:
+        config.tools.servers = {**config.tools.servers, f"tau2_{domain}": tau2_server_config(domain)}
+    return tasks
+
+
+BENCHMARKS = {
+    "bfcl": lambda trajectories, tasks, k: summarize_bfcl(trajectories, tasks),
+    "tau2": summarize_tau2,
+}
+"""The official scores of each benchmark: (trajectories, tasks, k) -> metrics (without `eval/`)."""
+
+
+async def evaluate_benchmark(collector, tasks: list, benchmark: str, *, k: int, temperature: float, seed: int,
+                             transcripts_path: Path) -> dict[str, float]:
+    """Play the benchmark's tasks k times each; generic eval metrics plus its official scores
+    (BFCL: per-category accuracy and turn credit; τ²: pass^1..pass^k per domain)."""
 
     result = await collector.collect(tasks, group_size=k, temperature=temperature, seed=seed, step=-1)
     metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
-    metrics.update({f"eval/{key}": value for key, value in summarize_bfcl(result.trajectories, tasks).items()})
+    scores = BENCHMARKS[benchmark](result.trajectories, tasks, k)
+    metrics.update({f"eval/{key}": value for key, value in scores.items()})
     lines = []
     for traj, record in zip(result.trajectories, transcript_records(result.trajectories)):
-        record["bfcl"] = (traj.metadata.get("info") or {}).get("bfcl")
+        record[benchmark] = (traj.metadata.get("info") or {}).get(benchmark)
         lines.append(json.dumps(record, default=str) + "\n")
     transcripts_path.parent.mkdir(parents=True, exist_ok=True)
     transcripts_path.write_text("".join(lines))
@@ -67,8 +102,9 @@ async def evaluate_bfcl(collector, tasks: list, *, k: int, temperature: float, s
 
 
 async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, temperature: float,
-                          num_tasks: int | None, name: str, tasks: list | None = None) -> dict[str, float]:
-    """Evaluate on `tasks` (BFCL tasks are scored by category), else on the config's held-out tasks."""
+                          num_tasks: int | None, name: str, tasks: list | None = None,
+                          benchmark: str | None = None) -> dict[str, float]:
+    """Evaluate on `tasks` of `benchmark` (scored officially), else on the config's held-out tasks."""
 
     device, _ = resolve_device(config.device)
     policy, tokenizer = PolicyWithValueHead.from_config(config.model, config.lora, device=device,
@@ -78,7 +114,6 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
     policy.eval()
     engine_name, _ = choose_engine(config.rollout.engine, device)
     engine = make_engine(engine_name, policy=policy, tokenizer=tokenizer, config=config, device=device)
-    bfcl = tasks is not None
     if tasks is None:
         _, tasks = train_validation_split(config.data, config.environment.env_class)
         tasks = tasks[:num_tasks] if num_tasks else tasks
@@ -86,9 +121,9 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
     transcripts = config.run_dir / "eval" / f"{name}.jsonl"
     async with SharedToolManager(config.tools) as tools:
         collector = TrajectoryCollector(engine, tokenizer, tools, config.environment, config.rollout)
-        if bfcl:
-            metrics = await evaluate_bfcl(collector, tasks, k=k, temperature=temperature, seed=config.seed,
-                                          transcripts_path=transcripts)
+        if benchmark is not None:
+            metrics = await evaluate_benchmark(collector, tasks, benchmark, k=k, temperature=temperature,
+                                               seed=config.seed, transcripts_path=transcripts)
         else:
             metrics = await evaluate(collector, tasks, k=k, temperature=temperature, seed=config.seed,
                                      transcripts_path=transcripts)
@@ -107,12 +142,13 @@ def main(argv=None) -> int:
                         help="sampling temperature (default: rollout.eval_temperature, or 1.0 when k > 1)")
     parser.add_argument("--tasks", type=int, default=None, help="evaluate only the first N held-out tasks")
     parser.add_argument("--name", default="evaluate", help="name of the transcripts file")
-    parser.add_argument("--env", choices=["config", "bfcl"], default="config",
-                        help="bfcl: BFCL multi-turn tasks instead of the config's held-out tasks")
+    parser.add_argument("--env", choices=["config", "bfcl", "tau2"], default="config",
+                        help="bfcl: BFCL multi-turn tasks; tau2: τ²-bench tasks (instead of the config's held-out tasks)")
     parser.add_argument("--category", default="base",
                         help="with --env bfcl: base, miss_func, miss_param, long_context, a comma list, or all")
+    parser.add_argument("--domain", default="mock", choices=TAU2_DOMAINS, help="with --env tau2: the τ² domain")
     parser.add_argument("--split", default="eval", choices=["eval", "train", "all"],
-                        help="with --env bfcl: the declared held-out scenarios (eval), train, or all 200")
+                        help="with --env bfcl or tau2: the declared held-out tasks (eval), train, or all")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     overrides = list(args.overrides)
@@ -126,16 +162,21 @@ def main(argv=None) -> int:
     temperature = args.temperature
     if temperature is None:
         temperature = config.rollout.eval_temperature if args.k == 1 else 1.0
-    tasks = None
-    if args.env == "bfcl":
-        try:
+    tasks, benchmark = None, (None if args.env == "config" else args.env)
+    try:
+        if args.env == "bfcl":
             tasks = bfcl_setup(config, args.category, args.split, args.tasks)
-        except (BFCLUnavailable, ValueError) as exc:
-            print(f"evaluate: {exc}", file=sys.stderr)
-            return 2
+        elif args.env == "tau2":
+            tasks = tau2_setup(config, args.domain, args.split, args.tasks)
+    except (BFCLUnavailable, Tau2Unavailable, ValueError, FileNotFoundError) as exc:
+        print(f"evaluate: {exc}", file=sys.stderr)
+        return 2
     metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,
-                                          num_tasks=args.tasks, name=args.name, tasks=tasks))
+                                          num_tasks=args.tasks, name=args.name, tasks=tasks, benchmark=benchmark))
     print(json.dumps(metrics, indent=2))
+    if benchmark == "tau2":
+        scores = ", ".join(f"pass^{j} {metrics[f'eval/tau2/{args.domain}/pass^{j}']:.3f}" for j in range(1, args.k + 1))
+        print(f"τ² {args.domain} ({args.split} split, {len(tasks)} tasks, k={args.k}): {scores}", file=sys.stderr)
     return 0
 
 

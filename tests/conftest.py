@@ -4,6 +4,7 @@ a module-wide event loop with a real SharedToolManager over bundled MCP server s
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,3 +61,25 @@ def running_manager(loop, *servers: str, **tools_options) -> Iterator[SharedTool
         yield manager
     finally:
         loop.run_until_complete(manager.close())
+
+
+def mask_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each maximal run of 1s in a loss mask."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+@pytest.fixture
+def quiet_run_logging():
+    """launch.train sets up the run's console and file logging; drop those handlers afterwards."""
+    yield
+    logger = logging.getLogger("mcp_grpo")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()

@@ -140,11 +140,14 @@ class _RewritingTokenizer:
         return "<e>"
 
 
-def test_non_append_only_template_is_a_clear_error():
-    with pytest.raises(ChatTemplateError, match="not append-only"):
-        chat_tokens.observation_delta_ids(
-            _RewritingTokenizer(), [{"role": "tool", "content": "1"}], assistant_ended=True
-        )
+def test_template_that_rewrites_earlier_turns_is_detected_and_its_delta_is_exact(tokenizer):
+    """Earlier assistant turns render as [hidden] once more messages follow: the template is not
+    prefix-preserving, and the delta is still only what follows the assistant turn."""
+    rewriting = _RewritingTokenizer()
+    assert chat_tokens.prefix_preserving(rewriting) is False
+    text = chat_tokens.observation_delta_text(rewriting, [{"role": "tool", "content": "1"}], assistant_ended=True)
+    assert text == "<tool>1<e><assistant>"
+    assert chat_tokens.prefix_preserving(tokenizer) is True  # SmolLM2's ChatML
 
 
 def test_missing_template_is_a_clear_error():

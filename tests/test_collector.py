@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import running_manager
+from conftest import mask_runs, running_manager
 
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.base import StepResult
@@ -140,25 +140,13 @@ def _encode(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def mask_runs(traj) -> list[tuple[int, int]]:
-    """(start, end) of each maximal run of loss_mask == 1."""
-    runs, start = [], None
-    for i, m in enumerate(traj.loss_mask + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
 def rebuild_from_transcript(tokenizer, traj) -> list[int]:
     """The trajectory's ids rebuilt independently: prompt, then per turn the sampled ids and the
     observation delta of the messages that followed it in the transcript."""
     transcript = traj.metadata["transcript"]
     prompt_messages = traj.metadata["prompt_messages"]
     ids = chat_tokens.prompt_ids(tokenizer, transcript[:prompt_messages])
-    runs = mask_runs(traj)
+    runs = mask_runs(traj.loss_mask)
     assistant_at = [i for i, m in enumerate(transcript) if m["role"] == "assistant" and i >= prompt_messages]
     eot = chat_tokens.end_of_turn_id(tokenizer)
     for turn, (start, end) in enumerate(runs):
@@ -177,7 +165,7 @@ def assert_well_formed(tokenizer, traj):
     assert len(traj.loss_mask) == n and len(traj.behavior_logprobs) == n
     assert set(traj.loss_mask) <= {0, 1}
     assert sum(traj.loss_mask[: traj.prompt_length]) == 0
-    assert len(mask_runs(traj)) == traj.num_turns == len(traj.finish_reasons)
+    assert len(mask_runs(traj.loss_mask)) == traj.num_turns == len(traj.finish_reasons)
     for m, lp in zip(traj.loss_mask, traj.behavior_logprobs):
         assert (lp <= 0.0) if m else (lp == 0.0)
     assert rebuild_from_transcript(tokenizer, traj) == traj.token_ids
@@ -221,7 +209,7 @@ def test_trajectory_is_prompt_plus_sampled_plus_observation_deltas(
         assert traj.prompt_length == len(
             chat_tokens.prompt_ids(tokenizer, transcript[:prompt_messages])
         )
-        runs = mask_runs(traj)
+        runs = mask_runs(traj.loss_mask)
         assert len(runs) == calls + 1
         for turn, (start, end) in enumerate(runs):
             assert traj.token_ids[start:end] == engine.turn_ids(_expression(task), turn)
@@ -508,7 +496,7 @@ def test_real_hf_engine_end_to_end(loop, tools, tasks, tokenizer, tiny_model):
     for traj in result.trajectories:
         assert_well_formed(tokenizer, traj)
         assert 1 <= traj.num_turns and all(r in ("stop", "length") for r in traj.finish_reasons)
-        for start, end in mask_runs(traj):
+        for start, end in mask_runs(traj.loss_mask):
             assert end - start <= 12
     # The samples of a group differ; a seeded run reproduces exactly.
     assert len({tuple(t.token_ids) for t in result.trajectories[:3]}) > 1
@@ -559,7 +547,7 @@ def test_real_hf_engine_multi_turn_sampled_tokens(loop, tasks, tokenizer, tiny_m
         assert traj.num_turns == 3
         assert_well_formed(tokenizer, traj)
         # The environment got exactly the decoded sampled ids, told whether each turn was cut off.
-        runs = mask_runs(traj)
+        runs = mask_runs(traj.loss_mask)
         eot = chat_tokens.end_of_turn_id(tokenizer)
         assert [text for text, _ in env.seen] == [
             tokenizer.decode(traj.token_ids[s:e], skip_special_tokens=True) for s, e in runs

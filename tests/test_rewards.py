@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from environments.config import EnvironmentConfig
 from environments.comparisons import answer_is_correct, last_number, values_match
+from environments.config import EnvironmentConfig
 from environments.rewards import (
     CallRecord,
     Episode,

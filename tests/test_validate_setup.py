@@ -3,9 +3,6 @@ launch.train: a run that cannot start says why in the dry run's words, without a
 
 import asyncio
 import json
-import logging
-
-import pytest
 
 from environments.base import registered_ids
 from grpo.config import load_config
@@ -45,16 +42,6 @@ def write_tasks(path, env_classes):
                 "task_id": f"t{i}", "complexity": "easy", "success": {"answer": 7 * i}}}}))
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-@pytest.fixture
-def quiet_run_logging():
-    """launch.train sets up the run's console and file logging; drop those handlers afterwards."""
-    yield
-    logger = logging.getLogger("mcp_grpo")
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        handler.close()
 
 
 def test_dry_run_fails_on_an_unknown_env_class(tmp_path, capsys):

@@ -1,8 +1,11 @@
 """`MCPToolEnvironment` (registry id `mcp_tool`): a multi-turn episode over real MCP tools.
 
-`reset(task)` renders the system prompt (environments/mcp_tool/prompt.py: the tools from the
-manager as compact signatures and how to call them) and worked examples as chat turns
-(environments/mcp_tool/examples.py) before the task's messages. Each
+`reset(task)` renders the system prompt (environments/mcp_tool/prompt.py) and worked examples as
+chat turns (environments/mcp_tool/examples.py) before the task's messages. With compact prompts the
+system prompt lists the tools from the manager as signatures and teaches a call format; with
+native prompts (`tool_prompt: native`) the tools' JSON schemas are in `chat_tools`, for the
+model's own chat template to render (`tools=`), the examples are structured tool calls, and each
+tool result carries its call's id. Each
 `step(assistant_text)` parses the tool calls (environments/toolcalls/), runs them through the
 `SharedToolManager` (concurrently, at most `max_calls_per_turn`), and returns one
 `{"role": "tool"}` observation per call plus one per unreadable piece of markup.
@@ -10,7 +13,8 @@ manager as compact signatures and how to call them) and worked examples as chat 
 The episode ends on a final answer (`<answer>`, "Final answer:"), when a turn has no tool-call
 markup at all (its text is then the answer candidate; an empty turn ends it with no answer), or
 after `max_turns` assistant turns. It is then scored by environments.rewards (reading the final
-server state first when the task checks it); the reward arrives on the last step only.
+server state first when the task checks it, and asking the LLM judge when `judge` is a method:
+environments/judge/); the reward arrives on the last step only.
 `close()` calls the cleanup tool (kv `reset`) for this episode on every server it touched.
 """
 
@@ -24,8 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 from environments.base import Message, StepResult
 from environments.config import EnvironmentConfig
+from environments.judge.judge import Judge, judge_episode
 from environments.mcp_tool.examples import calculator_examples, find_calculator
-from environments.mcp_tool.prompt import example_turns, render_system_prompt
+from environments.mcp_tool.prompt import (
+    NATIVE_SYSTEM,
+    call_id,
+    example_turns,
+    native_example_turns,
+    render_system_prompt,
+    tool_schemas,
+)
 from environments.rewards import CallRecord, Episode, RewardBreakdown, score
 from environments.tasks.schema import Task
 from environments.toolcalls import ToolCall, accepted_formats, format_tool_call, parse_tool_calls
@@ -39,10 +51,17 @@ log = logging.getLogger(__name__)
 class MCPToolEnvironment:
     """One episode of multi-turn tool use; see the module doc."""
 
-    def __init__(self, tools: SharedToolManager, config: EnvironmentConfig, episode_id: str):
+    def __init__(self, tools: SharedToolManager, config: EnvironmentConfig, episode_id: str,
+                 judge: Judge | None = None):
         self.tools = tools
         self.config = config
         self.episode_id = episode_id
+        self.judge = judge
+        """The judge of `judge` rewards (None: the process's judge for `config.judge`)."""
+        self.chat_tools: list[dict] | None = None
+        """Native prompts: the tools as JSON schemas, for the chat template's `tools=`."""
+        self._opening = 0
+        self._calls_made = 0
         self.task: Task | None = None
         self.episode = Episode()
         self.max_turns = 0
@@ -78,16 +97,21 @@ class MCPToolEnvironment:
         if self.config.one_shot_example:
             examples = self.task.examples or await calculator_examples(
                 self.task, self._specs, self.tools, self.config.tool_timeout)
-        calculator = find_calculator(self._specs)
-        example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, self.config.call_format)
-                        if calculator is not None else None)
-        system = render_system_prompt(self._specs, self.config.call_format, example_call)
+        if self.config.tool_prompt == "native":
+            system, turns = NATIVE_SYSTEM, native_example_turns(examples, self._exposed_name)
+            self.chat_tools = tool_schemas(self._specs)
+        else:
+            calculator = find_calculator(self._specs)
+            example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, self.config.call_format)
+                            if calculator is not None else None)
+            system = render_system_prompt(self._specs, self.config.call_format, example_call)
+            turns = example_turns(examples, self.config.call_format, self._exposed_name)
         task_messages = self.task.messages()
         if task_messages[0]["role"] == "system":
             system += "\n\n" + task_messages.pop(0)["content"]
-        messages = [{"role": "system", "content": system},
-                    *example_turns(examples, self.config.call_format, self._exposed_name), *task_messages]
+        messages = [{"role": "system", "content": system}, *turns, *task_messages]
         self.episode.messages = list(messages)
+        self._opening = len(messages)
         return messages
 
     async def _run_setup(self) -> None:
@@ -156,6 +180,10 @@ class MCPToolEnvironment:
         if parsed.errors:
             self.episode.parse_failures += 1
             observations += [{"role": "tool", "content": f"Error: {message}"} for message in parsed.errors]
+        if self.config.tool_prompt == "native":
+            for observation in observations:  # the template pairs each result with its call
+                self._calls_made += 1
+                observation["tool_call_id"] = call_id("call", self._calls_made)
         self.episode.messages.extend(observations)
 
         if parsed.final_answer is not None:
@@ -186,8 +214,18 @@ class MCPToolEnvironment:
     async def _finish(self, observations: list[Message], reason: str) -> StepResult:
         self.done, self.done_reason = True, reason
         await self._read_state()
-        self.breakdown = score(self.task, self.episode, self.config)
-        return StepResult(observations, self.breakdown.total, True, self._info())
+        verdict = pending = None
+        if "judge" in self.task.reward_spec.method:  # a RewardError here excludes the group
+            verdict, pending = await judge_episode(self.task, self.episode.messages[self._opening:],
+                                                   self.config.judge, self.judge)
+        self.breakdown = score(self.task, self.episode, self.config,
+                               judge_score=None if verdict is None else verdict.score)
+        info = self._info()
+        if verdict is not None:
+            info["judge"] = {"score": verdict.score, "reason": verdict.reason}
+        if pending is not None:
+            info["judge_pending"] = pending
+        return StepResult(observations, self.breakdown.total, True, info)
 
     async def _run_calls(self, calls: list[ToolCall], turn: int) -> list[Message]:
         """Run the turn's calls concurrently; records and observations keep the written order."""

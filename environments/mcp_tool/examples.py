@@ -14,7 +14,13 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from environments.tasks.schema import ExampleStep, Task, WorkedExample, normalize_question, question_key
+from environments.tasks.schema import (
+    ExampleStep,
+    Task,
+    WorkedExample,
+    normalize_question,
+    question_key,
+)
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec

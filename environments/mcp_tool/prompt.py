@@ -1,5 +1,13 @@
-"""The system prompt of an MCP tool episode: how to call a tool (in the configured format) and
-the tools, one compact signature line each, and worked examples as real chat turns."""
+"""The system prompt of an MCP tool episode and its worked examples, in two shapes:
+
+- compact (any chat template): how to call a tool (in the configured format) and the tools, one
+  signature line each; worked examples as chat turns whose calls are text in that format;
+- native (templates that render tools): a short system message, the tools as JSON schemas for the
+  template's `tools=` (`tool_schemas`), and worked examples as structured `tool_calls` with `tool`
+  results, which the template renders in the model's own syntax.
+
+`resolve_tool_prompt` turns `tool_prompt: auto` (and a native `call_format: auto`) into what the
+tokenizer's template supports."""
 
 from __future__ import annotations
 
@@ -8,9 +16,16 @@ from typing import TYPE_CHECKING
 
 from environments.base import Message
 from environments.toolcalls import format_tool_call, resolve_format
+from environments.toolcalls.templates import (
+    NATIVE_MARKERS,
+    native_call_format,
+    renders_tools,
+    template_text,
+)
 from tools.schema import signature
 
 if TYPE_CHECKING:
+    from environments.config import EnvironmentConfig
     from environments.tasks.schema import WorkedExample
     from tools.manager import ToolSpec
 
@@ -54,3 +69,77 @@ def example_turns(examples: Sequence[WorkedExample], call_format: str = "auto",
             turns += [{"role": "assistant", "content": call}, {"role": "tool", "content": step.result}]
         turns.append({"role": "assistant", "content": f"<answer>{example.answer}</answer>"})
     return turns
+
+
+# -- native prompts: the model's own chat template renders the tools ---------------------------
+
+NATIVE_SYSTEM = ("Use the tools when they help. The result of a call comes back in a tool message. "
+                 "When you know the answer, write <answer>your answer</answer>.")
+"""The system message of a native prompt; the chat template adds the tools and how to call them."""
+
+
+def tool_schemas(specs: Sequence[ToolSpec]) -> list[dict]:
+    """The tools as the `tools=` argument of a chat template: OpenAI-style function schemas."""
+    return [{"type": "function",
+             "function": {"name": spec.name, "description": summary(spec.description, limit=1000),
+                          "parameters": spec.input_schema or {"type": "object", "properties": {}}}}
+            for spec in specs]
+
+
+def call_id(prefix: str, n: int) -> str:
+    """A tool-call id: 9 letters and digits (Mistral's template rejects any other shape)."""
+    return f"{prefix[:4]:a<4}{n % 100000:05d}"
+
+
+def native_example_turns(examples: Sequence[WorkedExample],
+                         exposed: Callable[[str, str | None], str] = lambda tool, server: tool) -> list[Message]:
+    """Worked examples as structured chat turns for the template to render: the question, an
+    assistant message with `tool_calls` and a `tool` result (with its call id and name) for each
+    step, then the answer."""
+    turns: list[Message] = []
+    n = 0
+    for example in examples:
+        turns.append({"role": "user", "content": example.question})
+        for step in example.steps:
+            n += 1
+            name, cid = exposed(step.tool, step.server), call_id("exmp", n)
+            turns += [{"role": "assistant", "content": "",
+                       "tool_calls": [{"id": cid, "type": "function",
+                                       "function": {"name": name, "arguments": dict(step.params)}}]},
+                      {"role": "tool", "tool_call_id": cid, "name": name, "content": step.result}]
+        turns.append({"role": "assistant", "content": f"<answer>{example.answer}</answer>"})
+    return turns
+
+
+def resolve_tool_prompt(config: EnvironmentConfig, tokenizer) -> tuple[EnvironmentConfig, str]:
+    """`config` with `tool_prompt` resolved to native or compact for this tokenizer's chat template
+    (and, for native prompts, `call_format: auto` to the template's syntax), and one line saying
+    what was chosen and why. ValueError: `native` asked of a template that renders no tools, or
+    whose call syntax cannot be read from it while `call_format` is `auto`."""
+    taught = config.call_format if config.call_format != "auto" else "hermes (call_format auto: every format is read)"
+    if config.tool_prompt == "compact":
+        return config, f"tool prompt: compact (configured); calls taught as {taught}"
+    renders = renders_tools(tokenizer)
+    detected = native_call_format(template_text(tokenizer))
+    markers = ", ".join(f"{marker} ({fmt})" for marker, fmt in NATIVE_MARKERS if fmt)
+    if not renders:
+        if config.tool_prompt == "native":
+            raise ValueError(
+                "environment.tool_prompt is 'native' but this model's chat template renders no tools "
+                "(it ignores `tools=`); use tool_prompt: compact (or auto), or set environment.chat_template "
+                "to a Jinja template that renders tools")
+        reason = ("tool prompt: compact (auto: the chat template renders no tools, so they are listed in the "
+                  f"system prompt); calls taught as {taught}")
+        return config.model_copy(update={"tool_prompt": "compact"}), reason
+    fmt = config.call_format if config.call_format != "auto" else detected
+    if fmt is None:
+        if config.tool_prompt == "native":
+            raise ValueError(
+                "environment.tool_prompt is 'native' but the call syntax cannot be read from the chat template "
+                f"(it writes none of {markers}); set environment.call_format to the syntax the model writes")
+        reason = ("tool prompt: compact (auto: the chat template renders tools but writes no call syntax this "
+                  f"library reads: none of {markers}); calls taught as {taught}")
+        return config.model_copy(update={"tool_prompt": "compact"}), reason
+    how = "read from the chat template" if config.call_format == "auto" else "configured"
+    return (config.model_copy(update={"tool_prompt": "native", "call_format": fmt}),
+            f"tool prompt: native (the chat template renders the tools' JSON schemas); calls parsed as {fmt} ({how})")

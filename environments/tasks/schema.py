@@ -12,6 +12,7 @@ A record (one line of a .jsonl file, one item of a .json list, one row of a .par
  "reward_spec": {
    "method": ["final_answer", "must_call_tool"],   # components of the reward (see rewards.py)
    "weights": {"final_answer": 1.0},               # optional, default 1 each
+   "rubric": "Full marks when ...",                # optional: what method `judge` scores
    "ground_truth": {
      "task_id": "calc-00001",
      "complexity": "easy",                         # easy | medium | hard
@@ -39,7 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 COMPONENTS: tuple[str, ...] = ("final_answer", "must_call_tool", "tool_sequence", "limits", "state", "process",
-                               "success")
+                               "success", "judge")
 """Built-in reward components; a `method` entry may also be a `module:function` custom reward."""
 
 Complexity = Literal["easy", "medium", "hard"]
@@ -155,6 +156,8 @@ class RewardSpec(_Strict):
     """Reward components: names from `COMPONENTS` or `module:function` (a string is one)."""
     weights: dict[str, float] = Field(default_factory=dict)
     """Weight of each component in the weighted mean (default 1)."""
+    rubric: str | None = None
+    """What the LLM judge scores for the `judge` component (else `environment.judge.rubric`)."""
     ground_truth: GroundTruth
 
     @field_validator("method", mode="before")

@@ -1,10 +1,10 @@
-"""Tool-call formats: one class per format, each knowing its name, where its markup starts,
-how to read it and how to write a call; `FORMATS` is the registry.
+"""Tool-call formats taught in a compact prompt: one class per format, each knowing its name,
+where its markup starts, how to read it and how to write a call. The registry (`FORMATS`) is
+environments/toolcalls/registry.py; the formats models write natively after their own chat
+template (Mistral, harmony) are environments/toolcalls/native_formats.py.
 
 Every format's `render` writes text that `parse_tool_calls` reads back to exactly the same name and
-arguments (see environments/toolcalls/parsing.py for what each format accepts). `auto` means:
-parse every format, teach and write `DEFAULT_FORMAT`. Adding a format is one class and one
-registry entry.
+arguments (see environments/toolcalls/parsing.py for what each format accepts).
 """
 
 from __future__ import annotations
@@ -296,29 +296,3 @@ class Python(ToolCallFormat):
             raise ValueError(f"python cannot express the argument names {bad!r}")
         args = ", ".join(f"{k}={python_literal(v)}" for k, v in arguments.items())
         return f"```python\n{name}({args})\n```"
-
-
-# ---------------------------------------------------------------------------------------------
-# The registry
-
-FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (Hermes(), ToolTag(), BareJSON(), OpenAI(), ReAct(), Python())}
-"""Every call format the parser reads and `format_tool_call` writes, by name."""
-
-
-def resolve_format(name: str) -> ToolCallFormat:
-    """The format named `name` (`auto` is `DEFAULT_FORMAT`); an unknown name lists the options."""
-    fmt = FORMATS.get(DEFAULT_FORMAT if name == "auto" else name)
-    if fmt is None:
-        raise ValueError(f"unknown call format {name!r}; choose one of: {', '.join(FORMATS)}, auto")
-    return fmt
-
-
-def accepted_formats(name: str) -> list[str] | None:
-    """The formats a parser reads for the configured `call_format`: every one (None) for `auto`."""
-    return None if name == "auto" else [resolve_format(name).name]
-
-
-def format_tool_call(name: str, arguments: dict, format: str = DEFAULT_FORMAT) -> str:
-    """The text of one call in `format` (`auto` means DEFAULT_FORMAT); `parse_tool_calls` reads it
-    back to exactly `name` and `arguments`. Raises ValueError for a call the format cannot express."""
-    return resolve_format(format).render(name, arguments)

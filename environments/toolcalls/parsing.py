@@ -3,8 +3,8 @@
 This module holds the call types (`ToolCall`, `ParseResult`), the scanner with one handler per
 kind of markup, and final-answer extraction. The near-JSON reader lives in
 `environments.toolcalls.near_json`, reading python-syntax calls in `environments.toolcalls.python_calls`, and writing
-calls (`format_tool_call`, `FORMATS`) in `environments.toolcalls.formats`; the public names of those
-are re-exported here.
+calls (`format_tool_call`, `FORMATS`) in `environments.toolcalls.registry`; the public names of those
+are re-exported by the package.
 
 Accepted tool-call formats (`format` names, as in `EnvironmentConfig.call_format`):
 
@@ -18,6 +18,9 @@ Accepted tool-call formats (`format` names, as in `EnvironmentConfig.call_format
   "arguments": "<JSON string>"}}]}`; `arguments` may also be an object.
 - `react`:    a line `Action: f` followed by `Action Input: {...}` (missing or empty input means
   no arguments). `Action: Final Answer` with `Action Input: X` gives the final answer X.
+- `mistral`:  `[TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]` (Mistral's native syntax).
+- `harmony`:  gpt-oss's `to=functions.f ... <|message|>{...}<|call|>` (the recipient before or
+  after `<|channel|>`).
 - `python`:   a fenced block (```python, ```py, ```tool_code or a bare ```) of calls with
   keyword arguments, e.g. `multiply(a=3, b="x")`; arguments must be literals (parsed with `ast`,
   never evaluated). Dotted names (`calculator.multiply`) are kept as written.
@@ -41,7 +44,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from environments.toolcalls.formats import FORMATS
+from environments.toolcalls.registry import FORMATS
 from environments.toolcalls.scan import ParseResult, Scan
 
 

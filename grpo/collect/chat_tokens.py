@@ -3,20 +3,31 @@
 Token in, token out: a trajectory is the prompt ids, then each turn's sampled ids exactly as the
 engine returned them, then each observation rendered as a *chat-template delta* and tokenized
 once. This module owns those deltas. It derives them from the tokenizer's own chat template, not
-from a hand-written format, so any template works that renders a conversation as a string which
-only grows when messages are appended:
+from a hand-written format, so any family's template works (ChatML, Qwen2.5/3, Llama 3.x,
+Mistral, gpt-oss harmony, ...):
 
-    render([ctx..., assistant X])                          = A
-    render([ctx..., assistant X, *observations], gen=True) = A + suffix
+    head = render([user], gen=True)                          # up to where the assistant writes
+    full = render([user, assistant M, *observations], gen=True)
+    full = head + M's body + closer + delta
 
-The delta after a sampled assistant turn is `suffix`, preceded by whatever the template puts
-between the assistant content and the end of its rendering (the "closing": for ChatML
-`<|im_end|>\\n`). When the model sampled the end-of-turn token itself, that token is already in
-the trajectory, so the delta starts just after it (ChatML: `\\n<|im_start|>tool\\n...`); when the
-turn was cut off by max_new_tokens, the delta starts by closing the turn.
+The delta is what follows the first turn-closing token the template writes after the assistant
+turn M (ChatML `<|im_end|>`, Llama `<|eot_id|>`, Mistral `</s>`, gpt-oss `<|call|>` after a tool
+call or `<|end|>`). When the model sampled a closing token itself, that token stands in for the
+template's; when the turn was cut off by max_new_tokens, the delta starts with the template's
+closer. M carries a tool call named like the first tool observation (with its id), because some
+templates render tool results from the call before them (gpt-oss names the function, Mistral
+checks the id).
 
-The constant pieces (the rendered context, the closing, the end-of-turn token) are computed once
-per tokenizer and cached.
+Only the part after M is ever taken from a rendering, so templates that render *earlier* turns
+differently once more messages follow stay exact: Qwen3 drops past `<think>` blocks and writes an
+empty `<think></think>` into a last assistant turn, gpt-oss ends a last turn with `<|return|>` and
+an earlier one with `<|end|>`, Mistral's v3 template moves the system message (and the tools) to
+whichever user turn is last. `prefix_preserving(tokenizer)` detects such templates. The trajectory keeps what the model
+was given and sampled at every turn (append-only); a fresh rendering of the finished transcript
+would differ from it in those earlier turns, which is why nothing here ever re-renders history.
+
+The tools of a native prompt (`tools=`) are rendered once, in the prompt; deltas are rendered
+without them. The constant pieces are computed once per tokenizer and cached.
 """
 
 from __future__ import annotations
@@ -28,13 +39,13 @@ from typing import Any
 Message = dict[str, Any]
 
 _PLACEHOLDER = "\x00ASSISTANT_PLACEHOLDER\x00"
+_USER: Message = {"role": "user", "content": "placeholder question"}
 # A neutral context: the delta is rendered after [user, assistant] because in a real episode the
 # observations always follow an assistant turn, and templates that group consecutive tool
 # messages (Qwen2.5) look at the previous message's role.
-_CONTEXT: list[Message] = [
-    {"role": "user", "content": "placeholder question"},
-    {"role": "assistant", "content": _PLACEHOLDER},
-]
+_CONTEXT: list[Message] = [_USER, {"role": "assistant", "content": _PLACEHOLDER}]
+_PROBE_VALUE = "probe value 7c1e"
+_FALLBACK_CALL_ID = "call00000"  # 9 letters and digits, the only id shape Mistral's template accepts
 
 
 class ChatTemplateError(ValueError):
@@ -45,30 +56,37 @@ class ChatTemplateError(ValueError):
 class _TemplatePieces:
     template: Any
     """The chat template these pieces were derived from."""
-    context_text: str
-    """render(_CONTEXT) without a generation prompt."""
     closing_text: str
-    """What the template writes after the assistant content (ChatML: '<|im_end|>\\n')."""
-    end_of_turn_text: str
-    """The end-of-turn token's text at the start of the closing (ChatML: '<|im_end|>')."""
+    """What the template writes after a last assistant message's content (ChatML: '<|im_end|>\\n')."""
     end_of_turn_id: int
+    """The special token that starts `closing_text` (ChatML: <|im_end|>, gpt-oss: <|return|>)."""
     closing_ids: tuple[int, ...]
-    """The closing tokenized alone: what a truncated turn gets before its observations."""
+    """The closing tokenized alone."""
+    turn_end_ids: tuple[int, ...]
+    """Tokens that end a sampled turn as the template ends it: the end-of-turn token, and the token
+    that ends a tool-calling turn when it differs (gpt-oss: <|call|>)."""
+    closer_texts: tuple[str, ...]
+    """Texts that close an assistant turn in a rendering: `turn_end_ids`' texts and the closer of
+    an assistant turn that is not the last (gpt-oss: <|end|>)."""
     stop_ids: tuple[int, ...]
+    prefix_preserving: bool
+    """Appending messages never changes how earlier ones render (see the module doc)."""
 
 
 _CACHE: weakref.WeakKeyDictionary[Any, _TemplatePieces] = weakref.WeakKeyDictionary()
 _CACHE_BY_ID: dict[int, tuple[Any, _TemplatePieces]] = {}
 
 
-def _render(tokenizer, messages: list[Message], *, add_generation_prompt: bool) -> str:
+def _render(tokenizer, messages: list[Message], *, add_generation_prompt: bool,
+            tools: list[dict] | None = None) -> str:
     if getattr(tokenizer, "chat_template", None) is None:
         raise ChatTemplateError(
             f"tokenizer {type(tokenizer).__name__} has no chat template: mcp-grpo renders prompts "
             "and observations with the model's own template (set tokenizer.chat_template)"
         )
+    extra = {"tools": tools} if tools else {}
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
 
 
@@ -83,6 +101,75 @@ def _special_ids(tokenizer) -> set[int]:
         if getattr(added, "special", False):
             ids.add(int(token_id))
     return ids
+
+
+def _first_special(tokenizer, text: str) -> int | None:
+    special = _special_ids(tokenizer)
+    return next((i for i in _encode(tokenizer, text) if i in special), None)
+
+
+def _call(call_id: str, name: str, arguments: dict) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _try_render(tokenizer, messages: list[Message], *, add_generation_prompt: bool) -> str | None:
+    """The rendering, or None where the template rejects these messages (e.g. it has no tool calls)."""
+    try:
+        return _render(tokenizer, messages, add_generation_prompt=add_generation_prompt)
+    except ChatTemplateError:
+        raise
+    # Jinja raises whatever a template's raise_exception or a missing field gives.
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _call_end_id(tokenizer) -> int | None:
+    """The first special token after a rendered tool call's arguments (gpt-oss: <|call|>), or
+    None where the template renders no tool calls."""
+    call = _call(_FALLBACK_CALL_ID, "probe", {"probe_argument": _PROBE_VALUE})
+    text = _try_render(tokenizer, [_USER, {"role": "assistant", "content": "", "tool_calls": [call]}],
+                       add_generation_prompt=False)
+    if text is None or _PROBE_VALUE not in text:
+        return None
+    return _first_special(tokenizer, text[text.rindex(_PROBE_VALUE) + len(_PROBE_VALUE):])
+
+
+def _earlier_closer(tokenizer) -> str | None:
+    """The text of the token that closes an assistant turn followed by another message."""
+    text = _try_render(tokenizer, [*_CONTEXT, {"role": "user", "content": "next"}], add_generation_prompt=True)
+    if text is None or text.count(_PLACEHOLDER) != 1:
+        return None
+    token = _first_special(tokenizer, text[text.index(_PLACEHOLDER) + len(_PLACEHOLDER):])
+    return None if token is None else tokenizer.convert_ids_to_tokens(token)
+
+
+def prefix_preserving(tokenizer) -> bool:
+    """Whether appending messages leaves the rendering of earlier ones unchanged, probed with a
+    prompt (system and user) followed by an answer, a tool call followed by its result, a
+    `<think>` turn followed by a new question, and a plain turn followed by a new question (probes
+    the template rejects are skipped)."""
+    return _pieces(tokenizer).prefix_preserving
+
+
+def _probe_prefix_preserving(tokenizer) -> bool:
+    call = _call(_FALLBACK_CALL_ID, "probe", {})
+    system = {"role": "system", "content": "probe system"}
+    answer = {"role": "assistant", "content": "probe answer"}
+    question = {"role": "user", "content": "next question"}
+    probes = [  # (earlier messages, rendered with the generation prompt?, what follows them)
+        ([system, _USER], True, [answer]),
+        ([_USER, {"role": "assistant", "content": "", "tool_calls": [call]}], False,
+         [{"role": "tool", "tool_call_id": _FALLBACK_CALL_ID, "name": "probe", "content": "probe result"}]),
+        ([_USER, {"role": "assistant", "content": "<think>\nprobe reasoning\n</think>\n\nprobe answer"}], False,
+         [question]),
+        ([_USER, answer], False, [question]),
+    ]
+    for before, prompt, after in probes:
+        alone = _try_render(tokenizer, before, add_generation_prompt=prompt)
+        followed = _try_render(tokenizer, before + after, add_generation_prompt=after[-1]["role"] != "assistant")
+        if alone is not None and followed is not None and not followed.startswith(alone):
+            return False
+    return True
 
 
 def _build_pieces(tokenizer) -> _TemplatePieces:
@@ -107,19 +194,28 @@ def _build_pieces(tokenizer) -> _TemplatePieces:
             f"the chat template's assistant closing {closing_text!r} does not start with the "
             f"text of its end-of-turn token {end_of_turn_text!r}"
         )
-    stop_ids = [end_of_turn_id]
+    turn_end_ids = [end_of_turn_id]
+    call_end = _call_end_id(tokenizer)
+    if call_end is not None and call_end not in turn_end_ids:
+        turn_end_ids.append(call_end)
+    closers = [tokenizer.convert_ids_to_tokens(i) for i in turn_end_ids]
+    earlier = _earlier_closer(tokenizer)
+    if earlier is not None and earlier not in closers:
+        closers.append(earlier)
+    stop_ids = list(turn_end_ids)
     eos = tokenizer.eos_token_id
     for extra in eos if isinstance(eos, (list, tuple)) else [eos]:
         if extra is not None and int(extra) not in stop_ids:
             stop_ids.append(int(extra))
     return _TemplatePieces(
         template=getattr(tokenizer, "chat_template", None),
-        context_text=context_text,
         closing_text=closing_text,
-        end_of_turn_text=end_of_turn_text,
         end_of_turn_id=end_of_turn_id,
         closing_ids=tuple(closing_ids),
+        turn_end_ids=tuple(turn_end_ids),
+        closer_texts=tuple(closers),
         stop_ids=tuple(stop_ids),
+        prefix_preserving=_probe_prefix_preserving(tokenizer),
     )
 
 
@@ -142,39 +238,76 @@ def _pieces(tokenizer) -> _TemplatePieces:
     return cached
 
 
-def prompt_ids(tokenizer, messages: list[Message]) -> list[int]:
-    """The chat template of `messages` with the generation prompt, tokenized once."""
-    return _encode(tokenizer, _render(tokenizer, list(messages), add_generation_prompt=True))
+def prompt_ids(tokenizer, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+    """The chat template of `messages` (with `tools` rendered by the template when given) and the
+    generation prompt, tokenized once."""
+    return _encode(tokenizer, _render(tokenizer, list(messages), add_generation_prompt=True, tools=tools))
 
 
 def end_of_turn_id(tokenizer) -> int:
-    """The token the template closes an assistant turn with (ChatML: `<|im_end|>`)."""
+    """The token the template closes a (last) assistant turn with (ChatML: `<|im_end|>`)."""
     return _pieces(tokenizer).end_of_turn_id
 
 
+def turn_end_ids(tokenizer) -> tuple[int, ...]:
+    """Tokens that end a sampled turn the way the template does: the end-of-turn token, and the
+    tool-call closer where the template has its own (gpt-oss `<|call|>`)."""
+    return _pieces(tokenizer).turn_end_ids
+
+
 def stop_token_ids(tokenizer) -> tuple[int, ...]:
-    """Tokens that end a sampled turn: the template's end-of-turn token, then eos (deduplicated)."""
+    """Tokens that end a sampled turn: `turn_end_ids`, then eos (deduplicated)."""
     return _pieces(tokenizer).stop_ids
+
+
+def turn_text(tokenizer, ids: list[int], *, keep_special_tokens: bool = False) -> str:
+    """The text of a sampled turn for the environment, without its final stop token. Native tool
+    prompts keep special tokens: some families' call markers are special tokens (Mistral
+    `[TOOL_CALLS]`, Llama `<|python_tag|>`, gpt-oss `<|channel|>`)."""
+    if ids and ids[-1] in _pieces(tokenizer).stop_ids:
+        ids = ids[:-1]
+    return tokenizer.decode(ids, skip_special_tokens=not keep_special_tokens)
+
+
+def _assistant_before(observations: list[Message]) -> Message:
+    """The assistant turn the observations answer: a call named like the first tool result (with
+    its id), or plain content when none is a tool result."""
+    tool = next((m for m in observations if m.get("role") == "tool"), None)
+    if tool is None:
+        return {"role": "assistant", "content": _PLACEHOLDER}
+    call = _call(tool.get("tool_call_id") or _FALLBACK_CALL_ID, tool.get("name") or "tool", {})
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def _with_call_ids(observations: list[Message]) -> list[Message]:
+    return [{**m, "tool_call_id": m.get("tool_call_id") or _FALLBACK_CALL_ID} if m.get("role") == "tool" else m
+            for m in observations]
 
 
 def observation_delta_text(tokenizer, observations: list[Message], *, assistant_ended: bool) -> str:
     """The template text that follows a finished assistant turn: the rest of the turn's closing,
     the observation messages, and the generation prompt for the next assistant turn."""
     pieces = _pieces(tokenizer)
-    full = _render(tokenizer, _CONTEXT + list(observations), add_generation_prompt=True)
-    if not full.startswith(pieces.context_text):
+    head = _render(tokenizer, [_USER], add_generation_prompt=True)
+    turn = _assistant_before(observations)
+    full = _render(tokenizer, [_USER, turn, *_with_call_ids(observations)], add_generation_prompt=True)
+    if not full.startswith(head):
         raise ChatTemplateError(
-            "the chat template is not append-only: rendering a conversation with observation "
-            "messages appended changes the text of the earlier messages (e.g. a template that "
-            "rewrites or drops past assistant turns), so observations cannot be rendered as a "
-            f"token-exact delta. Rendered prefix: {full[: len(pieces.context_text)]!r}; expected "
-            f"{pieces.context_text!r}"
+            "the chat template renders a user message differently once an assistant turn and "
+            "observations follow it, so observations cannot be rendered as a token-exact delta. "
+            f"Rendered: {full[: len(head)]!r}; expected {head!r}"
         )
-    suffix = full[len(pieces.context_text) :]
-    if assistant_ended:
-        # The sampled end-of-turn token already stands in for the closing's first token.
-        return pieces.closing_text[len(pieces.end_of_turn_text) :] + suffix
-    return pieces.closing_text + suffix
+    rest = full[len(head) :]
+    body = rest.index(_PLACEHOLDER) + len(_PLACEHOLDER) if _PLACEHOLDER in rest else 0
+    found = [(rest.find(text, body), text) for text in pieces.closer_texts if rest.find(text, body) >= 0]
+    if not found:
+        raise ChatTemplateError(
+            f"the chat template writes none of its turn-closing tokens {list(pieces.closer_texts)} "
+            f"after an assistant turn (rendered {rest!r}); observation deltas cannot be derived"
+        )
+    at, closer = min(found)
+    # The sampled closing token already stands in for the template's.
+    return rest[at + len(closer) :] if assistant_ended else rest[at:]
 
 
 def observation_delta_ids(
@@ -182,9 +315,8 @@ def observation_delta_ids(
 ) -> list[int]:
     """Token ids of `observation_delta_text`, tokenized once.
 
-    `assistant_ended`: the sampled turn ended with the template's end-of-turn token (see
-    `end_of_turn_id`). If not (cut off by max_new_tokens, or ended on a different stop token), the
-    delta starts by closing the turn with the end-of-turn token and what follows it.
+    `assistant_ended`: the sampled turn ended with one of `turn_end_ids`. If not (cut off by
+    max_new_tokens, or ended on eos), the delta starts by closing the turn as the template does.
     """
     return _encode(
         tokenizer, observation_delta_text(tokenizer, observations, assistant_ended=assistant_ended)

@@ -24,6 +24,9 @@ id, sample index, turn), so a seeded collection reproduces exactly however it is
 Failures: an episode that raises (engine, environment or tool layer) is retried from scratch up to
 `rollout.episode_retries` times; if it still fails, its whole group is excluded, counted and logged
 (warning with the task id and the exception). Once a group is lost, its other episodes stop early.
+A reward that cannot be computed (`RewardError`: a judge that timed out or answered malformed)
+takes the same path and is also counted as `rollout/reward_error_groups`; group-relative judge
+scores are filled in once a group has finished (grpo/collect/environment_setup.py).
 Groups are returned whole or not at all, in task order.
 """
 
@@ -38,7 +41,10 @@ from typing import Any
 
 from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
+from environments.judge.judge import Judge
+from environments.rewards import RewardError
 from grpo.collect import chat_tokens
+from grpo.collect.environment_setup import judge_groups, prepare_environment
 from grpo.collect.episode import EpisodeRecord, GroupAbandoned, episode_stats, task_id_of
 from grpo.collect.generation_batcher import GenerationBatcher
 from grpo.collect.metrics import collection_metrics
@@ -64,6 +70,8 @@ class CollectResult:
     """Episodes that failed after their retries (each excludes its group)."""
     errors: list[str] = field(default_factory=list)
     """One line per failed episode: task id, sample index, exception."""
+    reward_error_groups: int = 0
+    """Of the excluded groups, those whose reward could not be computed (RewardError)."""
 
 
 def turn_seed(
@@ -106,7 +114,10 @@ class TrajectoryCollector:
         self.engine = engine
         self.tokenizer = tokenizer
         self.tools = tools
-        self.env_config = env_config
+        self.env_config = prepare_environment(env_config, tokenizer)
+        """`env_config` fitted to the tokenizer (tool prompt resolved, chat template installed)."""
+        self.judge: Judge | None = None
+        """The judge of group-relative judging (None: the process's judge for env_config.judge)."""
         self.rollout = rollout
         self.env_factory = env_factory
         self.batch_wait_s = batch_wait_s
@@ -114,6 +125,7 @@ class TrajectoryCollector:
         self._last_generate_s = initial_generate_s
         self.stop_ids = chat_tokens.stop_token_ids(tokenizer)
         self.end_of_turn_id = chat_tokens.end_of_turn_id(tokenizer)
+        self.turn_end_ids = chat_tokens.turn_end_ids(tokenizer)
         self.max_live_episodes = 0
         """Most episodes ever in flight at once (for tests of the concurrency bound)."""
         self._live = 0
@@ -146,7 +158,7 @@ class TrajectoryCollector:
             with batcher.inside_env():
                 messages = list(await env.reset(episode.task))
             episode.start(
-                chat_tokens.prompt_ids(self.tokenizer, messages),
+                chat_tokens.prompt_ids(self.tokenizer, messages, getattr(env, "chat_tools", None)),
                 messages,
                 self.rollout.max_total_tokens,
             )
@@ -205,9 +217,11 @@ class TrajectoryCollector:
         episode.add_sampled(sampled, result.behavior_logprobs, result.finish_reason)
         # The environment reads text; the trajectory keeps the sampled ids. The text is never
         # tokenized again.
-        text = self.tokenizer.decode(sampled, skip_special_tokens=True)
+        # A native tool prompt keeps special tokens: some families' call markers are special.
+        native = getattr(env, "chat_tools", None) is not None
+        text = chat_tokens.turn_text(self.tokenizer, sampled, keep_special_tokens=native)
         episode.transcript.append({"role": "assistant", "content": text})
-        ended = sampled[-1] == self.end_of_turn_id
+        ended = sampled[-1] in self.turn_end_ids
         with batcher.inside_env():
             outcome = await env.step(text, truncated=not ended)
         episode.transcript.extend(outcome.observations)
@@ -347,19 +361,28 @@ class TrajectoryCollector:
             raise batcher.fatal
         wall = timeline.wall()
 
+        groups = [outcomes[i * group_size : (i + 1) * group_size] for i in range(len(tasks))]
+        unjudged = await judge_groups(tasks, groups, self.env_config, self.judge)
         trajectories: list[Trajectory] = []
         errors: list[str] = []
-        failed_episodes = excluded_groups = 0
+        failed_episodes = excluded_groups = reward_error_groups = 0
         for i, task_id in enumerate(task_ids):
-            group = outcomes[i * group_size : (i + 1) * group_size]
+            group = groups[i]
             failures = [
                 (k, o)
                 for k, o in enumerate(group)
                 if isinstance(o, BaseException) and not isinstance(o, GroupAbandoned)
             ]
+            if i in unjudged:
+                excluded_groups += 1
+                reward_error_groups += 1
+                errors.append(f"task {task_id}: {unjudged[i]!r}")
+                log.warning("excluding group of task %s: its reward could not be computed: %s", task_id, unjudged[i])
+                continue
             if failures:
                 excluded_groups += 1
                 failed_episodes += len(failures)
+                reward_error_groups += any(isinstance(error, RewardError) for _, error in failures)
                 for k, error in failures:
                     errors.append(f"task {task_id} sample {k}: {error!r}")
                 log.warning(
@@ -376,4 +399,7 @@ class TrajectoryCollector:
         metrics = collection_metrics(
             trajectories, batcher, timeline, wall, failed_episodes, excluded_groups
         )
-        return CollectResult(trajectories, metrics, excluded_groups, failed_episodes, errors)
+        metrics["rollout/reward_error_groups"] = float(reward_error_groups)
+        return CollectResult(
+            trajectories, metrics, excluded_groups, failed_episodes, errors, reward_error_groups
+        )

@@ -11,6 +11,7 @@ event loop; the engine runs in a worker thread so tool calls and the policy's ge
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from environments.tau2.config import Tau2UserConfig
 from environments.tau2.user import TextUserModel, register_user_model
@@ -22,6 +23,7 @@ from grpo.rollout.hf import HFEngine
 
 _MODELS: dict[str, LocalUserModel] = {}
 """Per process: the loaded user models by configuration."""
+_LOADING = threading.Lock()
 
 
 class LocalUserModel(TextUserModel):
@@ -40,13 +42,18 @@ class LocalUserModel(TextUserModel):
     @classmethod
     def from_config(cls, config: Tau2UserConfig) -> LocalUserModel:
         key = config.model_dump_json()
-        if key not in _MODELS:
-            device = resolve_device(config.device)[0]
-            tokenizer = load_tokenizer(config.name_or_path)
-            model = load_causal_lm(config.name_or_path, tokenizer=tokenizer)
-            engine = HFEngine(model, tokenizer, device=device, dtype=compute_dtype(device, "auto"))
-            _MODELS[key] = cls(engine, tokenizer, config)
-        return _MODELS[key]
+        with _LOADING:  # episodes starting together (in worker threads) load the model once
+            if key not in _MODELS:
+                _MODELS[key] = cls._load(config)
+            return _MODELS[key]
+
+    @classmethod
+    def _load(cls, config: Tau2UserConfig) -> LocalUserModel:
+        device = resolve_device(config.device)[0]
+        tokenizer = load_tokenizer(config.name_or_path)
+        model = load_causal_lm(config.name_or_path, tokenizer=tokenizer)
+        engine = HFEngine(model, tokenizer, device=device, dtype=compute_dtype(device, "auto"))
+        return cls(engine, tokenizer, config)
 
     async def generate_text(self, messages: list[dict]) -> str:
         request = GenerationRequest(chat_tokens.prompt_ids(self.tokenizer, messages), self.sampling, "user")

@@ -26,21 +26,20 @@ Run alone: `python -m tools.servers.bfcl` (or `--http --port N`). Needs
 from __future__ import annotations
 
 import copy
-import inspect
+import functools
 import json
 import sys
 import threading
-import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field, WithJsonSchema, WrapValidator
-from pydantic.json_schema import PydanticJsonSchemaWarning
+from pydantic import Field
 
 from tools.servers import _cli
+from tools.servers._documented import EpisodeId, add_documented_tool
 from tools.servers.bfcl_backends import (
     BFCLUnavailable,
     backend_classes,
@@ -51,8 +50,6 @@ from tools.servers.bfcl_backends import (
 MAX_EPISODES = 2_000
 CONTROL_TOOLS = ("bfcl_start", "bfcl_call", "bfcl_reveal", "bfcl_state", "bfcl_end")
 """Tools that serve the environment, never shown to the model."""
-
-EpisodeId = Annotated[str, Field(description="Reserved: filled in by the tool manager.")]
 
 _TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
 
@@ -72,15 +69,6 @@ def json_schema(bfcl_schema: dict) -> dict:
         else:
             out[key] = value
     return out
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<not given>"
-
-
-UNSET = _Unset()
-"""Default of optional arguments: left out of the call, so the backend's own default applies."""
 
 
 @dataclass
@@ -115,9 +103,7 @@ def record_result(value: Any) -> str:
     return str(value)
 
 
-def _run(function: str, owner: str, kwargs: dict[str, Any]) -> str:
-    episode_id = kwargs.pop("episode_id")
-    arguments = {k: v for k, v in kwargs.items() if v is not UNSET}
+def _run(function: str, owner: str, episode_id: str, arguments: dict[str, Any]) -> str:
     episode = _episode(episode_id)
     if owner not in episode.instances:
         raise ToolError(f"{function} is not available in this task (its class {owner} is not involved)")
@@ -127,38 +113,6 @@ def _run(function: str, owner: str, kwargs: dict[str, Any]) -> str:
         # Backend bugs and bad arguments are the model's observation, exactly as BFCL shows them.
         except Exception as exc:  # noqa: BLE001
             return f"Error during execution: {exc}"
-
-
-def _as_given(value: Any, handler: Any) -> Any:
-    return value
-
-
-def _annotation(schema: dict) -> Any:
-    """The documented schema for clients; values reach the backend exactly as sent. BFCL runs what
-    the model wrote without checking types, and the SDK would otherwise coerce or JSON-decode
-    (the nominal `str` type is what stops its JSON pre-parsing; the wrap validator skips the check)."""
-    return Annotated[str, WrapValidator(_as_given), WithJsonSchema(schema)]
-
-
-def _make_tool(doc: dict, owner: str) -> Any:
-    """A function with the documented signature that runs `doc["name"]` for an episode."""
-    name = doc["name"]
-    params = doc.get("parameters") or {}
-    required = set(params.get("required") or [])
-    signature = []
-    for param, prop in (params.get("properties") or {}).items():
-        default = inspect.Parameter.empty if param in required else UNSET
-        signature.append(inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                           annotation=_annotation(json_schema(prop))))
-    signature.append(inspect.Parameter("episode_id", inspect.Parameter.KEYWORD_ONLY, default="default",
-                                       annotation=EpisodeId))
-
-    def call(**kwargs: Any) -> str:
-        return _run(name, owner, kwargs)
-
-    call.__name__ = name
-    call.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
-    return call
 
 
 def _description(doc: dict) -> str:
@@ -187,10 +141,8 @@ def register_functions() -> MCPServer:
             method = getattr(classes[owner], doc["name"], None)
             if method is None:
                 raise RuntimeError(f"BFCL documents {owner}.{doc['name']} but the backend has no such method")
-            with warnings.catch_warnings():  # the UNSET default is deliberately not in the schema
-                warnings.simplefilter("ignore", PydanticJsonSchemaWarning)
-                server.add_tool(_make_tool(doc, owner), name=doc["name"], description=_description(doc),
-                                structured_output=False)
+            add_documented_tool(server, doc["name"], _description(doc), json_schema(doc.get("parameters") or {}),
+                                functools.partial(_run, doc["name"], owner))
     _registered = True
     return server
 
@@ -238,7 +190,7 @@ def bfcl_call(
     owner = function_owner().get(function)
     if owner is None:
         raise ToolError(f"unknown BFCL function {function!r}")
-    return _run(function, owner, {**arguments, "episode_id": episode_id})
+    return _run(function, owner, episode_id, arguments)
 
 
 @server.tool()
