@@ -55,7 +55,7 @@ def _filled(template: str, steps: Sequence[ToolStep], earlier: Sequence) -> list
     filled = []
     for combo in itertools.product(*options):
         values = dict(zip(refs, combo))
-        filled.append(_REF.sub(lambda m: values[int(m.group(1))], template))
+        filled.append(_REF.sub(lambda m, values=values: values[int(m.group(1))], template))
     return filled
 
 
@@ -71,9 +71,7 @@ def step_credit(step: ToolStep, call, steps: Sequence[ToolStep], earlier: Sequen
     for name, value in expected.items():
         if name not in args:
             continue
-        if value is not None and values_match(value, args[name]):
-            right += 1
-        elif name in step.uses and any(values_match(f, args[name]) for f in _filled(step.uses[name], steps, earlier)):
+        if value is not None and values_match(value, args[name]) or name in step.uses and any(values_match(f, args[name]) for f in _filled(step.uses[name], steps, earlier)):
             right += 1
     return 0.5 + 0.5 * right / len(expected)
 

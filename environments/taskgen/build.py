@@ -132,15 +132,16 @@ def attach_examples(records: list[dict], per_task: int, seed: int) -> None:
     rng = random.Random(f"mcp-grpo|examples|{seed}")
     names = sorted(train_by_template)
     for record in records:
-        own = record["extra_info"]["template"]
-        steps = own.split(">")
-        ranked = sorted(names, key=lambda n: (_edit_distance(steps, n.split(">")), n))
-        pool = [r for name in ranked for r in train_by_template[name] if r is not record][: 50 * per_task]
-        chosen, seen = [], set()
-        for candidate in rng.sample(pool[:20], min(len(pool[:20]), 8)) if pool else []:
-            if candidate["prompt"][-1]["content"] not in seen and len(chosen) < per_task:
-                seen.add(candidate["prompt"][-1]["content"])
+        question = record["prompt"][-1]["content"]
+        steps = record["extra_info"]["template"].split(">")
+        chosen: list[dict] = []
+        # Nearest templates first (the task's own, at distance 0); within a template, a seeded draw.
+        for name in sorted(names, key=lambda n: (_edit_distance(steps, n.split(">")), n)):
+            candidates = [r for r in train_by_template[name] if r["prompt"][-1]["content"] != question]
+            for candidate in rng.sample(candidates, min(len(candidates), per_task - len(chosen))):
                 chosen.append(example_of(candidate))
+            if len(chosen) == per_task:
+                break
         record["examples"] = chosen
 
 

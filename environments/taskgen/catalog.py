@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 Role = Literal["expression", "number", "key", "value", "text"]
 Kind = Literal["compute", "store", "load"]
 
-_EXPRESSION_NAMES = re.compile(r"^(expr|expression|formula|equation|math)$", re.I)
-_KEY_NAMES = re.compile(r"^(key|name|id|label|variable|slot)$", re.I)
-_VALUE_NAMES = re.compile(r"^(value|data|content|payload|item)$", re.I)
+_EXPRESSION_NAMES = re.compile(r"^(expr|expression|formula|equation|math)$", re.IGNORECASE)
+_KEY_NAMES = re.compile(r"^(key|name|id|label|variable|slot)$", re.IGNORECASE)
+_VALUE_NAMES = re.compile(r"^(value|data|content|payload|item)$", re.IGNORECASE)
 _PROBE_VALUE = 73_519
 _NUMBER = re.compile(r"^\s*[-+]?\d+(\.\d+)?\s*$")
 
