@@ -25,9 +25,10 @@ def group_of(task: Any) -> dict[str, str]:
     return groups
 
 
-def grouped_success(trajectories: Sequence, tasks: Sequence, task_ids: Sequence[str], k: int) -> dict[str, float]:
-    """`eval/success/<group>=<value>` per group of `group_of` (and its task count): a task whose
-    episodes were all excluded counts as failed."""
+def grouped_success(trajectories: Sequence, tasks: Sequence, task_ids: Sequence[str], k: int,
+                    prefix: str = "eval") -> dict[str, float]:
+    """`<prefix>/success/<group>=<value>` per group of `group_of` (and its task count,
+    `<prefix>/tasks/...`): a task whose episodes were all excluded counts as failed."""
     by_task: dict[str, list] = defaultdict(list)
     for traj in trajectories:
         by_task[traj.task_id].append(traj)
@@ -39,8 +40,8 @@ def grouped_success(trajectories: Sequence, tasks: Sequence, task_ids: Sequence[
             totals[f"{name}={value}"][1] += k
     out = {}
     for key, (wins, attempts) in sorted(totals.items()):
-        out[f"eval/success/{key}"] = wins / attempts
-        out[f"eval/tasks/{key}"] = attempts / k
+        out[f"{prefix}/success/{key}"] = wins / attempts
+        out[f"{prefix}/tasks/{key}"] = attempts / k
     return out
 
 

@@ -10,15 +10,29 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+_COMPLEXITY = "rollout/success/complexity="
+_ORDER = {"easy": 0, "medium": 1, "hard": 2}
+
+
+def curve_series(history: list[dict[str, float]]) -> list[tuple[str, str, str]]:
+    """(metric key, legend label, line style) of each curve: reward, success, then success per
+    complexity (easy, medium, hard, then any other name)."""
+    series = [("rollout/reward_mean", "train reward", "-"), ("rollout/success_rate", "train success", "-")]
+    per_complexity = sorted({key for h in history for key in h if key.startswith(_COMPLEXITY)},
+                            key=lambda key: (_ORDER.get(key[len(_COMPLEXITY):], len(_ORDER)), key))
+    return series + [(key, f"train success, {key[len(_COMPLEXITY):]}", "--") for key in per_complexity]
+
 
 def plot_curves(history: list[dict[str, float]], summary: dict[str, Any], path: Path) -> Path:
-    """Training reward and success per step, with held-out success before/after as markers."""
+    """Training reward and success per step (and success per task complexity, dashed, where the
+    tasks have one), with held-out success before/after as markers."""
     steps = list(range(1, len(history) + 1))
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    for key, label in (("rollout/reward_mean", "train reward"), ("rollout/success_rate", "train success")):
+    for key, label, style in curve_series(history):
         values = [h.get(key) for h in history]
         if any(v is not None for v in values):
-            ax.plot(steps, [v if v is not None else float("nan") for v in values], marker="o", label=label)
+            ax.plot(steps, [v if v is not None else float("nan") for v in values], style,
+                    marker="o" if style == "-" else ".", label=label)
     if "success_before" in summary:
         ax.scatter([0], [summary["success_before"]], color="black", marker="s", zorder=3,
                    label=f"held-out success before: {summary['success_before']:.0%}")

@@ -40,7 +40,7 @@ from grpo.train.checkpoint import (
     save_checkpoint,
 )
 from grpo.train.curriculum import CurriculumStream
-from grpo.train.evaluation import evaluate
+from grpo.train.evaluation import evaluate, grouped_success
 from grpo.train.logger import MetricsLogger, setup_console_logging
 from grpo.train.plots import plot_curves
 from grpo.train.refill import refill
@@ -301,8 +301,12 @@ class GRPOTrainer:
             # The refill round's failures count too (its other metrics describe that round only).
             for key in ("rollout/failed_episodes", "rollout/excluded_groups", "rollout/wall_s"):
                 metrics[key] = collected.metrics.get(key, 0.0) + extra.metrics.get(key, 0.0)
+        task_ids = [task_id_of(t, i) for i, t in enumerate(all_tasks)]
         if isinstance(self.stream, CurriculumStream):
-            self.stream.record(played, all_tasks, [task_id_of(t, i) for i, t in enumerate(all_tasks)])
+            self.stream.record(played, all_tasks, task_ids)
+        # Success of the episodes played, per complexity (curves.png draws one line each).
+        grouped = grouped_success(played, all_tasks, task_ids, cfg.algorithm.group_size, prefix="rollout")
+        metrics.update({k: v for k, v in grouped.items() if "/complexity=" in k})
         return trajectories, metrics
 
     async def _warm_start(self, tools) -> None:
