@@ -314,10 +314,14 @@ async def test_junk_on_a_servers_stdout_is_one_warning_with_a_count(caplog):
 
 CTRL_C_SCRIPT = textwrap.dedent(
     """
-    import asyncio, sys
+    import asyncio, signal, sys
     from tools.config import ToolsConfig
     from tools.manager import SharedToolManager
     from tools.procs import owned_processes
+
+    # Ctrl-C as a terminal delivers it: a test run started in the background (`cmd &`, as CI
+    # launchers may do) hands SIGINT down ignored, and Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     async def main():
         config = ToolsConfig(servers={"calculator": {"command": "python", "args": ["-m", "tools.servers.calculator"]}})
