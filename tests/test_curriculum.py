@@ -62,6 +62,18 @@ def test_training_starts_on_one_call_tasks_and_moves_on_as_they_are_learned():
     assert metrics["curriculum/weight/medium|calculate+put"] == pytest.approx(0.1875 / 0.425, abs=1e-12)
 
 
+def test_start_all_tries_every_bucket_until_its_success_is_known():
+    stream = CurriculumStream(TASKS, batch_size=8, seed=0, floor=0.05, ema=0.5, start="all")
+    assert stream.p == {"easy|calculate": 0.5, "hard|calculate+get+put": 0.5, "medium|calculate+put": 0.5}
+    assert stream.weights() == pytest.approx({b: 1 / 3 for b in stream.p}, abs=1e-12)
+    # Hard tasks fail, medium ones all succeed: p_hard = 0.25, p_medium = 0.75, p_easy stays 0.5.
+    played = [traj("h0", "g0", 0.0), traj("h0", "g0", 0.0), traj("m0", "g1", 1.0, True), traj("m0", "g1", 1.0, True)]
+    stream.record(played, [TASKS[8], TASKS[4]], ["h0", "m0"])
+    # raw 0.25 : 0.1875 : 0.1875 of 0.625
+    assert stream.weights() == pytest.approx({"easy|calculate": 0.4, "hard|calculate+get+put": 0.3,
+                                              "medium|calculate+put": 0.3}, abs=1e-12)
+
+
 def test_every_task_of_a_bucket_is_served_once_per_pass_and_resume_is_exact():
     stream = CurriculumStream(TASKS, batch_size=4, seed=3)
     stream.p = {b: 0.5 if b.startswith("easy") else 0.0 for b in stream.p}
@@ -83,6 +95,8 @@ def test_bad_curriculum_settings_are_errors():
         CurriculumStream(TASKS, 4, floor=0.3)
     with pytest.raises(ValueError, match="empty"):
         CurriculumStream([], 4)
+    with pytest.raises(ValueError, match="start must be 'simplest' or 'all', got 'hardest'"):
+        CurriculumStream(TASKS, 4, start="hardest")
 
 
 # -- dynamic sampling -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ NLL loss on hand-computed numbers, and a few steps that lower it."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import RolloutConfig
 from grpo.rollout.scripted import ScriptedEngine
-from grpo.train.warmup import gold_script, nll_loss, warmup_step
+from grpo.config import config_from_dict
+from grpo.train.warmup import chain_length, gold_script, interleaved_by, nll_loss, warm_start, warmup_step
 
 TASK = Task.model_validate({
     "prompt": [{"role": "user", "content": "Compute 23 * 17. Store the result under the key \"alpha\"."}],
@@ -31,6 +33,26 @@ TASK = Task.model_validate({
             {"step": 2, "server": "kv", "tool": "put", "params": {"key": "alpha", "value": 391}, "uses": {"value": "{1}"}},
         ]}},
 })
+
+
+def test_balanced_batches_take_every_chain_length_in_turn():
+    # 1 one-call, 2 two-call and 5 four-call tasks, as (name, length) pairs.
+    tasks = [("a", 1), ("b1", 2), ("b2", 2)] + [(f"d{i}", 4) for i in range(5)]
+    stream = interleaved_by(tasks, key=lambda t: t[1], rng=random.Random(0))
+    drawn = [next(stream) for _ in range(12)]
+    assert [length for _, length in drawn] == [1, 2, 4] * 4
+    # Each group is a shuffled pass before it repeats: both two-call tasks in each pair of their
+    # turns, four different four-call tasks in the four turns of their pass of five.
+    assert {drawn[1][0], drawn[4][0]} == {"b1", "b2"} and {drawn[7][0], drawn[10][0]} == {"b1", "b2"}
+    assert len({name for name, _ in drawn[2::3]}) == 4
+    assert chain_length(TASK) == 2
+
+
+def test_one_group_is_a_shuffled_pass_like_the_unbalanced_warm_start():
+    tasks = list(range(7))
+    stream = interleaved_by(tasks, key=lambda _: 0, rng=random.Random("seed"))
+    reference = random.Random("seed")
+    assert [next(stream) for _ in range(14)] == reference.sample(tasks, 7) + reference.sample(tasks, 7)
 
 
 def test_the_gold_script_is_the_calls_then_the_answer():
@@ -88,3 +110,29 @@ def test_warmup_steps_lower_the_gold_nll(gold, tokenizer):
     losses = [warmup_step(policy, optimizer, gold.trajectories, micro_batch_size=2,
                           pad_token_id=tokenizer.pad_token_id, max_grad_norm=1.0)["warmup/loss"] for _ in range(4)]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < 0.8 * losses[0]
+
+
+def test_warm_start_reports_each_step_as_it_ends_on_balanced_batches(loop, tokenizer):
+    one_call = Task.model_validate({
+        "prompt": [{"role": "user", "content": "Compute 6 * 7."}],
+        "reward_spec": {"method": ["success"], "ground_truth": {
+            "task_id": "single-1", "complexity": "easy", "success": {"answer": 42, "must_call_tool": True},
+            "tool_sequence": [{"step": 1, "server": "calculator", "tool": "calculate",
+                               "params": {"expression": "6 * 7"}}]}},
+    })
+    config = config_from_dict({
+        "model": {"name_or_path": "tiny-random", "dtype": "float32"},
+        "environment": {"one_shot_example": False}, "rollout": {"max_total_tokens": 1024},
+        "train": {"warmup": {"steps": 3, "tasks_per_step": 2, "learning_rate": 1e-3}},
+    })
+    policy, _ = PolicyWithValueHead.from_config(config.model, LoraConfig(), "cpu", seed=0)
+    seen = []
+    with running_manager(loop, "calculator", "kv") as tools:
+        history = loop.run_until_complete(warm_start(
+            policy, tokenizer, tools, config, [TASK, TASK.model_copy(deep=True), one_call],
+            pad_token_id=tokenizer.pad_token_id, on_step=lambda m: seen.append(dict(m))))
+    assert seen == history and [m["warmup/step"] for m in seen] == [1.0, 2.0, 3.0]
+    # Every batch holds one task of each chain length (1 and 2 calls), all gold episodes succeed:
+    # 1-call gold turns + 2-call gold turns give the same number of trained tokens every step.
+    assert [m["warmup/gold_success"] for m in seen] == [1.0, 1.0, 1.0]
+    assert len({m["warmup/tokens"] for m in seen}) == 1

@@ -18,6 +18,9 @@ class WarmupConfig(Section):
     """Gold trajectories per warm-start step (training tasks, in the task stream's order)."""
     learning_rate: float = Field(default=2e-5, gt=0.0)
     """AdamW learning rate of the warm start (its own optimizer; GRPO's starts fresh after it)."""
+    balance: Literal["chain_length", "none"] = "chain_length"
+    """`chain_length`: each batch takes tasks of every gold chain length in turn; `none`: a
+    shuffled pass over the training tasks."""
 
 
 class CurriculumConfig(Section):
@@ -29,6 +32,10 @@ class CurriculumConfig(Section):
     """Least weight of a bucket before normalising (solved and hopeless buckets keep it)."""
     ema: float = Field(default=0.3, gt=0.0, le=1.0)
     """Weight of the newest step's success in a bucket's running success rate."""
+    start: Literal["simplest", "all"] = "simplest"
+    """Success assumed before a bucket is played: `simplest` (0.5 for the simplest complexity, 0
+    for the rest: start on one-call tasks) or `all` (0.5 everywhere: every bucket is tried, e.g.
+    after a warm start that already taught long chains)."""
 
 
 class DynamicSamplingConfig(Section):

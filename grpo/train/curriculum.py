@@ -6,7 +6,8 @@ episodes in each step, `ema` the weight of the newest). A bucket is drawn with p
 proportional to max(p (1 - p), floor): buckets the policy sometimes solves carry the most signal
 for GRPO, while solved (p = 1) and hopeless (p = 0) ones keep the floor. Before any episode the
 buckets of the simplest complexity present start at p = 0.5 and the others at 0, so training
-starts on one-call tasks and moves on as longer chains start to succeed. Within a bucket tasks are
+starts on one-call tasks and moves on as longer chains start to succeed; `start="all"` starts every
+bucket at 0.5 instead (each is tried until its own success is known). Within a bucket tasks are
 served in a seeded shuffled order, each once per pass. `state_dict` makes a resumed run serve
 exactly what an uninterrupted one would.
 """
@@ -40,13 +41,15 @@ class CurriculumStream:
     `record(trajectories)` after each step updates the buckets' success rates."""
 
     def __init__(self, tasks: Sequence[Any], batch_size: int, seed: int = 0, *, floor: float = 0.05,
-                 ema: float = 0.3):
+                 ema: float = 0.3, start: str = "simplest"):
         if not tasks:
             raise ValueError("the training dataset is empty")
         if not 0.0 < floor <= 0.25:
             raise ValueError(f"curriculum floor must lie in (0, 0.25], got {floor}")
         if not 0.0 < ema <= 1.0:
             raise ValueError(f"curriculum ema must lie in (0, 1], got {ema}")
+        if start not in ("simplest", "all"):
+            raise ValueError(f"curriculum start must be 'simplest' or 'all', got {start!r}")
         self.tasks = list(tasks)
         self.batch_size = batch_size
         self.floor, self.ema = floor, ema
@@ -55,7 +58,7 @@ class CurriculumStream:
             self.members[bucket_of(task)].append(index)
         levels = [b.split("|")[0] for b in self.members]
         simplest = min(levels, key=lambda c: COMPLEXITY_ORDER.index(c) if c in COMPLEXITY_ORDER else 99)
-        self.p = {b: (0.5 if b.split("|")[0] == simplest else 0.0) for b in sorted(self.members)}
+        self.p = {b: (0.5 if start == "all" or b.split("|")[0] == simplest else 0.0) for b in sorted(self.members)}
         self._bucket_by_task = {id(task): bucket_of(task) for task in self.tasks}
         self.rng = random.Random(f"mcp-grpo|curriculum|{seed}")
         self.orders = {b: self._shuffled(b) for b in self.p}

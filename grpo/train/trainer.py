@@ -96,7 +96,7 @@ class GRPOTrainer:
         log.info("data: %d training tasks, %d held-out tasks", len(self.train_tasks), len(self.val_tasks))
         curriculum = cfg.train.curriculum
         self.stream = (CurriculumStream(self.train_tasks, cfg.train.tasks_per_step, cfg.seed,
-                                        floor=curriculum.floor, ema=curriculum.ema)
+                                        floor=curriculum.floor, ema=curriculum.ema, start=curriculum.start)
                        if curriculum.enabled else
                        TaskStream(self.train_tasks, cfg.train.tasks_per_step, cfg.seed, cfg.data.shuffle))
 
@@ -313,12 +313,15 @@ class GRPOTrainer:
         """`train.warmup`: supervised steps on gold trajectories, then the engine and the
         reference follow the warmed-up policy."""
         cfg = self.config
-        for metrics in await warm_start(self.policy, self.tokenizer, tools, cfg, self.train_tasks,
-                                        pad_token_id=self.tokenizer.pad_token_id):
+
+        def report(metrics: dict[str, float]) -> None:
             log.info("warm start %d/%d: loss %.4f, gold success %.0f%% (%.0f s)", metrics["warmup/step"],
                      cfg.train.warmup.steps, metrics["warmup/loss"], 100 * metrics["warmup/gold_success"],
                      metrics["warmup/seconds"])
             self.logger.log(metrics, 0, console=False)  # the line above is its console line
+
+        await warm_start(self.policy, self.tokenizer, tools, cfg, self.train_tasks,
+                         pad_token_id=self.tokenizer.pad_token_id, on_step=report)
         self.engine.sync_weights(self.policy)
         if self.reference is not None:
             self.reference.copy_policy()

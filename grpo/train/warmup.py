@@ -6,6 +6,11 @@ are played through the ordinary collector with a `ScriptedEngine`, so the enviro
 calls on the real servers and the trajectories are token-exact exactly as rollouts are (chat
 template deltas, loss mask on the assistant tokens only). `warmup_step` minimises their
 negative log-likelihood (`nll_loss`, a token mean over the loss mask).
+
+Generated datasets hold far more long chains than short ones (calculator + kv: 65% four-call
+tasks), and gold scripts drawn uniformly teach a model to always make four calls. With
+`balance: chain_length` (`interleaved_by`) each batch takes tasks from every chain length in turn,
+so the warm start also shows when to stop.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +37,24 @@ def gold_script(task: Any, call_format: str = "auto") -> list[str]:
     answer = answer[0] if isinstance(answer, list) else answer
     turns = [format_tool_call(step.tool, step.params, call_format) for step in gt.tool_sequence]
     return turns + [f"<answer>{answer}</answer>"]
+
+
+def interleaved_by(tasks: Sequence[Any], key: Callable[[Any], Any], rng: random.Random) -> Iterator[Any]:
+    """Tasks forever, one from each `key` group in turn (groups in sorted key order); within a
+    group a seeded shuffled order, reshuffled when the group is used up."""
+    groups: dict[Any, list[Any]] = {}
+    for task in tasks:
+        groups.setdefault(key(task), []).append(task)
+    orders: dict[Any, list[Any]] = {k: [] for k in groups}
+    while True:
+        for k in sorted(groups):
+            if not orders[k]:
+                orders[k] = rng.sample(groups[k], len(groups[k]))
+            yield orders[k].pop(0)
+
+
+def chain_length(task: Any) -> int:
+    return len(task.reward_spec.ground_truth.tool_sequence)
 
 
 def nll_loss(policy_logprobs: torch.Tensor, loss_mask: torch.Tensor, denominator: float) -> torch.Tensor:
@@ -68,9 +91,11 @@ def warmup_step(policy, optimizer, trajectories: Sequence[Trajectory], *, micro_
 
 
 async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any], *,
-                     pad_token_id: int) -> list[dict[str, float]]:
+                     pad_token_id: int,
+                     on_step: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """`config.train.warmup.steps` supervised steps on gold trajectories of training tasks (a seeded
-    sample, `tasks_per_step` each), with their own AdamW; one metrics dict per step."""
+    sample, `tasks_per_step` each, balanced by chain length unless `balance: none`), with their own
+    AdamW; one metrics dict per step, each also handed to `on_step` as soon as its step is done."""
     warmup = config.train.warmup
     scripts = {}
     usable = [t for t in train_tasks if t.reward_spec.ground_truth.tool_sequence]
@@ -82,12 +107,10 @@ async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any
                                     config.environment, config.rollout)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=warmup.learning_rate)
     rng = random.Random(f"mcp-grpo|warmup|{config.seed}")
-    order: list[Any] = []
+    stream = interleaved_by(usable, chain_length if warmup.balance == "chain_length" else (lambda _: 0), rng)
     history = []
     for step in range(1, warmup.steps + 1):
-        if len(order) < warmup.tasks_per_step:
-            order += rng.sample(usable, len(usable))
-        batch, order = order[: warmup.tasks_per_step], order[warmup.tasks_per_step:]
+        batch = [next(stream) for _ in range(warmup.tasks_per_step)]
         collected = await collector.collect(batch, 1, temperature=0.0, seed=config.seed, step=-1 - step)
         if not collected.trajectories:
             raise RuntimeError(f"warm start step {step}: every gold episode failed "
@@ -98,4 +121,6 @@ async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any
         metrics["warmup/step"] = float(step)
         metrics["warmup/gold_success"] = sum(t.success for t in collected.trajectories) / len(batch)
         history.append(metrics)
+        if on_step is not None:
+            on_step(metrics)
     return history
