@@ -15,13 +15,20 @@ from environments.config import EnvironmentConfig
 from environments.tasks.schema import Task
 from grpo.collect import chat_tokens
 from grpo.collect.collector import TrajectoryCollector
+from grpo.config import config_from_dict
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import RolloutConfig
 from grpo.rollout.scripted import ScriptedEngine
-from grpo.config import config_from_dict
-from grpo.train.warmup import chain_length, gold_script, interleaved_by, nll_loss, warm_start, warmup_step
+from grpo.train.warmup import (
+    chain_length,
+    gold_script,
+    interleaved_by,
+    nll_loss,
+    warm_start,
+    warmup_step,
+)
 
 TASK = Task.model_validate({
     "prompt": [{"role": "user", "content": "Compute 23 * 17. Store the result under the key \"alpha\"."}],
