@@ -4,10 +4,10 @@
   "What is A * B? Answer with the number only." x G=4, at most 48 new tokens (stopping at the
   end-of-turn token), temperature 1, one PPO epoch, KL beta 0.01 against the EMA reference,
   learning rate 1e-6, fp32 weights, full fine-tuning. Each step is timed as rollout (HF engine),
-  update (grpo/update.py `train_step`, of which the reference forward) and the weight push to the
-  engine. The reward is graded (closeness of the first number written to the product), so groups
-  rarely have zero variance: the update's zero-advantage skip hardly shortcuts the work (the
-  report gives the share of sequences skipped).
+  update (grpo/algorithm/update.py `train_step`, of which the reference forward) and the weight
+  push to the engine. The reward is graded (closeness of the first number written to the
+  product), so groups rarely have zero variance: the update's zero-advantage skip hardly
+  shortcuts the work (the report gives the share of sequences skipped).
 - `multi_turn_step(...)`: `configs/cpu.yaml` (calculator MCP server, 8 tasks x G=4) through the
   real trainer: seconds per step and the share spent generating, waiting on tools and updating.
 """

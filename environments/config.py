@@ -18,7 +18,7 @@ class _Section(BaseModel):
 
 
 class BFCLEnvConfig(_Section):
-    """How the `bfcl` environment plays BFCL multi-turn tasks (environments/bfcl.py)."""
+    """How the `bfcl` environment plays BFCL multi-turn tasks (environments/bfcl/env.py)."""
 
     reward: Literal["official", "turn_credit"] = "official"
     """`official`: 1 at the end when the official checker passes the whole episode, else 0.

@@ -9,9 +9,10 @@ CONFIG [dotted.key=value ...]`.
                                                        # plain DDP, no DeepSpeed
 
 Each rank plays `train.tasks_per_step / W` tasks (whole groups); gradients are averaged by DDP or
-ZeRO-3; rank 0 writes logs, metrics, checkpoints and the final model (grpo/distributed_trainer.py).
+ZeRO-3; rank 0 writes logs, metrics, checkpoints and the final model (grpo/distributed/trainer.py).
 `--check-gradients OUT.json` runs no training: it compares the gradient of one fixed batch split
-over the ranks with the gradient of one process holding all of it (launch/distributed_check.py).
+over the ranks with the gradient of one process holding all of it
+(grpo/distributed/gradient_check.py).
 """
 
 from __future__ import annotations

@@ -63,6 +63,13 @@ def running_manager(loop, *servers: str, **tools_options) -> Iterator[SharedTool
         loop.run_until_complete(manager.close())
 
 
+@pytest.fixture(scope="module")
+def calculator_tools(loop):
+    """A started SharedToolManager over the bundled calculator server, one per test module."""
+    with running_manager(loop, "calculator") as manager:
+        yield manager
+
+
 def mask_runs(mask: list[int]) -> list[tuple[int, int]]:
     """(start, end) of each maximal run of 1s in a loss mask."""
     runs, start = [], None

@@ -1,4 +1,4 @@
-"""grpo/advantages.py against hand-computed numbers (fp32, CPU, atol 1e-6)."""
+"""grpo/algorithm/advantages.py against hand-computed numbers (fp32, CPU, atol 1e-6)."""
 
 from __future__ import annotations
 

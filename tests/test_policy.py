@@ -332,7 +332,7 @@ def test_no_value_head_refuses_values():
         policy(input_ids, attention_mask, with_values=True)
 
 
-# ----- grpo/devices.py ---------------------------------------------------------------------------
+# ----- grpo/models/devices.py ---------------------------------------------------------------------
 
 
 def test_resolve_device_and_dtypes():

@@ -1,4 +1,7 @@
-"""train_step on the tiny model: the whole update path, with hand-built trajectories."""
+"""train_step on the tiny model: the whole update path, with hand-built trajectories.
+
+Against the engine's log-probs (mismatch figures, the step-0 check, behaviour correction,
+nucleus sampling refused): tests/test_update_engine_mismatch.py."""
 
 from __future__ import annotations
 
@@ -6,69 +9,26 @@ import math
 
 import pytest
 import torch
+from update_helpers import (
+    adam,
+    drift,
+    make_policy,
+    make_settings,
+    make_trajectories,
+    sgd,
+    snapshot,
+    weight_delta,
+)
 
 from grpo.algorithm import update as update_module
 from grpo.algorithm.advantages import grpo_advantages
-from grpo.algorithm.batching import micro_batches
-from grpo.algorithm.config import AlgorithmConfig, OptimizerConfig, ReferenceConfig
-from grpo.algorithm.correction import CorrectionSettings
-from grpo.algorithm.loss import LossSettings, kl_per_token
+from grpo.algorithm.config import OptimizerConfig, ReferenceConfig
+from grpo.algorithm.loss import kl_per_token
 from grpo.algorithm.reference import make_reference
-from grpo.algorithm.update import (
-    LogprobMismatchError,
-    NonFiniteLossError,
-    UpdateSettings,
-    make_grad_scaler,
-    make_scheduler,
-    train_step,
-)
-from grpo.config import load_config
+from grpo.algorithm.update import NonFiniteLossError, make_grad_scaler, make_scheduler, train_step
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.trajectory import Trajectory
-
-
-def _policy(value_head: bool = True) -> PolicyWithValueHead:
-    policy, _ = PolicyWithValueHead.from_config(
-        ModelConfig(name_or_path="tiny-random", dtype="float32", value_head=value_head),
-        LoraConfig(),
-        device="cpu",
-        seed=0,
-    )
-    return policy
-
-
-def _trajectories(policy, rewards: list[list[float]], seed: int = 0) -> list[Trajectory]:
-    """Groups of random sequences: a prompt, a sampled turn, an observation, a second turn.
-    behavior_logprobs are the policy's own, as an exact fp32 engine would report them."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for g, group in enumerate(rewards):
-        for j, reward in enumerate(group):
-            prompt, turn1, obs, turn2 = (int(torch.randint(3, 9, (1,), generator=gen)) for _ in range(4))
-            ids = torch.randint(100, 5000, (prompt + turn1 + obs + turn2,), generator=gen).tolist()
-            mask = [0] * prompt + [1] * turn1 + [0] * obs + [1] * turn2
-            with torch.no_grad():
-                lp = policy(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)).logprobs[0]
-            behavior = [0.0] + [float(lp[i - 1]) if mask[i] else 0.0 for i in range(1, len(ids))]
-            out.append(Trajectory(task_id=f"t{g}", group_id=f"g{g}", token_ids=ids, loss_mask=mask,
-                                  behavior_logprobs=behavior, prompt_length=prompt, reward=reward))
-    return out
-
-
-def _settings(*, loss=None, advantage="grpo", skip_zero_advantage=True, correction=None,
-              **schedule) -> UpdateSettings:
-    schedule.setdefault("micro_batch_size", 4)
-    return UpdateSettings(loss=LossSettings(**(loss or {})),
-                          advantage=AlgorithmConfig(advantage=advantage).advantage,
-                          schedule=OptimizerConfig(**schedule), skip_zero_advantage=skip_zero_advantage,
-                          correction=CorrectionSettings(**(correction or {})))
-
-
-def _sgd(policy):
-    """lr 1: the update is minus the gradient, so a prediction about the gradient is exact."""
-    opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
-    return opt, make_scheduler(opt, OptimizerConfig())
 
 
 def _row_logprobs(policy, t: Trajectory) -> torch.Tensor:
@@ -77,91 +37,38 @@ def _row_logprobs(policy, t: Trajectory) -> torch.Tensor:
     return torch.where(torch.tensor(t.loss_mask[1:], dtype=torch.bool), lp, 0.0)
 
 
-def _shift_engine(trajs, shift: float) -> None:
-    """The engine reports every sampled token's log-prob `shift` nats higher than it is."""
-    for t in trajs:
-        t.behavior_logprobs = [lp + shift if m else lp for lp, m in zip(t.behavior_logprobs, t.loss_mask)]
-
-
-def _adam(policy, lr=1e-3):
-    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
-    return opt, make_scheduler(opt, OptimizerConfig(warmup_steps=0))
-
-
-def _snapshot(policy):
-    return [p.detach().clone() for p in policy.trainable_parameters()]
-
-
 def test_on_policy_ratio_against_the_scoring_pass_is_one_and_the_update_is_the_policy_gradient():
     """Old log-probs from the separate no-grad scoring pass (eval mode, other batch shapes), so a
     ratio of 1 is measured, not built in; and the update equals the hand-built policy gradient
     -sum_i A_i sum_t grad log pi / N (token_mean, ratio 1, weights 1 with an exact engine)."""
-    policy = _policy(value_head=False)
+    policy = make_policy(value_head=False)
     rewards = [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]]
-    trajs = _trajectories(policy, rewards)
+    trajs = make_trajectories(policy, rewards)
     advantages = grpo_advantages(torch.tensor(rewards)).flatten()  # [8], rows in group order
-    copy = _policy(value_head=False)  # the same weights (seed 0)
+    copy = make_policy(value_head=False)  # the same weights (seed 0)
     surrogate = sum(a * _row_logprobs(copy, t).sum() for a, t in zip(advantages, trajs))
     tokens = sum(sum(t.loss_mask[1:]) for t in trajs)
     expected = torch.autograd.grad(-surrogate / tokens, copy.trainable_parameters())
-    before = _snapshot(policy)
-    opt, sched = _sgd(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}, max_grad_norm=1e9),
+    before = snapshot(policy)
+    opt, sched = sgd(policy)
+    stats = train_step(policy, None, opt, sched, trajs, make_settings(loss={"kl": "off"}, max_grad_norm=1e9),
                        check_logprobs=True)
     assert stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert stats["train/ratio_std"] < 1e-6
     assert stats["train/clip_frac"] == 0.0 and stats["train/logprob_mismatch"] < 1e-5
     assert stats["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-6)
     assert all(math.isfinite(v) for v in stats.values())
-    for grad, old, new in zip(expected, before, _snapshot(policy), strict=True):
+    for grad, old, new in zip(expected, before, snapshot(policy), strict=True):
         torch.testing.assert_close(old - new, grad, atol=1e-6, rtol=1e-4)
     assert max(float(g.abs().max()) for g in expected) > 1e-3
 
 
-@pytest.mark.parametrize("check", [False, True])
-def test_mismatch_distribution_reports_mean_median_p99_and_max(check):
-    """Engine log-probs offset by 0.01 on every sampled token but one, which is off by 0.3:
-    the no-grad pass (step-0 check) and the first forward (no pass) report the same figures."""
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 0.0], [0.0, 1.0]])
-    first = True
-    for t in trajs:
-        shifted = []
-        for lp, m in zip(t.behavior_logprobs, t.loss_mask):
-            offset = (0.3 if first else 0.01) if m else 0.0
-            first = first and not m
-            shifted.append(lp + offset)
-        t.behavior_logprobs = shifted
-    n = sum(sum(t.loss_mask[1:]) for t in trajs)
-    opt, sched = _adam(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}),
-                       check_logprobs=check)
-    assert stats["train/logprob_mismatch"] == pytest.approx((0.3 + 0.01 * (n - 1)) / n, abs=1e-5)
-    assert stats["train/logprob_mismatch_p50"] == pytest.approx(0.01, abs=1e-5)
-    assert stats["train/logprob_mismatch_max"] == pytest.approx(0.3, abs=1e-5)
-    # p99 interpolates between the two largest of n values: 0.01 + frac * 0.29
-    frac = 0.99 * (n - 1) - math.floor(0.99 * (n - 1))
-    assert stats["train/logprob_mismatch_p99"] == pytest.approx(0.01 + frac * 0.29, abs=1e-4)
-
-
-def test_step0_check_refuses_mismatched_engine_logprobs_and_leaves_weights_alone():
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 0.0]])
-    for t in trajs:
-        t.behavior_logprobs = [lp - 0.5 if m else 0.0 for lp, m in zip(t.behavior_logprobs, t.loss_mask)]
-    before = _snapshot(policy)
-    opt, sched = _adam(policy)
-    with pytest.raises(LogprobMismatchError, match=r"mean \|trainer - engine\| log-prob .* 0\.5000"):
-        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}), check_logprobs=True)
-    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
-
-
 def test_zero_variance_groups_give_no_policy_gradient():
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 1.0], [0.0, 0.0]])
-    opt, sched = _adam(policy)
+    policy = make_policy(value_head=False)
+    trajs = make_trajectories(policy, [[1.0, 1.0], [0.0, 0.0]])
+    opt, sched = adam(policy)
     stats = train_step(policy, None, opt, sched, trajs,
-                       _settings(loss={"kl": "off"}, skip_zero_advantage=False))
+                       make_settings(loss={"kl": "off"}, skip_zero_advantage=False))
     assert stats["train/zero_variance_groups"] == 1.0
     assert stats["train/grad_norm"] == 0.0
     assert stats["train/policy_loss"] == 0.0
@@ -172,50 +79,50 @@ def test_zero_advantage_sequences_are_skipped_without_changing_the_update():
     # because the denominator still counts its tokens.
     results = []
     for skip in (False, True):
-        policy = _policy(value_head=False)
-        trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+        policy = make_policy(value_head=False)
+        trajs = make_trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
         opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
         stats = train_step(policy, None, opt, make_scheduler(opt, OptimizerConfig()), trajs,
-                           _settings(loss={"kl": "off"}, skip_zero_advantage=skip))
+                           make_settings(loss={"kl": "off"}, skip_zero_advantage=skip))
         assert stats["train/skipped_sequences"] == (0.5 if skip else 0.0)
-        results.append(_snapshot(policy))
+        results.append(snapshot(policy))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
 def test_all_zero_advantages_skip_the_optimizer_step():
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[0.0, 0.0], [1.0, 1.0]])
-    before = _snapshot(policy)
-    opt, sched = _adam(policy)
-    stats = train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}))
+    policy = make_policy(value_head=False)
+    trajs = make_trajectories(policy, [[0.0, 0.0], [1.0, 1.0]])
+    before = snapshot(policy)
+    opt, sched = adam(policy)
+    stats = train_step(policy, None, opt, sched, trajs, make_settings(loss={"kl": "off"}))
     assert stats["train/skipped_sequences"] == 1.0 and stats["train/optimizer_steps"] == 0.0
-    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(policy)))
 
 
 def test_micro_batch_size_does_not_change_the_gradient():
     # SGD: the update is lr * gradient, so any error in the accumulation denominator shows.
     results = []
     for micro in (1, 3, 8):
-        policy = _policy(value_head=False)
-        trajs = _trajectories(policy, [[1.0, 0.0, 0.5, 0.0], [0.2, 1.0, 0.0, 0.0]])
+        policy = make_policy(value_head=False)
+        trajs = make_trajectories(policy, [[1.0, 0.0, 0.5, 0.0], [0.2, 1.0, 0.0, 0.0]])
         opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
         sched = make_scheduler(opt, OptimizerConfig())
         train_step(policy, None, opt, sched, trajs,
-                   _settings(loss={"kl": "off", "loss_agg": "seq_mean_token_mean"}, micro_batch_size=micro))
-        results.append(_snapshot(policy))
+                   make_settings(loss={"kl": "off", "loss_agg": "seq_mean_token_mean"}, micro_batch_size=micro))
+        results.append(snapshot(policy))
     for other in results[1:]:
         for a, b in zip(results[0], other):
             torch.testing.assert_close(a, b, atol=2e-6, rtol=0)
 
 
 def test_several_epochs_move_ratios_and_report_kl_to_reference():
-    policy = _policy(value_head=False)
+    policy = make_policy(value_head=False)
     reference = make_reference(policy, ReferenceConfig(ema_decay=1.0, update_every=1))
-    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
-    opt, sched = _adam(policy, lr=3e-3)
-    settings = _settings(loss={"kl_coef": 0.1, "clip_low": 0.1, "clip_high": 0.1}, ppo_epochs=3,
-                         num_minibatches=2)
+    trajs = make_trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    opt, sched = adam(policy, lr=3e-3)
+    settings = make_settings(loss={"kl_coef": 0.1, "clip_low": 0.1, "clip_high": 0.1}, ppo_epochs=3,
+                             num_minibatches=2)
     stats = train_step(policy, reference, opt, sched, trajs, settings)
     assert stats["train/ratio_std"] > 1e-4  # the policy moved between minibatches
     assert stats["train/kl_ref"] > 0.0  # and away from the frozen reference
@@ -227,42 +134,34 @@ def test_gae_losses_have_the_predicted_values_and_the_head_moves_toward_the_retu
     # The head starts at 0, so with the default gamma = lam = 1 every sampled token's return and
     # advantage is its episode's reward r_i: value loss 0.5 sum_i n_i r_i^2 / N, policy loss
     # -sum_i n_i r_i / N (ratio 1); the clipped value branch equals the unclipped one at V = V_old.
-    policy = _policy(value_head=True)
+    policy = make_policy(value_head=True)
     rewards = [1.0, 0.0, 0.0, 0.5]
-    trajs = _trajectories(policy, [rewards[:2], rewards[2:]])
+    trajs = make_trajectories(policy, [rewards[:2], rewards[2:]])
     n = [sum(t.loss_mask[1:]) for t in trajs]
-    opt, sched = _adam(policy)
-    settings = _settings(loss={"kl": "off"}, advantage="gae")
+    opt, sched = adam(policy)
+    settings = make_settings(loss={"kl": "off"}, advantage="gae")
     stats = train_step(policy, None, opt, sched, trajs, settings)
     assert stats["train/value_loss"] == pytest.approx(0.5 * sum(k * r * r for k, r in zip(n, rewards)) / sum(n), abs=1e-6)
     assert stats["train/policy_loss"] == pytest.approx(-sum(k * r for k, r in zip(n, rewards)) / sum(n), abs=1e-5)
-    again = train_step(policy, None, *_adam(policy, lr=0.0), trajs, settings)  # lr 0: only measures
+    again = train_step(policy, None, *adam(policy, lr=0.0), trajs, settings)  # lr 0: only measures
     assert again["train/value_loss"] < stats["train/value_loss"] - 1e-4
 
 
 def test_non_finite_reward_skips_the_update():
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[float("nan"), 0.0]])
-    before = _snapshot(policy)
-    opt, sched = _adam(policy)
+    policy = make_policy(value_head=False)
+    trajs = make_trajectories(policy, [[float("nan"), 0.0]])
+    before = snapshot(policy)
+    opt, sched = adam(policy)
     with pytest.raises(NonFiniteLossError):
-        train_step(policy, None, opt, sched, trajs, _settings(loss={"kl": "off"}))
-    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy)))
-
-
-def _drift(policy, scale: float = 0.05, seed: int = 0) -> None:
-    """Move the policy away from a reference built before (seeded)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in policy.trainable_parameters():
-            p.add_(scale * torch.randn(p.shape, generator=gen))
+        train_step(policy, None, opt, sched, trajs, make_settings(loss={"kl": "off"}))
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(policy)))
 
 
 def test_kl_in_reward_lowers_the_reward_of_the_sequence_that_drifted():
-    policy = _policy(value_head=False)
+    policy = make_policy(value_head=False)
     reference = make_reference(policy, ReferenceConfig(ema_decay=1.0))
-    _drift(policy)
-    trajs = _trajectories(policy, [[1.0, 1.0]])
+    drift(policy)
+    trajs = make_trajectories(policy, [[1.0, 1.0]])
     # By hand: reward_i - kl_coef * sum_t k1(old, ref), then GRPO over the pair; with ratio 1 the
     # policy loss is -sum_i A_i n_i / N.
     with torch.no_grad():
@@ -270,83 +169,13 @@ def test_kl_in_reward_lowers_the_reward_of_the_sequence_that_drifted():
                      for t in trajs]
     advantages = grpo_advantages(torch.tensor([[1.0 - p for p in penalties]]))[0]
     n = [sum(t.loss_mask[1:]) for t in trajs]
-    opt, sched = _adam(policy)
+    opt, sched = adam(policy)
     stats = train_step(policy, reference, opt, sched, trajs,
-                       _settings(loss={"kl_coef": 1.0, "kl": "reward", "kl_estimator": "k1"}))
+                       make_settings(loss={"kl_coef": 1.0, "kl": "reward", "kl_estimator": "k1"}))
     assert abs(penalties[0] - penalties[1]) > 0.05  # the two sequences drifted by different amounts
     assert float(advantages[penalties.index(max(penalties))]) < -0.99  # the one that drifted more
     assert stats["train/policy_loss"] == pytest.approx(-float(advantages @ torch.tensor(n, dtype=torch.float)) / sum(n), abs=1e-5)
     assert "train/kl_loss" not in stats and stats["train/skipped_sequences"] == 0.0
-
-
-# ----- behaviour correction (issue 14, item 1) --------------------------------------------------
-def _delta(policy, before):
-    return [a - b for a, b in zip(_snapshot(policy), before, strict=True)]
-
-
-def _update_with_engine_shift(shift: float, correction=None):
-    """The weight change of one SGD step (lr 1, no clipping) on a fixed batch whose engine
-    log-probs are off by `shift` nats, and the step's stats."""
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 1.0]])
-    _shift_engine(trajs, shift)
-    before = _snapshot(policy)
-    opt, sched = _sgd(policy)
-    stats = train_step(policy, None, opt, sched, trajs,
-                       _settings(loss={"kl": "off"}, correction=correction, max_grad_norm=1e9))
-    return _delta(policy, before), stats
-
-
-@pytest.mark.parametrize(("shift", "correction", "factor"), [
-    (0.3, None, math.exp(-0.3)),  # default tis: rho = e^-0.3 on every token, k3 0.041 < 0.05
-    (-0.25, None, math.exp(0.25)),  # rho = e^0.25 = 1.28 < C = 2, k3 0.034
-    (-0.8, {"max_sequence_kl": None}, 2.0),  # rho = 2.23 truncated to C = 2
-    (-0.8, {"mode": "mis", "max_sequence_kl": None}, 0.0),  # rho > C: every token masked
-    (-0.8, None, 0.0),  # default: k3 = 0.43 per token > 0.05, every sequence rejected
-    (0.7, {"mode": "off"}, 1.0),  # off: the engine's log-probs do not enter the update
-])
-def test_shifted_engine_logprobs_change_the_update_exactly_as_predicted(shift, correction, factor):
-    """Every token gets the same weight w, so the SGD update is w times the exact engine's."""
-    exact, _ = _update_with_engine_shift(0.0)
-    shifted, stats = _update_with_engine_shift(shift, correction)
-    assert max(float(d.abs().max()) for d in exact) > 1e-3
-    for a, b in zip(shifted, exact, strict=True):
-        # atol: a few ulps of the weights themselves (a delta is a difference of two weights).
-        torch.testing.assert_close(a, factor * b, atol=3e-7, rtol=1e-5)
-    assert stats["train/mismatch_kl"] == pytest.approx(math.exp(-shift) - 1 + shift, rel=1e-4)
-    if correction != {"mode": "off"}:
-        weight = 0.0 if factor == 0 else min(math.exp(-shift), 2.0)
-        assert stats["train/is_weight_mean"] == pytest.approx(weight, rel=1e-5)
-        assert stats["train/is_clip_frac"] == (1.0 if math.exp(-shift) > 2 else 0.0)
-        assert stats["train/is_rejected_frac"] == (1.0 if correction is None and shift == -0.8 else 0.0)
-
-
-def test_correction_off_reproduces_the_uncorrected_update_bit_for_bit():
-    """`off` ignores the engine's log-probs bit for bit; and with an engine that reports exactly
-    the trainer's log-probs, `tis` (every weight exactly 1) gives the same bits as `off`."""
-    results = {}
-    for name, shift, mode in [("off", 0.0, "off"), ("off_shifted", 0.7, "off"), ("tis_exact", 0.0, "tis")]:
-        policy = _policy(value_head=False)
-        reference = make_reference(policy, ReferenceConfig(ema_decay=1.0))
-        _drift(policy, 0.02)
-        trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 1.0]])
-        settings = _settings(loss={"kl_coef": 0.1}, correction={"mode": mode}, micro_batch_size=8)
-        if mode == "tis":  # the engine reports what the training forward will compute, bit for bit
-            (mb,) = micro_batches(trajs, list(range(8)), 8, 0, "cpu")
-            with torch.no_grad():
-                lp = policy(mb.input_ids, mb.attention_mask, positions=mb.loss_mask).logprobs
-            for r, i in enumerate(mb.index.tolist()):
-                row = lp[r, : len(trajs[i].token_ids) - 1].tolist()
-                trajs[i].behavior_logprobs = [0.0] + [v if m else 0.0 for v, m in zip(row, trajs[i].loss_mask[1:])]
-        _shift_engine(trajs, shift)
-        opt, sched = _adam(policy)
-        stats = train_step(policy, reference, opt, sched, trajs, settings)
-        results[name] = (_snapshot(policy), stats["train/loss"])
-        if mode == "tis":
-            assert stats["train/is_weight_mean"] == 1.0 and stats["train/mismatch_kl"] == 0.0
-    for name in ("off_shifted", "tis_exact"):
-        assert results[name][1] == results["off"][1]
-        assert all(torch.equal(a, b) for a, b in zip(results[name][0], results["off"][0], strict=True))
 
 
 # ----- one objective for every parallelism (item 3) -----------------------------------------------
@@ -355,15 +184,15 @@ def test_zero_advantage_rows_keep_their_kl_gradient_under_the_default_config():
     not skipped, and skipping on (one process) or off (data-parallel ranks) is the same update."""
     results = []
     for skip in (True, False):
-        policy = _policy(value_head=False)
+        policy = make_policy(value_head=False)
         reference = make_reference(policy, ReferenceConfig(ema_decay=1.0))
-        _drift(policy)
-        trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
-        opt, sched = _sgd(policy)
+        drift(policy)
+        trajs = make_trajectories(policy, [[1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+        opt, sched = sgd(policy)
         stats = train_step(policy, reference, opt, sched, trajs,
-                           _settings(loss={"kl_coef": 0.1}, skip_zero_advantage=skip, max_grad_norm=1e9))
+                           make_settings(loss={"kl_coef": 0.1}, skip_zero_advantage=skip, max_grad_norm=1e9))
         assert stats["train/skipped_sequences"] == 0.0
-        results.append((_snapshot(policy), stats["train/kl_loss"]))
+        results.append((snapshot(policy), stats["train/kl_loss"]))
     assert results[0][1] == pytest.approx(results[1][1], abs=1e-7)
     for a, b in zip(results[0][0], results[1][0], strict=True):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
@@ -371,10 +200,10 @@ def test_zero_advantage_rows_keep_their_kl_gradient_under_the_default_config():
 
 # ----- all or nothing (item 6) --------------------------------------------------------------------
 def test_a_non_finite_loss_in_a_later_minibatch_undoes_the_whole_update():
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
-    settings = _settings(loss={"kl": "off"}, ppo_epochs=2, num_minibatches=2, micro_batch_size=8)
-    opt, sched = _adam(policy)
+    policy = make_policy(value_head=False)
+    trajs = make_trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    settings = make_settings(loss={"kl": "off"}, ppo_epochs=2, num_minibatches=2, micro_batch_size=8)
+    opt, sched = adam(policy)
     train_step(policy, None, opt, sched, trajs, settings)  # a clean update: Adam has state now
     forward, calls = policy.forward, []
 
@@ -387,12 +216,12 @@ def test_a_non_finite_loss_in_a_later_minibatch_undoes_the_whole_update():
         return out
 
     policy.forward = third_forward_is_nan
-    before, lr_before = _snapshot(policy), sched.get_last_lr()
+    before, lr_before = snapshot(policy), sched.get_last_lr()
     adam_before = {k: {n: v.clone() for n, v in state.items()} for k, state in opt.state_dict()["state"].items()}
     with pytest.raises(NonFiniteLossError):
         train_step(policy, None, opt, sched, trajs, settings)
     assert len(calls) == 3
-    assert all(torch.equal(a, b) for a, b in zip(before, _snapshot(policy), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(policy), strict=True))
     adam_after = opt.state_dict()["state"]
     assert adam_after.keys() == adam_before.keys()
     assert all(torch.equal(adam_after[k][n], v) for k, state in adam_before.items() for n, v in state.items())
@@ -409,15 +238,15 @@ def test_lora_dropout_puts_no_noise_into_the_first_ratio():
             if "lora_B" in name:
                 p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
     policy.eval()  # the engine samples without dropout
-    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0]])
-    stats = train_step(policy, None, *_adam(policy), trajs, _settings(loss={"kl": "off"}), check_logprobs=True)
+    trajs = make_trajectories(policy, [[1.0, 0.0, 0.0, 1.0]])
+    stats = train_step(policy, None, *adam(policy), trajs, make_settings(loss={"kl": "off"}), check_logprobs=True)
     assert stats["train/ratio_std"] < 1e-6 and stats["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert stats["train/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_entropy_is_computed_only_when_its_coefficient_needs_it():
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0]])
+    policy = make_policy(value_head=False)
+    trajs = make_trajectories(policy, [[1.0, 0.0, 0.0, 1.0]])
     forward, asked = policy.forward, []
 
     def spy(*args, **kwargs):
@@ -428,11 +257,11 @@ def test_entropy_is_computed_only_when_its_coefficient_needs_it():
     with torch.no_grad():
         lps = torch.cat([_row_logprobs(policy, t)[torch.tensor(t.loss_mask[1:], dtype=torch.bool)] for t in trajs])
     policy.forward = spy
-    stats = train_step(policy, None, *_adam(policy), trajs, _settings(loss={"kl": "off"}))
+    stats = train_step(policy, None, *adam(policy), trajs, make_settings(loss={"kl": "off"}))
     assert asked == [False] and "train/entropy" not in stats
     assert stats["train/entropy_estimate"] == pytest.approx(float(-lps.mean()), abs=1e-5)
     asked.clear()
-    stats = train_step(policy, None, *_adam(policy), trajs, _settings(loss={"kl": "off", "entropy_coef": 0.01}))
+    stats = train_step(policy, None, *adam(policy), trajs, make_settings(loss={"kl": "off", "entropy_coef": 0.01}))
     assert asked == [True] and stats["train/entropy"] > 0
 
 
@@ -444,10 +273,10 @@ def test_every_step_draws_its_own_minibatch_order(monkeypatch):
         seen.append(sorted(rows))
         return original(trajectories, rows, *args, **kwargs)
 
-    policy = _policy(value_head=False)
-    trajs = _trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
-    settings = _settings(loss={"kl": "off"}, num_minibatches=2, micro_batch_size=8)
-    opt, sched = _adam(policy)
+    policy = make_policy(value_head=False)
+    trajs = make_trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    settings = make_settings(loss={"kl": "off"}, num_minibatches=2, micro_batch_size=8)
+    opt, sched = adam(policy)
     monkeypatch.setattr(update_module, "micro_batches", spy)
     orders = []
     for _ in range(4):  # the same batch size every step, as in a run
@@ -457,7 +286,7 @@ def test_every_step_draws_its_own_minibatch_order(monkeypatch):
     assert len(set(orders)) > 1  # was: one fixed permutation for every step of equal size
 
 
-# ----- fp16 loss scaling (item 2), nucleus sampling (item 7) --------------------------------------
+# ----- fp16 loss scaling (item 2) -----------------------------------------------------------------
 def _fp16_and_fp32_updates(**scaler_kwargs):
     """One SGD step of an fp16-compute and an fp32 policy (same weights) on advantages of 5e-5:
     gradients small enough that fp16 activations' gradients flush to zero unscaled."""
@@ -465,16 +294,16 @@ def _fp16_and_fp32_updates(**scaler_kwargs):
     for dtype in ("float16", "float32"):
         policy, _ = PolicyWithValueHead.from_config(
             ModelConfig(name_or_path="tiny-random", dtype=dtype, value_head=False), LoraConfig(), device="cpu", seed=0)
-        trajs = _trajectories(_policy(value_head=False), [[1e-4, 0.0, 0.0, 1e-4]])
+        trajs = make_trajectories(make_policy(value_head=False), [[1e-4, 0.0, 0.0, 1e-4]])
         scaler = make_grad_scaler(policy)
         assert (scaler is not None) == (dtype == "float16")
         if scaler is not None and scaler_kwargs:
             scaler = torch.amp.GradScaler("cpu", **scaler_kwargs)
-        before = _snapshot(policy)
-        opt, sched = _sgd(policy)
-        stats.append(train_step(policy, None, opt, sched, trajs, _settings(
+        before = snapshot(policy)
+        opt, sched = sgd(policy)
+        stats.append(train_step(policy, None, opt, sched, trajs, make_settings(
             loss={"kl": "off"}, advantage={"estimator": "dr_grpo"}, max_grad_norm=1e9), scaler=scaler))
-        deltas.append(_delta(policy, before))
+        deltas.append(weight_delta(policy, before))
     return deltas, stats
 
 
@@ -491,10 +320,3 @@ def test_an_fp16_overflow_skips_that_step_and_is_counted_not_raised():
     (fp16, _), (stats, _) = _fp16_and_fp32_updates(init_scale=2.0**120)  # overflows to inf
     assert stats["train/scaler_skipped_steps"] == 1.0 and stats["train/optimizer_steps"] == 0.0
     assert all(float(d.abs().max()) == 0.0 for d in fp16)
-
-
-def test_nucleus_sampling_is_refused_for_training():
-    with pytest.raises(ValueError, match=r"rollout.top_p=0.9 < 1.*rollout.top_p: 1.0"):
-        UpdateSettings.from_config(load_config(None, ["rollout.top_p=0.9"]))
-    settings = UpdateSettings.from_config(load_config(None, []))
-    assert settings.correction == CorrectionSettings("tis", 2.0, 0.05)

@@ -1,8 +1,8 @@
 """Data parallelism under `accelerate launch`: the pieces between GRPOTrainer and DDP / ZeRO-3.
 
 Every rank plays its own whole groups, computes advantages within them and runs the unchanged
-`train_step` (grpo/update.py) on them; DDP or DeepSpeed ZeRO-3 averages the gradients. This
-module holds what that needs and nothing of the algorithm:
+`train_step` (grpo/algorithm/update.py) on them; DDP or DeepSpeed ZeRO-3 averages the gradients.
+This module holds what that needs and nothing of the algorithm:
 
 - `require_accelerate_launch`: a clear error when `launch/distributed.py` runs without it.
 - `DataParallelPolicy`: what `train_step` calls as "the policy": forwards through the wrapped

@@ -4,7 +4,7 @@ It overrides the trainer's hooks and nothing of the algorithm:
 
 - tasks: every rank draws the same batch from the (identically seeded) task stream and plays
   `tasks[rank::W]`, so groups are whole on one rank and advantages are computed within them;
-  ranks then keep the same number of groups (grpo/distributed.py: `balance_groups`).
+  ranks then keep the same number of groups (grpo/distributed/parallel.py: `balance_groups`).
 - update: the unchanged `train_step` through `DataParallelPolicy` / `DeepSpeedStep`, with the
   gradient scale that makes the loss the global token (or sequence) mean; metrics are reduced
   over ranks so every rank logs (rank 0 writes) the same numbers.

@@ -47,7 +47,9 @@ class LoraConfig(Section):
     alpha: int = Field(default=32, ge=1)
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Dropout on the LoRA input."""
+    """Dropout on the LoRA input. GRPO updates run it off (`_train_without_dropout` in
+    grpo/algorithm/update.py) so ratios and importance weights carry no dropout noise; only the
+    warm start's NLL steps (grpo/train/warmup.py) apply it."""
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )

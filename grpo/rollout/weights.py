@@ -6,7 +6,7 @@ dtype, while the Linear layers get bf16 weights: the input is rounded to bf16, a
 autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN
 (`_Matmul`), and sibling projections that read the same input run as one matmul (q/k/v,
 gate/up). Measured on SmolLM2-135M, 2 threads, batch 64, 64 new tokens
-(launch/measure_generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
+(bench/generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
 bf16 autocast over the fp32 policy 285. Mean |Δ log-prob| of the sampled tokens against a plain
 fp32 forward of the whole sequence (16 seeded completions, ~690 tokens): this copy 0.027, with an
 fp32 LM head 0.018, bf16 autocast 0.029, an fp32 copy 0.000; an all-bf16 copy (bf16 residual

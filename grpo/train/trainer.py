@@ -1,8 +1,8 @@
 """The GRPO trainer: wires policy, reference, engine, tools, data and collector into a run.
 
 `GRPOTrainer(config).run()` does: evaluate before → for each step: collect groups → update
-(grpo/update.py) → EMA reference → push weights to the engine → metrics → checkpoint →
-evaluate after → final model, summary.json and the reward/success curve.
+(grpo/algorithm/update.py) → EMA reference → push weights to the engine → metrics →
+checkpoint → evaluate after → final model, summary.json and the reward/success curve.
 """
 
 from __future__ import annotations
