@@ -46,10 +46,11 @@ def closeness_reward(text: str, truth: int) -> float:
     return 1.0 / (1.0 + abs(math.log(int(digits) / truth)))
 
 
-def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True):
+def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
+                     model: str = "smollm2-135m-instruct"):
     return RunConfig.model_validate({
         "threads": threads,
-        "model": {"name_or_path": "smollm2-135m-instruct", "weights_dtype": "float32"},
+        "model": {"name_or_path": model, "weights_dtype": "float32"},
         "lora": {"enabled": False},
         "algorithm": {
             "group_size": 4,
@@ -63,16 +64,16 @@ def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: b
 
 
 def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, seed: int = 0,
-                  skip_zero_advantage: bool = True) -> dict:
+                  skip_zero_advantage: bool = True, model: str = "smollm2-135m-instruct") -> dict:
     """Run 1 warm-up + `steps` timed steps of the standard work; medians and per-step times.
     `skip_zero_advantage=False` trains every sequence (for comparisons of the other levers: which
-    groups have zero variance depends on what was sampled)."""
+    groups have zero variance depends on what was sampled). `model` is for tests (tiny-random)."""
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage)
+    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model)
     policy, tok = PolicyWithValueHead.from_config(cfg.model, cfg.lora, "cpu", seed=seed)
-    reference = make_reference(policy, cfg.algorithm)
+    reference = make_reference(policy, cfg.algorithm.reference)
     optimizer = make_optimizer(policy, cfg.algorithm.optimizer)
     scheduler = make_scheduler(optimizer, cfg.algorithm.optimizer)
     settings = UpdateSettings.from_config(cfg, pad_token_id=tok.pad_token_id)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.run import headline
-from bench.steps import closeness_reward
+from bench.steps import closeness_reward, standard_step
 
 
 @pytest.mark.parametrize(
@@ -45,3 +45,13 @@ def test_headline_fractions_of_the_bf16_peak_and_worst_tool_overhead():
     assert out["tool_overhead_fraction"] == 0.075
     assert out["multi_turn_step_s"] == 40.0
     assert headline({})["gen_fraction_of_bf16_peak"] is None  # sections that did not run
+
+
+def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
+    """The standard step builds the trainer's parts itself (reference, optimizer, engine, update):
+    a config change that breaks that wiring must fail here, not first in `make bench`."""
+    report = standard_step(steps=1, threads=1, micro_batch_size=4, model="tiny-random")
+    assert len(report["steps"]) == 2  # the warm-up and one timed step
+    assert all(step["generated_tokens"] > 0 for step in report["steps"])
+    assert report["standard_step_median_s"] == round(report["steps"][1]["step_s"], 3)
+    assert report["step_0_logprob_mismatch"] is not None
