@@ -14,6 +14,8 @@ Fraction of peak = tokens/s × 2 × parameters (FLOP per token of the forward) /
 Variants (the engine's weight copy, grpo/rollout/weights.py):
   bf16             Linear weights bf16 (packed, fused), the rest fp32: the engine's default
   bf16-fp32-head   as bf16 with an fp32 LM head (closer log-probs, slower head)
+  bf16-sdpa-decode as bf16 with transformers' SDPA for decode steps too (the engine's default is
+                   grpo/rollout/decode_attention.py)
   fp32             an fp32 copy
   autocast         no copy: the fp32 policy under bf16 autocast
 One warm-up call per variant and batch precedes the timed repeats (the median is reported).
@@ -33,6 +35,7 @@ from grpo.rollout.hf import HFEngine
 VARIANTS = {
     "bf16": {"dtype": torch.bfloat16},
     "bf16-fp32-head": {"dtype": torch.bfloat16, "head_dtype": torch.float32},
+    "bf16-sdpa-decode": {"dtype": torch.bfloat16, "decode_attention": "sdpa"},
     "fp32": {"dtype": None},
     "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
 }

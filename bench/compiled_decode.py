@@ -1,0 +1,115 @@
+"""Does a compiled decode step pay? HFEngine's decode forward, eager vs `torch.compile`.
+
+    .venv/bin/python -m bench.compiled_decode                 # batch 64 on this machine's device
+    .venv/bin/python -m bench.compiled_decode --batches 16 64 --window 40
+
+The work: one decode step of the engine's weight copy of SmolLM2-135M-Instruct (bf16 Linear
+weights) for a batch of distinct 48-token chat prompts, attending over the prompt plus `--window`
+cached columns, repeated on the same shapes. Eager is the engine as it runs (oneDNN-packed weights
+on CPU). Compiled is `torch.compile(dynamic=False)` of the same forward: on CPU inductor with
+`freezing` (it packs the weights itself: it cannot lower oneDNN's pre-packed matmul, so the copy
+is built unpacked for it), on CUDA `mode="reduce-overhead"` (the step captured as a CUDA graph).
+Reported: ms per step for both, the first compiled call's seconds (the compile), and the largest
+|logit difference| between the two (exactness).
+
+Shapes are static here: a real decode changes the batch (rows finish) and the window (one column
+per step) every step, so every new shape compiles again unless shapes are made static (a
+fixed-capacity cache and batch buckets). The figure printed is therefore the best case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch._inductor.config
+
+import grpo.rollout.weights as engine_weights
+from bench.generation import make_prompts
+from grpo.models.source import load_causal_lm, load_tokenizer
+from grpo.rollout.hf import HFEngine
+from grpo.rollout.kv_cache import PreallocatedCache
+
+
+def _ms_per_call(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats * 1000
+
+
+def measure(model, tokenizer, device: torch.device, batch: int, window: int, repeats: int) -> dict:
+    engine = HFEngine(model, tokenizer, device=device, dtype=torch.bfloat16)
+    prompts = sorted({tuple(p) for p in make_prompts(tokenizer, batch, 1)}, key=len, reverse=True)
+    width = len(prompts[0])
+    capacity = width + window + 1
+    with torch.inference_mode():
+        # Every column zeroed: the timed step reads `window` columns no decode has written.
+        cache = PreallocatedCache(engine._num_layers, len(prompts), capacity, zero_columns=capacity)
+        logits = engine._prefill(prompts, cache, width)
+        start = torch.tensor([width - len(p) for p in prompts], device=device)  # [B]
+        allowed = torch.arange(capacity, device=device)[None] >= start[:, None]  # [B, cap]
+        pos, lo = width + window, int(start.min())
+        cache.set_window(slice(0, len(prompts)), lo=lo, pos=pos)
+        mask = allowed[:, None, None, lo : pos + 1]  # [B, 1, 1, L]
+        positions = (pos - start)[:, None]  # [B, 1]
+        tokens = logits.argmax(-1)[:, None]  # [B, 1]
+        eager_ms = _ms_per_call(lambda: engine._forward(tokens, mask, positions, cache), repeats)
+        reference = engine._forward(tokens, mask, positions, cache).float()
+
+        if device.type == "cpu":
+            packed = engine_weights._can_pack
+            engine_weights._can_pack = lambda weight: False
+            try:
+                engine = HFEngine(model, tokenizer, device=device, dtype=torch.bfloat16)
+            finally:
+                engine_weights._can_pack = packed
+            torch._inductor.config.freezing = True
+            compiled = torch.compile(engine._forward, dynamic=False)
+        else:
+            compiled = torch.compile(engine._forward, dynamic=False, mode="reduce-overhead")
+        started = time.perf_counter()
+        out = compiled(tokens, mask, positions, cache).float()
+        compile_s = time.perf_counter() - started
+        compiled_ms = _ms_per_call(lambda: compiled(tokens, mask, positions, cache), repeats)
+    return {
+        "batch": len(prompts),
+        "window": window,
+        "eager_ms": round(eager_ms, 2),
+        "compiled_ms": round(compiled_ms, 2),
+        "speedup": round(eager_ms / compiled_ms, 2),
+        "compile_s": round(compile_s, 1),
+        "max_abs_logit_diff": float((out - reference).abs().max()),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[64])
+    parser.add_argument("--window", type=int, default=40, help="decoded columns already cached")
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    model = load_causal_lm("smollm2-135m-instruct").eval().to(device)
+    print(f"device {device}, {torch.get_num_threads()} threads")
+    for batch in args.batches:
+        row = measure(model, tokenizer, device, batch, args.window, args.repeats)
+        print(
+            f"batch {row['batch']:4d}: eager {row['eager_ms']:7.2f} ms/step, compiled "
+            f"{row['compiled_ms']:7.2f} ms/step (x{row['speedup']}), compile {row['compile_s']} s, "
+            f"max |logit diff| {row['max_abs_logit_diff']:.3g}"
+        )
+
+
+if __name__ == "__main__":
+    main()
