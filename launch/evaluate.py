@@ -31,8 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from environments.bfcl.data import BFCLUnavailable, load_bfcl_tasks
@@ -132,6 +134,23 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
     return metrics
 
 
+@contextmanager
+def _collector_messages_on_stderr():
+    """The collector says how tools reach the model (tool prompt and call format, and why) and
+    which groups it excluded; training writes that to its log, evaluation to stderr."""
+    logger = logging.getLogger("mcp_grpo.collector")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("evaluate: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
@@ -171,8 +190,9 @@ def main(argv=None) -> int:
     except (BFCLUnavailable, Tau2Unavailable, ValueError, FileNotFoundError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 2
-    metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,
-                                          num_tasks=args.tasks, name=args.name, tasks=tasks, benchmark=benchmark))
+    with _collector_messages_on_stderr():
+        metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,
+                                              num_tasks=args.tasks, name=args.name, tasks=tasks, benchmark=benchmark))
     print(json.dumps(metrics, indent=2))
     if benchmark == "tau2":
         scores = ", ".join(f"pass^{j} {metrics[f'eval/tau2/{args.domain}/pass^{j}']:.3f}" for j in range(1, args.k + 1))

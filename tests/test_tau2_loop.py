@@ -117,6 +117,8 @@ def test_evaluate_and_train_play_tau2_from_its_config_with_the_local_user(tmp_pa
     assert metrics["eval/tau2/mock/tasks"] == 2.0 and metrics["eval/num_tasks"] == 2.0
     assert {"eval/tau2/mock/pass^1", "eval/tau2/mock/pass^2", "eval/tau2/mock/avg_reward"} <= set(metrics)
     assert "τ² mock (all split, 2 tasks, k=2): pass^1 " in err and ", pass^2 " in err
+    # How tools reached the model is said, as training logs it (SmolLM2's template renders none).
+    assert "evaluate: tool prompt: compact (auto: the chat template renders no tools" in err
     records = [json.loads(line) for line in (tmp_path / "tau2-mock-cpu" / "eval" / "evaluate.jsonl").open()]
     assert len(records) == 4 and all(r["tau2"]["termination_reason"] and "reward_basis" in r["tau2"] for r in records)
     assert any("tiny-random" in key for key in user_simulator._MODELS)  # the local user played
