@@ -42,6 +42,16 @@ def _batch(seed: int = 0, batch: int = 3, length: int = 12):
     return input_ids, attention_mask
 
 
+def _assert_grad_close(got: torch.Tensor, want: torch.Tensor, rel: float = 1e-5) -> None:
+    """Gradients summed in another order agree to fp32 rounding *of the tensor's scale*: an element
+    near zero in a tensor whose entries reach 80 keeps the big entries' absolute rounding (seen:
+    3e-5 apart where max |g| is 81, 4e-7 of it, varying run to run with the CPU's thread timing).
+    A wrong computation is off by a sizeable fraction of the scale."""
+    scale = float(want.abs().max())
+    diff = float((got - want).abs().max())
+    assert diff <= rel * max(scale, 1e-6), f"max |diff| {diff:.3g} > {rel} x max |want| {scale:.3g}"
+
+
 def _naive_logprobs(model, input_ids, attention_mask, temperature=1.0):
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, T, V]
     logp = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # [B, T-1, V]
@@ -69,7 +79,7 @@ def test_forward_matches_full_logits_values_and_gradients(lora):
         (naive_lp * weights).sum(), policy.trainable_parameters()[:-2]
     )
     for got, want in zip(grads, naive_grads, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        _assert_grad_close(got, want)
 
 
 def test_selected_positions_match_the_full_forward_and_read_zero_elsewhere():
@@ -89,10 +99,8 @@ def test_selected_positions_match_the_full_forward_and_read_zero_elsewhere():
     params = policy.trainable_parameters()[:-2]
     grads = torch.autograd.grad((part.logprobs * weights).sum(), params)
     want = torch.autograd.grad((full.logprobs * weights).sum(), params)
-    # fp32 sums over different row sets: the last bits differ with the CPU's kernels (1.9e-6 seen
-    # on an AMD EPYC); a wrong selection differs by orders of magnitude more.
     for got, expected in zip(grads, want, strict=True):
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        _assert_grad_close(got, expected)
 
     with pytest.raises(ValueError, match="positions"):
         policy(input_ids, attention_mask, positions=positions[:, :5])
@@ -126,7 +134,7 @@ def test_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(lora):
     torch.testing.assert_close(shared.logprobs[valid], full.logprobs[valid], atol=1e-5, rtol=0)
     torch.testing.assert_close(shared.entropy[valid], full.entropy[valid], atol=1e-5, rtol=0)
     for got, want in zip(shared_grads, full_grads, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        _assert_grad_close(got, want)
 
 
 def test_shareable_prefix_needs_every_row_a_long_enough_prefix_and_no_checkpointing():
