@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +38,21 @@ def tokenizer():
 def tiny_model(tokenizer):
     """A fresh 2-layer random Llama (seeded: identical in every test)."""
     return build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
+
+
+@pytest.fixture
+def varied_tiny_model(tokenizer):
+    """The tiny Llama with O(1) weights, in eval mode: a default init (std 0.02) makes every
+    position predict the same token; these give varied greedy continuations and
+    peaked-but-wide distributions (sampling tests need both)."""
+    model = build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                scale = (3.0 if "embed" in name else 1.0) / math.sqrt(param.shape[1])
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
+    return model.eval()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from grpo.models.source import build_tiny_model
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.decode_attention import ENGINE_ATTENTION, engine_attention
 from grpo.rollout.hf import HFEngine
@@ -89,14 +88,8 @@ def test_everything_else_is_sdpa_itself(case):
     assert torch.equal(got, want)
 
 
-def test_only_the_engine_copy_uses_it_and_sampling_is_unchanged(tokenizer):
-    model = build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0).eval()
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # O(1) weights: varied continuations (as tests/test_rollout_hf.py)
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                scale = (3.0 if "embed" in name else 1.0) / math.sqrt(param.shape[1])
-                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+def test_only_the_engine_copy_uses_it_and_sampling_is_unchanged(varied_tiny_model, tokenizer):
+    model = varied_tiny_model
     policy_attention = model.config._attn_implementation
     grouped = HFEngine(model, tokenizer, dtype=torch.float32, seed=0)
     sdpa = HFEngine(model, tokenizer, dtype=torch.float32, seed=0, decode_attention="sdpa")

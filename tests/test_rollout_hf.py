@@ -3,12 +3,9 @@ under any batch company, stopping rules, log-probs, shared prefill, compaction, 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-from grpo.models.source import build_tiny_model
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine
 from grpo.rollout.registry import ENGINES, make_engine
@@ -26,17 +23,8 @@ def one_thread():
 
 
 @pytest.fixture
-def model(tokenizer):
-    """The tiny Llama with O(1) weights: a default init (std 0.02) makes every position predict
-    the same token; these give varied greedy continuations and peaked-but-wide distributions."""
-    model = build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() == 2:
-                scale = (3.0 if "embed" in name else 1.0) / math.sqrt(param.shape[1])
-                param.copy_(torch.randn(param.shape, generator=generator) * scale)
-    return model.eval()
+def model(varied_tiny_model):
+    return varied_tiny_model  # tests/conftest.py: O(1) weights, varied continuations
 
 
 @pytest.fixture
