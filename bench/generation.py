@@ -3,12 +3,13 @@
     .venv/bin/python -m bench.generation                     # batches 1, 16, 64
     .venv/bin/python -m bench.generation --batches 64 --variants bf16 fp32
     .venv/bin/python -m bench.generation --group 8 --compact 0 0.25 2
+    python -m bench.generation --device cuda --batches 16 64 256 512 --variants bf16 bf16-dynamic
 
 The work: SmolLM2-135M-Instruct, chat-template prompts "What is A * B? Answer with the number
 only." (48 tokens, random 3-digit A and B, every prompt distinct unless --group G makes groups of
 G identical prompts), 64 new tokens each at temperature 1 and no stop token, so every row runs
 to the end (--stop: rows end at the eos token instead, at different steps). The peak is measured
-in the same run: a 2048² bf16 matmul on the same threads.
+in the same run: a 2048² bf16 matmul on the same threads (on CUDA: 8192², timed with events).
 Fraction of peak = tokens/s × 2 × parameters (FLOP per token of the forward) / peak.
 
 Variants (the engine's weight copy, grpo/rollout/weights.py):
@@ -16,6 +17,8 @@ Variants (the engine's weight copy, grpo/rollout/weights.py):
   bf16-fp32-head   as bf16 with an fp32 LM head (closer log-probs, slower head)
   bf16-sdpa-decode as bf16 with transformers' SDPA for decode steps too (the engine's default is
                    grpo/rollout/decode_attention.py)
+  bf16-dynamic     as bf16, decode_mode dynamic (the default on CPU; on CUDA the default is graph)
+  bf16-static      as bf16, decode_mode static (fixed-shape steps, no graphs)
   fp32             an fp32 copy
   autocast         no copy: the fp32 policy under bf16 autocast
 One warm-up call per variant and batch precedes the timed repeats (the median is reported).
@@ -36,24 +39,53 @@ VARIANTS = {
     "bf16": {"dtype": torch.bfloat16},
     "bf16-fp32-head": {"dtype": torch.bfloat16, "head_dtype": torch.float32},
     "bf16-sdpa-decode": {"dtype": torch.bfloat16, "decode_attention": "sdpa"},
+    "bf16-dynamic": {"dtype": torch.bfloat16, "decode_mode": "dynamic"},
+    "bf16-static": {"dtype": torch.bfloat16, "decode_mode": "static"},
     "fp32": {"dtype": None},
     "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
 }
 
 
 def measure_peak_gflops(
-    dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 10
+    dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 10, device: str = "cpu"
 ) -> float:
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    """The best of `repeats` size³ matmuls, GFLOP/s (on CUDA: 8192³ at least, timed with events)."""
+    if torch.device(device).type == "cuda":
+        size = max(size, 8192)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
     for _ in range(3):
         a @ b
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
+        if torch.device(device).type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            a @ b
+            end.record()
+            end.synchronize()
+            best = min(best, begin.elapsed_time(end) / 1000)
+        else:
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
+
+
+def measure_bandwidth_gbs(device: str, megabytes: int = 1024, repeats: int = 10) -> float:
+    """Device-to-device copy, bytes read + written per second, GB/s (the best of `repeats`)."""
+    src = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, begin.elapsed_time(end) / 1000)
+    return 2 * src.numel() / best / 1e9
 
 
 def make_prompts(tokenizer, n: int, group: int, seed: int = 0) -> list[list[int]]:
@@ -89,22 +121,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    cuda = torch.device(args.device).type == "cuda"
 
     tokenizer = load_tokenizer(args.model)
-    model = load_causal_lm(args.model).eval()
+    model = load_causal_lm(args.model).eval().to(args.device)
     n_params = sum(p.numel() for p in model.parameters())  # tied embedding counted once
     flop_per_token = 2 * n_params
-    peak = measure_peak_gflops()
+    peak = measure_peak_gflops(device=args.device)
+    where = torch.cuda.get_device_name() if cuda else f"{args.threads} threads"
     print(
         f"model {args.model}: {n_params / 1e6:.1f}M parameters, {flop_per_token / 1e6:.0f} MFLOP/token; "
-        f"bf16 peak (2048² matmul, {args.threads} threads): {peak:.0f} GFLOP/s"
+        f"bf16 peak ({where}): {peak:.0f} GFLOP/s"
+        + (f"; copy bandwidth {measure_bandwidth_gbs(args.device):.0f} GB/s" if cuda else "")
     )
     header = (
         f"{'variant':<16}{'compact':>8}{'batch':>6}{'tok/s':>9}{'decode tok/s':>14}{'prefill s':>10}"
-        f"{'decode s':>9}{'ms/step':>8}{'% peak':>8}"
+        f"{'decode s':>9}{'ms/step':>8}{'% peak':>8}{'graphs':>7}"
     )
     print(header)
     print("-" * len(header))
@@ -112,7 +148,10 @@ def main(argv: list[str] | None = None) -> None:
     for variant in args.variants:
         engine = None
         for compact in args.compact:
-            engine = HFEngine(model, tokenizer, compact_fraction=compact, **VARIANTS[variant])
+            engine = HFEngine(
+                model, tokenizer, compact_fraction=compact, max_batch_size=max(args.batches),
+                **VARIANTS[variant],
+            )
             for batch in args.batches:
                 prompts = make_prompts(tokenizer, batch, args.group)
                 requests = [
@@ -139,12 +178,13 @@ def main(argv: list[str] | None = None) -> None:
                 share = tps * flop_per_token / (peak * 1e9)
                 print(
                     f"{variant:<16}{compact:>8.2f}{batch:>6}{tps:>9.1f}{decode_tps:>14.1f}"
-                    f"{m['prefill_seconds']:>10.2f}{m['decode_seconds']:>9.2f}{step_ms:>8.1f}{share:>8.1%}",
+                    f"{m['prefill_seconds']:>10.2f}{m['decode_seconds']:>9.2f}{step_ms:>8.1f}{share:>8.1%}"
+                    f"{int(m['graph_captures']):>7}",
                     flush=True,
                 )
         del engine
     print(
-        f"bf16 peak re-measured after the runs: {measure_peak_gflops():.0f} GFLOP/s "
+        f"bf16 peak re-measured after the runs: {measure_peak_gflops(device=args.device):.0f} GFLOP/s "
         "(a large drift means the machine was shared meanwhile)"
     )
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.run                      # every section, ~5-8 minutes on 2 cores
     .venv/bin/python -m bench.run --sections peak generation --out /tmp/bench
+    python -m bench.run --device cuda                  # on a GPU machine (the default there)
 
 Sections (all in one process, on `--threads` threads; the report says the load average, since
 on a shared machine every wall time is an upper bound):
@@ -16,6 +17,14 @@ on a shared machine every wall time is an upper bound):
   tools       calls/s and p50/p99 latency through SharedToolManager vs the raw SDK client
   multiturn   one step of configs/cpu.yaml (calculator server, 8 tasks x G=4) through the trainer:
               seconds, and the share generating / waiting on tools / updating
+  calculator512  (CUDA only) one step of configs/gpu.yaml: 64 calculator tasks x G=8, 512
+              episodes, through the trainer (median of the steps after a warm-up)
+
+On CUDA (`--device cuda`, the default where a GPU is visible) the same sections run on the GPU:
+peak is the bf16 8192³ matmul and the device-to-device copy bandwidth; generation runs batches
+16, 64, 256 and 512 and reports the share of the bf16 peak and of the copy bandwidth (a decode
+step reads every weight once: steps/s x weight bytes); training reports tokens/s; the matmul
+ceiling (a CPU measure) is skipped.
 
 Writes `<out>/report.json` (default outputs/bench) and prints a short table.
 """
@@ -27,13 +36,14 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bench.generation import make_prompts, measure_peak_gflops
+from bench.generation import make_prompts, measure_bandwidth_gbs, measure_peak_gflops
 from bench.steps import multi_turn_step, standard_step
 from bench.tools import compare_with_raw_client
 from grpo.models.config import LoraConfig, ModelConfig
@@ -43,14 +53,20 @@ from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine
 
-SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn")
+SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512")
+CPU_SECTIONS = SECTIONS[:-1]
+CUDA_BATCHES = [16, 64, 256, 512]
 
 
-def _peaks() -> dict:
-    return {
-        "fp32_gflops": round(measure_peak_gflops(torch.float32, repeats=5), 1),
-        "bf16_gflops": round(measure_peak_gflops(torch.bfloat16), 1),
+def _peaks(device: str = "cpu") -> dict:
+    out = {
+        "fp32_gflops": round(measure_peak_gflops(torch.float32, repeats=5, device=device), 1),
+        "bf16_gflops": round(measure_peak_gflops(torch.bfloat16, device=device), 1),
     }
+    if device == "cuda":
+        out["copy_gbs"] = round(measure_bandwidth_gbs(device), 1)
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
 
 
 def _n_params(model) -> int:
@@ -78,12 +94,16 @@ def decode_matmul_ceiling(model, batch: int = 64, repeats: int = 5) -> float:
     return flop / seconds / 1e9
 
 
-def _generation(batches: list[int], new_tokens: int = 64) -> dict:
+def _generation(batches: list[int], new_tokens: int = 64, device: str = "cpu") -> dict:
     tok = load_tokenizer("smollm2-135m-instruct")
-    model = load_causal_lm("smollm2-135m-instruct").eval()
-    engine = HFEngine(model, tok, dtype=compute_dtype(torch.device("cpu"), "auto"))
+    model = load_causal_lm("smollm2-135m-instruct").eval().to(device)
+    dtype = compute_dtype(torch.device(device), "auto")
+    engine = HFEngine(model, tok, dtype=dtype, max_batch_size=max(batches))
     out = {"parameters": _n_params(model), "new_tokens": new_tokens,
-           "b64_decode_matmul_ceiling_gflops": round(decode_matmul_ceiling(model, 64), 1)}
+           "decode_mode": engine.decode_mode,
+           "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters())}
+    if device == "cpu":
+        out["b64_decode_matmul_ceiling_gflops"] = round(decode_matmul_ceiling(model, 64), 1)
     for batch in batches:
         requests = [
             GenerationRequest(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i))
@@ -100,15 +120,16 @@ def _generation(batches: list[int], new_tokens: int = 64) -> dict:
         out[f"b{batch}_tokens_per_s"] = round(best, 1)
         # Where a generate call's time went: prefill, the decode steps' forwards, sampling.
         out[f"b{batch}_split_s"] = {key: round(metrics.get(key, 0.0), 3) for key in (
-            "seconds", "prefill_seconds", "decode_forward_seconds", "sample_seconds")}
+            "seconds", "prefill_seconds", "decode_seconds", "decode_forward_seconds", "sample_seconds")}
+        out[f"b{batch}_decode_steps_per_s"] = round(metrics["decode_steps"] / metrics["decode_seconds"], 1)
     engine.close()
     return out
 
 
-def _training(batch: int = 16, length: int = 128, repeats: int = 3) -> dict:
-    policy, _ = PolicyWithValueHead.from_config(ModelConfig(), LoraConfig(enabled=False), "cpu")
+def _training(batch: int = 16, length: int = 128, repeats: int = 3, device: str = "cpu") -> dict:
+    policy, _ = PolicyWithValueHead.from_config(ModelConfig(), LoraConfig(enabled=False), device)
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 49152, (batch, length), generator=gen)  # [B, T]
+    ids = torch.randint(0, 49152, (batch, length), generator=gen).to(device)  # [B, T]
     mask = torch.ones_like(ids)  # [B, T]
     seconds = []
     for _ in range(repeats + 1):  # the first pass is a warm-up
@@ -117,6 +138,8 @@ def _training(batch: int = 16, length: int = 128, repeats: int = 3) -> dict:
         start = time.perf_counter()
         out = policy(ids, mask)
         (-out.logprobs.mean()).backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
     best = min(seconds[1:])
     return {
@@ -137,29 +160,38 @@ def _tools(calls: int) -> dict:
     return out
 
 
-def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zero_advantage: bool = True) -> dict:
+def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zero_advantage: bool = True,
+        device: str = "cpu") -> dict:
     torch.set_num_threads(threads)
+    cuda = device == "cuda"
+    if "calculator512" in sections and not cuda:
+        raise ValueError("section calculator512 needs --device cuda (512 episodes a step)")
     report: dict = {
         "machine": {"cpus": os.cpu_count(), "threads": threads, "torch": torch.__version__,
-                    "processor": platform.processor() or platform.machine()},
+                    "processor": platform.processor() or platform.machine(), "device": device,
+                    "gpu": torch.cuda.get_device_name() if cuda else None},
         "load_average_start": round(os.getloadavg()[0], 2),
     }
     timings = {}
     for section in sections:
         start = time.perf_counter()
         if section == "peak":
-            report["peak"] = _peaks()
+            report["peak"] = _peaks(device)
         elif section == "standard":
             report["standard"] = standard_step(steps=steps, threads=threads,
-                                               skip_zero_advantage=skip_zero_advantage)
+                                               skip_zero_advantage=skip_zero_advantage, device=device)
         elif section == "generation":
-            report["generation"] = _generation([1, 16, 64])
+            report["generation"] = _generation(CUDA_BATCHES if cuda else [1, 16, 64], device=device)
         elif section == "training":
-            report["training"] = _training()
+            report["training"] = _training(device=device)
         elif section == "tools":
             report["tools"] = _tools(tool_calls)
         elif section == "multiturn":
-            report["multiturn"] = multi_turn_step(threads=threads)
+            report["multiturn"] = multi_turn_step(threads=threads, overrides=(f"device={device}",))
+        elif section == "calculator512":
+            report["calculator512"] = multi_turn_step(
+                steps=3, config_path="configs/gpu.yaml", threads=threads, tasks_per_step=64,
+                group_size=8)
         timings[section] = round(time.perf_counter() - start, 1)
         print(f"[bench] {section}: {timings[section]} s (load average {os.getloadavg()[0]:.2f})", flush=True)
     report["section_seconds"] = timings
@@ -190,6 +222,16 @@ def headline(report: dict) -> dict:
             gen["b64_tokens_per_s"] * 2 * gen["parameters"] / (gen["b64_decode_matmul_ceiling_gflops"] * 1e9), 3)
     if peak and train.get("tokens_per_s"):
         out["train_fraction_of_bf16_peak"] = round(train["tokens_per_s"] * 6 * train["parameters"] / (peak * 1e9), 3)
+    copy = report.get("peak", {}).get("copy_gbs")
+    for b in CUDA_BATCHES:
+        if gen.get(f"b{b}_tokens_per_s") is not None:
+            out[f"gen_tokens_per_s_b{b}"] = gen[f"b{b}_tokens_per_s"]
+            if copy:  # every decode step reads every weight once
+                out[f"gen_b{b}_fraction_of_copy_bandwidth"] = round(
+                    gen[f"b{b}_decode_steps_per_s"] * gen["weight_bytes"] / (copy * 1e9), 4)
+    if "calculator512" in report:
+        steps = report["calculator512"]["steps"][1:]
+        out["calculator512_step_s"] = round(statistics.median(r["step_s"] for r in steps), 3)
     if "tools" in report:
         # The worse of the two concurrencies: the manager must stay within budget at both.
         out["tool_overhead_fraction"] = round(
@@ -205,8 +247,13 @@ def print_table(report: dict) -> None:
     for key, value in std.get("split_median_s", {}).items():
         rows.append((f"  {key.removesuffix('_s')} s", value, ""))
     gen = report.get("generation", {})
-    for b in (1, 16, 64):
-        rows.append((f"generation b{b}, tokens/s", gen.get(f"b{b}_tokens_per_s"), ""))
+    for b in (1, 16, 64, 256, 512):
+        if f"b{b}_tokens_per_s" in gen or b in (1, 16, 64):
+            rows.append((f"generation b{b}, tokens/s", gen.get(f"b{b}_tokens_per_s"),
+                         f"{gen.get('decode_mode', '')} decode"))
+        if report.get(f"gen_b{b}_fraction_of_copy_bandwidth") is not None:
+            rows.append((f"  b{b} weight reads, share of copy bandwidth",
+                         report[f"gen_b{b}_fraction_of_copy_bandwidth"], ""))
     rows += [
         ("generation b64, share of bf16 peak", report["gen_fraction_of_bf16_peak"], "target >= 0.40"),
         ("  decode-shape matmul ceiling, GFLOP/s", gen.get("b64_decode_matmul_ceiling_gflops"),
@@ -221,9 +268,17 @@ def print_table(report: dict) -> None:
     if mt:
         rows.append(("  shares: generating / tools / update",
                      f"{mt['share_generating']} / {mt['share_waiting_on_tools']} / {mt['share_updating']}", ""))
+    if "calculator512" in report:
+        last = report["calculator512"]["steps"][-1]
+        rows.append(("calculator 512-episode step, median s", report["calculator512_step_s"], "target <= 5"))
+        rows.append(("  last: generate / tools / update s",
+                     f"{last['generate_s']} / {last['tool_wait_s']} / {last['update_s']}", ""))
     peak = report.get("peak")
     if peak:
-        rows.append(("peak GFLOP/s fp32 / bf16", f"{peak['fp32_gflops']} / {peak['bf16_gflops']}", "2048² matmul"))
+        rows.append(("peak GFLOP/s fp32 / bf16", f"{peak['fp32_gflops']} / {peak['bf16_gflops']}",
+                     "8192² matmul" if "copy_gbs" in peak else "2048² matmul"))
+        if "copy_gbs" in peak:
+            rows.append(("device copy GB/s (read + write)", peak["copy_gbs"], peak["gpu"]))
     width = max(len(r[0]) for r in rows) + 2
     for name, value, note in rows:
         print(f"{name:<{width}}{'-' if value is None else value!s:>16}   {note}")
@@ -233,7 +288,10 @@ def print_table(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS,
+                        help="default: every section (calculator512 on CUDA only)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: cuda where a GPU is visible, else cpu")
     parser.add_argument("--steps", type=int, default=4, help="timed standard steps after the warm-up")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tool-calls", type=int, default=1000, help="calls per side and concurrency")
@@ -241,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-skip", action="store_true",
                         help="standard step: train every sequence (no zero-advantage skipping)")
     args = parser.parse_args(argv)
-    report = run(args.sections, args.steps, args.threads, args.tool_calls, not args.no_skip)
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    sections = args.sections or list(SECTIONS if device == "cuda" else CPU_SECTIONS)
+    report = run(sections, args.steps, args.threads, args.tool_calls, not args.no_skip, device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))

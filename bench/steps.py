@@ -47,9 +47,10 @@ def closeness_reward(text: str, truth: int) -> float:
 
 
 def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
-                     model: str = "smollm2-135m-instruct"):
+                     model: str = "smollm2-135m-instruct", device: str = "cpu"):
     return RunConfig.model_validate({
         "threads": threads,
+        "device": device,
         "model": {"name_or_path": model, "weights_dtype": "float32"},
         "lora": {"enabled": False},
         "algorithm": {
@@ -64,20 +65,21 @@ def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: b
 
 
 def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, seed: int = 0,
-                  skip_zero_advantage: bool = True, model: str = "smollm2-135m-instruct") -> dict:
+                  skip_zero_advantage: bool = True, model: str = "smollm2-135m-instruct",
+                  device: str = "cpu") -> dict:
     """Run 1 warm-up + `steps` timed steps of the standard work; medians and per-step times.
     `skip_zero_advantage=False` trains every sequence (for comparisons of the other levers: which
     groups have zero variance depends on what was sampled). `model` is for tests (tiny-random)."""
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model)
-    policy, tok = PolicyWithValueHead.from_config(cfg.model, cfg.lora, "cpu", seed=seed)
+    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model, device)
+    policy, tok = PolicyWithValueHead.from_config(cfg.model, cfg.lora, device, seed=seed)
     reference = make_reference(policy, cfg.algorithm.reference)
     optimizer = make_optimizer(policy, cfg.algorithm.optimizer)
     scheduler = make_scheduler(optimizer, cfg.algorithm.optimizer)
     settings = UpdateSettings.from_config(cfg, pad_token_id=tok.pad_token_id)
-    engine = make_engine("hf", policy=policy, tokenizer=tok, config=cfg)
+    engine = make_engine("hf", policy=policy, tokenizer=tok, config=cfg, device=device)
     gen = torch.Generator().manual_seed(seed)
     group = cfg.algorithm.group_size
     records = []
@@ -154,15 +156,18 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
     }
 
 
-def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threads: int = 2) -> dict:
-    """`steps` training steps of `config_path` (8 tasks x G=4 on the calculator server) through
-    GRPOTrainer; the first is a warm-up. Seconds per step and where the time went."""
+def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threads: int = 2,
+                    tasks_per_step: int = 8, group_size: int = 4, overrides: tuple[str, ...] = ()) -> dict:
+    """`steps` training steps of `config_path` (`tasks_per_step` tasks x G=`group_size` on the
+    calculator server) through GRPOTrainer; the first is a warm-up. Seconds per step and where the
+    time went. `overrides`: more config overrides (e.g. `device=cuda`)."""
 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(config_path, [
             f"output_dir={out}", "run_name=bench", f"threads={threads}", f"train.steps={steps}",
-            "train.tasks_per_step=8", "algorithm.group_size=4", "train.eval_before=false",
-            "train.eval_after=false", "train.save_final_model=false", "logging.progress=false",
+            f"train.tasks_per_step={tasks_per_step}", f"algorithm.group_size={group_size}",
+            "train.eval_before=false", "train.eval_after=false", "train.save_final_model=false",
+            "logging.progress=false", *overrides,
         ])
         trainer = GRPOTrainer(cfg)
         trainer.run()  # the closing checkpoint is written after the timed steps

@@ -7,7 +7,7 @@ is an error naming its new place (`MOVED_KEYS`). `RunConfig.dump_masked()` is wh
 beside its outputs: secrets (server env values, HTTP headers) are masked.
 
 The sections live beside what they configure: grpo/models/config.py (`model`, `lora`),
-grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `vllm`),
+grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`),
 grpo/train/config.py (`train`, `logging`), tools/config.py (`tools`), environments/config.py
 (`environment`, `data`).
 """
@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from environments.config import DataConfig, EnvironmentConfig
 from grpo.algorithm.config import AlgorithmConfig, GAEConfig
 from grpo.models.config import Device, LoraConfig, ModelConfig
-from grpo.rollout.config import RolloutConfig, VLLMConfig
+from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig
 from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
@@ -52,6 +52,7 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
     @model_validator(mode="after")
@@ -60,6 +61,8 @@ class RunConfig(Section):
             raise ValueError("model.load_in_4bit needs lora.enabled: 4-bit base weights cannot be trained")
         if isinstance(self.algorithm.advantage, GAEConfig) and not self.model.value_head:
             raise ValueError("algorithm.advantage.estimator=gae needs model.value_head: true")
+        if self.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
+            raise ValueError(f"hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
         if self.rollout.engine == "vllm" and self.device in ("cpu", "mps"):
             raise ValueError(f"rollout.engine=vllm needs device cuda (or auto), not {self.device}")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):

@@ -9,7 +9,13 @@ import torch
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine
 from grpo.rollout.registry import ENGINES, make_engine
-from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
+from grpo.rollout.sampling import (
+    _mul32,
+    counter_uniforms,
+    row_keys,
+    sample_next_tokens,
+    uniforms_per_row,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -219,6 +225,33 @@ def test_sampler_follows_the_distribution_with_temperature():
     assert greedy.tolist() == [int(logits.argmax())] * 3
 
 
+def test_mul32_is_exact_multiplication_modulo_2_32():
+    x = torch.randint(0, 2**32, (1000,), generator=torch.Generator().manual_seed(0))
+    for m in (0x21F0AAAD, 0x735A2D97, 0xFFFFFFFF, 3):
+        assert _mul32(x, m).tolist() == [(int(v) * m) % 2**32 for v in x]
+
+
+def test_counter_uniforms_are_pinned_batch_invariant_and_uniform():
+    keys = row_keys([0, 2**61 + 12345], torch.device("cpu"))
+    assert keys.tolist() == [340428713, 4288290520]
+    first = counter_uniforms(keys, 0, 3, torch.float64)
+    # The stream is part of what a seed means: a change here changes every seeded sample.
+    assert first.tolist() == [
+        [0.19167184841353446, 0.12926169869024307, 0.17296476860065013],
+        [0.5637011908693239, 0.08200854936148971, 0.5362026781076565],
+    ]
+    assert counter_uniforms(keys[1:], 0, 3, torch.float64).tolist() == first[1:].tolist()
+    assert counter_uniforms(keys, 1, 3, torch.float64)[0, 0].item() == 0.49363650486338884
+    many = counter_uniforms(row_keys(list(range(1000)), torch.device("cpu")), 7, 448, torch.float64)
+    assert 0.0 < many.min() and many.max() < 1.0
+    assert abs(many.mean().item() - 0.5) < 0.002  # 448k draws: sd of the mean 0.0004
+    counts = torch.histc(many.float(), 100, 0, 1)
+    chi2 = (((counts - counts.mean()) ** 2) / counts.mean()).sum().item()
+    assert chi2 < 150  # 99 degrees of freedom: p < 0.001 above 149
+    next_step = counter_uniforms(row_keys(list(range(1000)), torch.device("cpu")), 8, 448, torch.float64)
+    assert abs(torch.corrcoef(torch.stack([many.flatten(), next_step.flatten()]))[0, 1]) < 0.01
+
+
 def test_sync_weights_follows_the_policy(model, tokenizer, prompts):
     engine = HFEngine(model, tokenizer, dtype=torch.float32)
     before = engine.generate([request(prompts[0], temperature=0.0, max_new_tokens=6)])[0].token_ids
@@ -313,3 +346,61 @@ def test_make_engine_names_the_options(model, tokenizer):
     with pytest.raises(ValueError, match="options: hf, vllm"):
         make_engine("nope", policy=model)
     assert tuple(ENGINES) == ("hf", "vllm")
+
+
+def _seeded_requests(prompts, count: int, **sampling) -> list[GenerationRequest]:
+    return [
+        request(prompts[i % 3], max_new_tokens=4 + 7 * i, seed=i, stop_token_ids=(2,), **sampling)
+        for i in range(count)
+    ]
+
+
+def _assert_same_results(expected, got) -> None:
+    for a, b in zip(expected, got, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.finish_reason == b.finish_reason
+        assert a.behavior_logprobs == pytest.approx(b.behavior_logprobs, abs=1e-5)
+
+
+def test_static_decode_equals_dynamic_with_compaction_waves_and_reuse(model, tokenizer, prompts):
+    requests = _seeded_requests(prompts, 7)
+    dynamic = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="dynamic")
+    static = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static")
+    expected = dynamic.generate(requests)
+    _assert_same_results(expected, static.generate(requests))
+    assert static.last_metrics["compactions"] > 0
+    cache = static._static.cache
+    assert (cache.rows, cache.capacity) == (8, 256)  # 7 rows -> 8; 19 + 46 columns -> 256
+    # A later, smaller call reuses the cache; a call needing more columns regrows it.
+    _assert_same_results(expected[:3], static.generate(requests[:3]))
+    assert static._static.cache is cache
+    long = [request(prompts[2], max_new_tokens=300, seed=5, stop_token_ids=(2,))]
+    _assert_same_results(dynamic.generate(long), static.generate(long))
+    assert static._static.cache.capacity == 512
+    waves = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static", max_batch_size=3)
+    _assert_same_results(expected, waves.generate(requests))
+
+
+def test_decode_mode_is_checked(model, tokenizer):
+    with pytest.raises(ValueError, match="decode_mode must be one of"):
+        HFEngine(model, tokenizer, decode_mode="fast")
+    with pytest.raises(ValueError, match="'graph' needs a CUDA device"):
+        HFEngine(model, tokenizer, decode_mode="graph")
+    assert HFEngine(model, tokenizer).decode_mode == "dynamic"  # auto on a CPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graph_decode_equals_dynamic_and_reuses_its_graphs(model, tokenizer, prompts):
+    model = model.to("cuda")
+    requests = _seeded_requests(prompts, 7)
+    dynamic = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="dynamic")
+    graph = HFEngine(model, tokenizer, dtype=torch.float32)
+    assert graph.decode_mode == "graph"  # auto on CUDA
+    expected = dynamic.generate(requests)
+    _assert_same_results(expected, graph.generate(requests))
+    captured = graph.last_metrics["graph_captures"]
+    assert captured > 0
+    _assert_same_results(expected, graph.generate(requests))
+    assert graph.last_metrics["graph_captures"] == captured  # the same shapes replay
+    greedy = [request(p, max_new_tokens=12, temperature=0.0) for p in prompts]
+    _assert_same_results(dynamic.generate(greedy), graph.generate(greedy))

@@ -1,5 +1,5 @@
-"""Config of sampling (`rollout:`: the engine, temperature, token budgets, concurrency) and of
-the vLLM engine (`vllm:`)."""
+"""Config of sampling (`rollout:`: the engine, temperature, token budgets, concurrency), of our
+HF engine (`hf:`) and of the vLLM engine (`vllm:`)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,27 @@ class RolloutConfig(Section):
     """Retries of an episode that failed (engine or tool-layer error) before it is excluded."""
     eval_temperature: float = Field(default=0.0, ge=0.0)
     """Temperature of held-out evaluation (0 = greedy)."""
+
+
+class HFEngineConfig(Section):
+    """Our KV-cached engine (`rollout.engine: hf`, grpo/rollout/hf.py)."""
+
+    max_batch_size: int | None = Field(default=None, ge=1)
+    """Rows decoded together; a generate call with more requests runs in waves of this many.
+    null: 512 on CUDA (a GPU's decode step costs about the same at 16 rows as at 512), else 64
+    (a CPU's step grows with the batch). Set `rollout.max_concurrent_episodes` at least as high,
+    or the collector never gathers that many requests."""
+    decode_mode: Literal["auto", "dynamic", "static", "graph"] = "auto"
+    """How decode steps run: `graph` replays fixed-shape steps as CUDA graphs
+    (grpo/rollout/decode_graphs.py), `static` runs those steps eagerly, `dynamic` attends exactly
+    the columns in use; `auto` = graph on CUDA, else dynamic."""
+    compact_fraction: float = Field(default=0.25, ge=0.0)
+    """Compact the batch once this fraction of its rows has finished (0: at every finish)."""
+
+    def batch_size_for(self, device_type: str) -> int:
+        if self.max_batch_size is not None:
+            return self.max_batch_size
+        return 512 if device_type == "cuda" else 64
 
 
 class VLLMConfig(Section):

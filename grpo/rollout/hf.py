@@ -45,10 +45,20 @@ from torch import nn
 from grpo.models.peft_weights import base_model_of, language_model_of
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
+from grpo.rollout.decode_graphs import StaticDecoder
 from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.sampling import sample_next_tokens, uniforms_per_row
+from grpo.rollout.sampling import (
+    BatchKinds,
+    counter_uniforms,
+    row_keys,
+    sample_next_tokens,
+    uniforms_per_row,
+    wide_dtype,
+)
 from grpo.rollout.sequence import LiveSequence
 from grpo.rollout.weights import copy_weights_into, inference_copy
+
+DECODE_MODES = ("auto", "dynamic", "static", "graph")
 
 
 def _check_full_attention(model) -> None:
@@ -78,6 +88,10 @@ class HFEngine(RolloutEngine):
     seed: seeds the engine's generator, which seeds requests that carry no seed of their own.
     decode_attention: "grouped" (the copy's decode steps use grpo/rollout/decode_attention.py) or
         "sdpa" (transformers' SDPA throughout). Only the engine's own copy is switched.
+    decode_mode: "dynamic" (each step attends exactly the columns in use, a fresh cache per
+        wave), "static" (fixed-shape steps over a persistent cache, grpo/rollout/decode_graphs.py),
+        "graph" (static steps replayed as CUDA graphs; CUDA only) or "auto" (graph on CUDA with
+        the engine's own weight copy, else dynamic).
     """
 
     def __init__(
@@ -95,6 +109,7 @@ class HFEngine(RolloutEngine):
         prefill_chunk_tokens: int = 4096,
         seed: int = 0,
         decode_attention: str = "grouped",
+        decode_mode: str = "auto",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -102,8 +117,15 @@ class HFEngine(RolloutEngine):
             raise ValueError(
                 f"decode_attention must be 'grouped' or 'sdpa', got {decode_attention!r}"
             )
+        if decode_mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode must be one of {DECODE_MODES}, got {decode_mode!r}")
         lm = language_model_of(model)
         self.device = torch.device(device) if device is not None else next(lm.parameters()).device
+        if decode_mode == "auto":
+            decode_mode = "graph" if self.device.type == "cuda" and copy_weights else "dynamic"
+        if decode_mode == "graph" and self.device.type != "cuda":
+            raise ValueError(f"decode_mode 'graph' needs a CUDA device, not {self.device}")
+        self.decode_mode = decode_mode
         self.tokenizer = tokenizer
         self.copy_weights = copy_weights
         self.autocast_dtype = autocast_dtype
@@ -125,6 +147,18 @@ class HFEngine(RolloutEngine):
         self._num_layers = text_config.num_hidden_layers
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         self._pad_id = pad if pad is not None else (getattr(text_config, "pad_token_id", None) or 0)
+        if decode_mode in ("static", "graph") and self._mask_kind != "bool":
+            raise ValueError(
+                f"decode_mode {decode_mode!r} needs boolean attention masks (sdpa or the engine's "
+                "attention), not this model's additive ones"
+            )
+        self._static = (
+            StaticDecoder(
+                self._forward, self._num_layers, self.device, capture=decode_mode == "graph"
+            )
+            if decode_mode in ("static", "graph")
+            else None
+        )
         self._lock = threading.Lock()
         self._generator = torch.Generator().manual_seed(seed)
         self.last_metrics: dict[str, float] = {}
@@ -160,6 +194,8 @@ class HFEngine(RolloutEngine):
     def close(self) -> None:
         """Drop the engine's weight copy (the engine cannot generate afterwards)."""
         with self._lock:
+            if self._static is not None:
+                self._static.release()
             if self.copy_weights:
                 self.model = None
 
@@ -188,10 +224,13 @@ class HFEngine(RolloutEngine):
                 "decode_steps": 0.0,
                 "compactions": 0.0,
                 "waves": 0.0,
+                "graph_captures": 0.0,
             }
             for wave in self._waves(requests):
                 metrics["waves"] += 1
                 self._run_wave(requests, wave, seeds, results, metrics)
+            if self._static is not None:
+                metrics["graph_captures"] = float(self._static.captures)
             seconds = time.perf_counter() - started
             generated = float(sum(len(r.token_ids) for r in results))
             metrics.update(
@@ -270,17 +309,17 @@ class HFEngine(RolloutEngine):
             start = end
         logits = []
         for start, end in chunks:
-            lengths = torch.tensor([len(p) for p in prompts[start:end]], device=device)  # [n]
-            length = int(lengths[0])
-            pad = length - lengths  # [n]
-            ids = torch.full(
-                (end - start, length), self._pad_id, dtype=torch.long, device=device
-            )  # [n, L]
+            length = len(prompts[start])
+            # Built on the host and moved once (a copy per prompt costs a device round trip each).
+            pad = torch.tensor([length - len(p) for p in prompts[start:end]])  # [n]
+            ids = torch.full((end - start, length), self._pad_id, dtype=torch.long)  # [n, L]
             for j, prompt in enumerate(prompts[start:end]):
                 ids[j, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            no_padding = bool((pad == 0).all())
+            ids, pad = ids.to(device), pad.to(device)
             columns = torch.arange(length, device=device)  # [L]
             positions = (columns.unsqueeze(0) - pad.unsqueeze(1)).clamp_(min=0)  # [n, L]
-            if bool((pad == 0).all()):
+            if no_padding:
                 mask = None  # plain causal attention: SDPA's is_causal path
             else:
                 causal = columns.unsqueeze(1) >= columns.unsqueeze(0)  # [L(q), L(k)]
@@ -298,7 +337,7 @@ class HFEngine(RolloutEngine):
     ) -> None:
         for index in wave:
             if requests[index].sampling.max_new_tokens == 0:
-                results[index] = LiveSequence(index, requests[index].sampling, None).result(requests)
+                results[index] = LiveSequence(index, requests[index].sampling, 0).result(requests)
         # Unique prompts, longest first; the rows of one prompt adjacent.
         groups: dict[tuple[int, ...], list[int]] = {}
         for index in wave:
@@ -311,13 +350,14 @@ class HFEngine(RolloutEngine):
         row_prompt: list[int] = []
         for u, prompt in enumerate(prompts):
             for index in groups[prompt]:
-                sampling = requests[index].sampling
-                seeded = torch.Generator().manual_seed(seeds[index])
-                rows.append(LiveSequence(index, sampling, seeded if sampling.temperature > 0 else None))
+                rows.append(LiveSequence(index, requests[index].sampling, seeds[index]))
                 row_prompt.append(u)
         width = len(prompts[0])  # P: every prompt ends at column P - 1
         capacity = width + max(row.sampling.max_new_tokens for row in rows)
-        cache = PreallocatedCache(self._num_layers, len(rows), capacity, zero_columns=width)
+        if self._static is not None:
+            cache = self._static.cache_for(len(rows), capacity)
+        else:
+            cache = PreallocatedCache(self._num_layers, len(rows), capacity, zero_columns=width)
 
         started = time.perf_counter()
         prompt_logits = self._prefill(prompts, cache, width)  # [U, V]
@@ -346,16 +386,27 @@ class HFEngine(RolloutEngine):
         allowed = columns.unsqueeze(0) >= start.unsqueeze(1)  # [B, cap]
         temperature = torch.tensor([r.sampling.temperature for r in rows], device=device)  # [B]
         top_p = torch.tensor([r.sampling.top_p for r in rows], device=device)  # [B]
+        keys = row_keys([r.seed for r in rows], device)  # [B]
+        kinds = BatchKinds.of(rows)  # known here: the sampler need not ask the device
+        wide = wide_dtype(device)
         n_uniforms = uniforms_per_row(logits.shape[-1])
+        step = 0  # tokens each live row has drawn so far
+        static = self._static
+        if static is not None:
+            static.begin(start, pos)
         finished = 0  # rows finished but not yet compacted away
         while True:
-            uniforms = torch.full((len(rows), n_uniforms), 0.5, dtype=torch.float64)  # [B, U]
-            for row, row_uniforms in zip(rows, uniforms):
-                row.draw_uniforms(row_uniforms)
             t_sample = time.perf_counter()
-            tokens, logprobs = sample_next_tokens(logits, temperature, top_p, uniforms)  # [B], [B]
+            uniforms = counter_uniforms(keys, step, n_uniforms, wide)  # [B, U]
+            tokens, logprobs = sample_next_tokens(
+                logits, temperature, top_p, uniforms, kinds=kinds
+            )  # [B], [B]
+            step += 1
+            # One device-to-host copy for both (token ids are exact in float64).
+            drawn = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).tolist()
             metrics["sample_seconds"] += time.perf_counter() - t_sample
-            for row, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist()):
+            for row, token, logprob in zip(rows, drawn[0], drawn[1]):
+                token = int(token)
                 if row.finish_reason is None:
                     row.tokens.append(token)
                     row.logprobs.append(logprob)
@@ -371,17 +422,23 @@ class HFEngine(RolloutEngine):
                 keep_list = [i for i, row in enumerate(rows) if row.finish_reason is None]
                 keep = torch.tensor(keep_list, device=device)
                 cache.select_rows(keep, int(start[keep].min()), pos)
+                if static is not None:
+                    static.compact(keep)
                 rows = [rows[i] for i in keep_list]
                 tokens, start, allowed = tokens[keep], start[keep], allowed[keep]
-                temperature, top_p = temperature[keep], top_p[keep]
+                temperature, top_p, keys = temperature[keep], top_p[keep], keys[keep]
+                kinds = BatchKinds.of(rows)
                 finished = 0
                 metrics["compactions"] += 1
-            lo = int(start.min())
-            cache.set_window(slice(0, len(rows)), lo=lo, pos=pos)
-            mask = self._mask(allowed[:, None, None, lo : pos + 1])  # [B, 1, 1, pos + 1 - lo]
-            positions = (pos - start).unsqueeze(1)  # [B, 1]
             t_forward = time.perf_counter()
-            logits = self._forward(tokens.unsqueeze(1), mask, positions, cache)  # [B, V]
+            if static is not None:
+                logits = static.step(tokens, pos - start, pos)  # [B, V]
+            else:
+                lo = int(start.min())
+                cache.set_window(slice(0, len(rows)), lo=lo, pos=pos)
+                mask = self._mask(allowed[:, None, None, lo : pos + 1])  # [B, 1, 1, pos + 1 - lo]
+                positions = (pos - start).unsqueeze(1)  # [B, 1]
+                logits = self._forward(tokens.unsqueeze(1), mask, positions, cache)  # [B, V]
             metrics["decode_forward_seconds"] += time.perf_counter() - t_forward
             pos += 1
             metrics["decode_steps"] += 1

@@ -10,6 +10,13 @@ prompt are masked by the caller's attention mask.
 A forward covers a `CacheWindow`: a contiguous slice of rows (prefill chunks fill some rows at a
 time), the first column attended (`lo`) and the column written first (`pos`). `select_rows`
 compacts finished rows away and `copy_rows` fans a prefilled prompt out to the rows sharing it.
+
+Static windows (`set_static`) serve fixed-shape decode steps (grpo/rollout/decode_graphs.py): the
+column written is a device tensor instead of a Python int, and the forward attends over a fixed
+number of columns [0, width) (the caller masks those not yet written), so one step's kernels do
+not depend on the step and can be replayed as a CUDA graph. A cache used that way is zeroed
+whole when allocated (`zero_columns=capacity`): masked columns are still multiplied by zero
+weights, so every column must hold finite values.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ class CacheWindow:
     """First column attended."""
     pos: int
     """First column the forward writes (its query tokens occupy [pos, pos + q))."""
+    write_index: torch.Tensor | None = None
+    """Static windows: the column written, a one-element device tensor (`pos` is then unused)."""
+    width: int = 0
+    """Static windows: columns [0, width) are attended."""
 
 
 class _PreallocatedLayer(CacheLayerMixin):
@@ -63,15 +74,23 @@ class _PreallocatedLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         w = self.window
+        if w.write_index is not None:
+            self.keys[w.rows].index_copy_(2, w.write_index, key_states)
+            self.values[w.rows].index_copy_(2, w.write_index, value_states)
+            return self.keys[w.rows, :, : w.width], self.values[w.rows, :, : w.width]
         end = w.pos + key_states.shape[-2]
         self.keys[w.rows, :, w.pos : end] = key_states
         self.values[w.rows, :, w.pos : end] = value_states
         return self.keys[w.rows, :, w.lo : end], self.values[w.rows, :, w.lo : end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.window.write_index is not None:
+            return self.window.width, 0
         return self.window.pos - self.window.lo + query_length, 0
 
     def get_seq_length(self) -> int:
+        if self.window.write_index is not None:
+            return self.window.width - 1
         return self.window.pos - self.window.lo
 
     def get_max_length(self) -> int:
@@ -105,8 +124,23 @@ class PreallocatedCache(Cache):
             ]
         )
 
+    @property
+    def rows(self) -> int:
+        return self.layers[0].batch
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].capacity
+
     def set_window(self, rows: slice, lo: int, pos: int) -> None:
         self.window.rows, self.window.lo, self.window.pos = rows, lo, pos
+        self.window.write_index = None
+
+    def set_static(self, rows: slice, width: int, write_index: torch.Tensor) -> None:
+        """The next forwards write one column, `write_index` (a [1] device tensor), of `rows`
+        and attend over columns [0, width)."""
+        self.window.rows, self.window.lo, self.window.width = rows, 0, width
+        self.window.write_index = write_index
 
     def select_rows(self, keep: torch.Tensor, lo: int, end: int) -> None:
         for layer in self.layers:

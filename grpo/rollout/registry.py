@@ -29,6 +29,9 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
     options.setdefault("dtype", compute_dtype(device, config.model.dtype if config is not None else "auto"))
     if config is not None:
         options.setdefault("seed", config.seed)
+        options.setdefault("max_batch_size", config.hf.batch_size_for(device.type))
+        options.setdefault("decode_mode", config.hf.decode_mode)
+        options.setdefault("compact_fraction", config.hf.compact_fraction)
     return HFEngine(policy, tokenizer, device=device, **options)
 
 

@@ -1,10 +1,8 @@
-"""One sequence being sampled by an engine: its tokens, log-probs, random stream and stop rules."""
+"""One sequence being sampled by an engine: its tokens, log-probs, random seed and stop rules."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
 
 from grpo.rollout.base import FinishReason, GenerationRequest, GenerationResult, SamplingParams
 
@@ -13,17 +11,11 @@ from grpo.rollout.base import FinishReason, GenerationRequest, GenerationResult,
 class LiveSequence:
     request_index: int
     sampling: SamplingParams
-    generator: torch.Generator | None
-    """The request's own random stream; None for greedy sequences (they draw nothing)."""
+    seed: int
+    """The request's random stream (grpo/rollout/sampling.py `counter_uniforms`)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
-
-    def draw_uniforms(self, out: torch.Tensor) -> None:
-        """This step's random numbers: a fixed count per step from the sequence's own generator,
-        so its samples never depend on the other sequences in the batch."""
-        if self.generator is not None and self.finish_reason is None:
-            torch.rand(out.shape, generator=self.generator, dtype=out.dtype, out=out)
 
     def stop_window(self) -> int:
         """Generated tokens that can hold a just-completed stop string: a character is at most 4
