@@ -12,6 +12,9 @@ One `generate` call runs the requests in waves of up to `max_batch_size` rows:
    layer instead of SDPA's CPU kernel: batch-64 decode steps 14% faster).
 3. Rows that finish (stop token, stop string, max_new_tokens) stop being sampled; once enough of
    them have finished, the batch and its cache are compacted so they stop costing compute.
+4. On CUDA (`decode_mode="graph"`, the default there) the decode steps run with fixed shapes over
+   one persistent cache and are replayed as CUDA graphs (grpo/rollout/decode_graphs.py): a
+   135M model's eager step is ~600 kernel launches, 34-40 ms on an H100 whatever the batch.
 
 Weights: by default the engine keeps its own inference copy of the policy (LoRA merged in):
 Linear weights in bf16, pre-packed for oneDNN and with q/k/v and gate/up fused into one matmul
@@ -21,7 +24,8 @@ fp32 -- what bf16 autocast computes, without autocast re-casting every weight at
 weights into the copy. `copy_weights=False` samples from the policy module itself (optionally
 under autocast) instead, and `sync_weights` then has nothing to do.
 
-Reproducibility: a seeded request draws its random numbers from its own generator, so its tokens
+Reproducibility: a seeded request draws its random numbers from its own counter-based stream
+(grpo/rollout/sampling.py), so its tokens
 do not depend on its batch company as long as its logits do not. In fp32 they do not (the real
 model, 20 seeded requests × 48 tokens, alone vs batched together: identical tokens and
 log-probs). In bf16, batch shape and padding change the last bits of some activations and bf16
