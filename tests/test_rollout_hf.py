@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.hf import HFEngine
 from grpo.rollout.registry import ENGINES, make_engine
 from grpo.rollout.sampling import (
@@ -386,7 +387,13 @@ def test_decode_mode_is_checked(model, tokenizer):
         HFEngine(model, tokenizer, decode_mode="fast")
     with pytest.raises(ValueError, match="'graph' needs a CUDA device"):
         HFEngine(model, tokenizer, decode_mode="graph")
-    assert HFEngine(model, tokenizer).decode_mode == "dynamic"  # auto on a CPU
+    engine = HFEngine(model, tokenizer)
+    assert engine.decode_mode == "dynamic"  # auto on a CPU
+    assert (engine.max_batch_size, engine.prefill_chunk_tokens) == (64, 4096)
+    gpu = HFEngineConfig()
+    assert (gpu.batch_size_for("cuda"), gpu.prefill_chunk_for("cuda")) == (512, 32768)
+    chosen = HFEngineConfig(max_batch_size=8, prefill_chunk_tokens=100)
+    assert (chosen.batch_size_for("cuda"), chosen.prefill_chunk_for("cpu")) == (8, 100)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")

@@ -116,6 +116,22 @@ def test_micro_batch_size_does_not_change_the_gradient():
             torch.testing.assert_close(a, b, atol=2e-6, rtol=0)
 
 
+def test_micro_batch_tokens_does_not_change_the_gradient():
+    results = []
+    for micro, tokens in ((8, None), (8, 1), (8, 30), (2, 1000)):
+        policy = make_policy(value_head=False)
+        trajs = make_trajectories(policy, [[1.0, 0.0, 0.5, 0.0], [0.2, 1.0, 0.0, 0.0]])
+        opt = torch.optim.SGD(policy.trainable_parameters(), lr=1.0)
+        sched = make_scheduler(opt, OptimizerConfig())
+        train_step(policy, None, opt, sched, trajs,
+                   make_settings(loss={"kl": "off", "loss_agg": "seq_mean_token_mean"},
+                                 micro_batch_size=micro, micro_batch_tokens=tokens))
+        results.append(snapshot(policy))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, atol=2e-6, rtol=0)
+
+
 def test_several_epochs_move_ratios_and_report_kl_to_reference():
     policy = make_policy(value_head=False)
     reference = make_reference(policy, ReferenceConfig(ema_decay=1.0, update_every=1))

@@ -47,11 +47,28 @@ def minibatch_order(num_rows: int, num_minibatches: int, shuffle: bool) -> list[
     return [order[part::num_minibatches] for part in range(num_minibatches)]
 
 
+def micro_batch_rows(lengths: dict[int, int], rows: list[int], size: int,
+                     max_tokens: int | None = None) -> list[list[int]]:
+    """Rows sorted by length (padding, i.e. wasted compute, stays small inside each group), cut
+    into groups of at most `size` rows and, with `max_tokens`, at most that many padded tokens
+    (rows x the group's longest length; a single longer row still gets a group of its own)."""
+    rows = sorted(rows, key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in rows:
+        group = groups[-1] if groups else None
+        if (group is None or len(group) >= size
+                or (max_tokens is not None and (len(group) + 1) * lengths[i] > max_tokens)):
+            groups.append([i])
+        else:
+            group.append(i)
+    return groups
+
+
 def micro_batches(trajectories: Sequence[Trajectory], rows: list[int], size: int, pad_id: int,
-                  device) -> list[MicroBatch]:
-    # Sorting by length keeps padding (wasted compute) small inside each micro-batch.
-    rows = sorted(rows, key=lambda i: len(trajectories[i].token_ids))
-    return [collate(trajectories, rows[s : s + size], pad_id, device) for s in range(0, len(rows), size)]
+                  device, max_tokens: int | None = None) -> list[MicroBatch]:
+    lengths = {i: len(trajectories[i].token_ids) for i in rows}
+    return [collate(trajectories, group, pad_id, device)
+            for group in micro_batch_rows(lengths, rows, size, max_tokens)]
 
 
 def scatter(per_row: dict[int, torch.Tensor], mb: MicroBatch) -> torch.Tensor:

@@ -90,6 +90,11 @@ class OptimizerConfig(Section):
     """Optimizer steps per epoch; each minibatch is split into micro-batches."""
     micro_batch_size: int = Field(default=8, ge=1)
     """Sequences per forward/backward (gradient accumulation fills the minibatch)."""
+    micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """Also cap each micro-batch at this many padded tokens (rows x its longest sequence; rows
+    are length-sorted first), so short sequences share a forward and long ones do not exceed
+    memory. null: only `micro_batch_size` counts. The loss is normalized over the whole
+    minibatch, so how rows are grouped changes speed and memory, not the update."""
 
 
 class ReferenceConfig(Section):

@@ -48,6 +48,7 @@ from torch import nn
 
 from grpo.models.peft_weights import base_model_of, language_model_of
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
+from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.decode_graphs import StaticDecoder
 from grpo.rollout.kv_cache import PreallocatedCache
@@ -88,7 +89,9 @@ class HFEngine(RolloutEngine):
     autocast_dtype: run forwards under `torch.autocast` in this dtype (for `copy_weights=False`).
     compact_fraction: compact the batch once this fraction of its rows has finished (0: at every
         finish; > 1: never).
-    prefill_chunk_tokens: padded prompt tokens per prefill forward (bounds activation memory).
+    max_batch_size: rows decoded together (None: 512 on CUDA, else 64).
+    prefill_chunk_tokens: padded prompt tokens per prefill forward (bounds activation memory;
+        None: 32768 on CUDA, else 4096).
     seed: seeds the engine's generator, which seeds requests that carry no seed of their own.
     decode_attention: "grouped" (the copy's decode steps use grpo/rollout/decode_attention.py) or
         "sdpa" (transformers' SDPA throughout). Only the engine's own copy is switched.
@@ -108,14 +111,14 @@ class HFEngine(RolloutEngine):
         head_dtype: torch.dtype | None = None,
         copy_weights: bool = True,
         autocast_dtype: torch.dtype | None = None,
-        max_batch_size: int = 64,
+        max_batch_size: int | None = None,
         compact_fraction: float = 0.25,
-        prefill_chunk_tokens: int = 4096,
+        prefill_chunk_tokens: int | None = None,
         seed: int = 0,
         decode_attention: str = "grouped",
         decode_mode: str = "auto",
     ) -> None:
-        if max_batch_size < 1:
+        if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if decode_attention not in ("grouped", "sdpa"):
             raise ValueError(
@@ -133,9 +136,12 @@ class HFEngine(RolloutEngine):
         self.tokenizer = tokenizer
         self.copy_weights = copy_weights
         self.autocast_dtype = autocast_dtype
-        self.max_batch_size = max_batch_size
+        defaults = HFEngineConfig()  # the device-dependent defaults of the `hf:` config section
+        self.max_batch_size = max_batch_size or defaults.batch_size_for(self.device.type)
         self.compact_fraction = compact_fraction
-        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens or defaults.prefill_chunk_for(
+            self.device.type
+        )
         if copy_weights:
             self.model = inference_copy(lm, dtype, head_dtype, self.device)
             # Our 4-D masks are boolean SDPA masks; the copy is ours to configure.
