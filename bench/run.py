@@ -19,6 +19,8 @@ on a shared machine every wall time is an upper bound):
               seconds, and the share generating / waiting on tools / updating
   calculator512  (CUDA only) one step of configs/gpu.yaml: 64 calculator tasks x G=8, 512
               episodes, through the trainer (median of the steps after a warm-up)
+  trl         (where TRL is installed; not a dependency) the standard work under TRL's
+              GRPOTrainer (bench/trl_baseline.py), and with `standard` in the same run the ratio
 
 On CUDA (`--device cuda`, the default where a GPU is visible) the same sections run on the GPU:
 peak is the bf16 8192³ matmul and the device-to-device copy bandwidth; generation runs batches
@@ -46,6 +48,7 @@ import torch.nn.functional as F
 from bench.generation import make_prompts, measure_bandwidth_gbs, measure_peak_gflops
 from bench.steps import multi_turn_step, standard_step
 from bench.tools import compare_with_raw_client
+from bench.trl_baseline import trl_available, trl_standard_step
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import compute_dtype
 from grpo.models.policy import PolicyWithValueHead
@@ -53,8 +56,8 @@ from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine
 
-SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512")
-CPU_SECTIONS = SECTIONS[:-1]
+SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512", "trl")
+CPU_SECTIONS = tuple(s for s in SECTIONS if s != "calculator512")
 CUDA_BATCHES = [16, 64, 256, 512]
 
 
@@ -188,6 +191,9 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
             report["tools"] = _tools(tool_calls)
         elif section == "multiturn":
             report["multiturn"] = multi_turn_step(threads=threads, overrides=(f"device={device}",))
+        elif section == "trl":
+            report["trl"] = (trl_standard_step(steps=steps, threads=threads, device=device) if trl_available()
+                             else {"skipped": "TRL is not installed (pip install trl datasets)"})
         elif section == "calculator512":
             report["calculator512"] = multi_turn_step(
                 steps=3, config_path="configs/gpu.yaml", threads=threads, tasks_per_step=64,
@@ -229,6 +235,10 @@ def headline(report: dict) -> dict:
             if copy:  # every decode step reads every weight once
                 out[f"gen_b{b}_fraction_of_copy_bandwidth"] = round(
                     gen[f"b{b}_decode_steps_per_s"] * gen["weight_bytes"] / (copy * 1e9), 4)
+    trl_s = report.get("trl", {}).get("trl_step_median_s")
+    out["trl_step_median_s"] = trl_s
+    out["standard_step_speedup_vs_trl"] = (
+        round(trl_s / out["standard_step_median_s"], 2) if trl_s and out["standard_step_median_s"] else None)
     if "calculator512" in report:
         steps = report["calculator512"]["steps"][1:]
         out["calculator512_step_s"] = round(statistics.median(r["step_s"] for r in steps), 3)
@@ -246,6 +256,10 @@ def print_table(report: dict) -> None:
     ]
     for key, value in std.get("split_median_s", {}).items():
         rows.append((f"  {key.removesuffix('_s')} s", value, ""))
+    if "trl" in report:
+        rows.append(("TRL GRPOTrainer, same work, median s", report.get("trl_step_median_s"),
+                     report["trl"].get("skipped") or f"trl {report['trl']['trl_version']}, this run"))
+        rows.append(("  standard step speed-up vs TRL", report.get("standard_step_speedup_vs_trl"), "target >= 4"))
     gen = report.get("generation", {})
     for b in (1, 16, 64, 256, 512):
         if f"b{b}_tokens_per_s" in gen or b in (1, 16, 64):
@@ -300,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="standard step: train every sequence (no zero-advantage skipping)")
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    sections = args.sections or list(SECTIONS if device == "cuda" else CPU_SECTIONS)
+    sections = args.sections or [s for s in (SECTIONS if device == "cuda" else CPU_SECTIONS)
+                                 if s != "trl" or trl_available()]
     report = run(sections, args.steps, args.threads, args.tool_calls, not args.no_skip, device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

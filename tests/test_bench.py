@@ -55,3 +55,22 @@ def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
     assert all(step["generated_tokens"] > 0 for step in report["steps"])
     assert report["standard_step_median_s"] == round(report["steps"][1]["step_s"], 3)
     assert report["step_0_logprob_mismatch"] is not None
+
+
+def test_headline_cuda_bandwidth_share_trl_ratio_and_calculator512():
+    report = {
+        "peak": {"fp32_gflops": 5e4, "bf16_gflops": 8e5, "copy_gbs": 3000.0},
+        "standard": {"standard_step_median_s": 0.5},
+        "generation": {"parameters": 100_000_000, "weight_bytes": 300_000_000,
+                       "b512_tokens_per_s": 60000.0, "b512_decode_steps_per_s": 200.0},
+        "trl": {"trl_version": "1.16.0", "trl_step_median_s": 2.0},
+        "calculator512": {"steps": [{"step_s": 30.0}, {"step_s": 11.0}, {"step_s": 10.0},
+                                    {"step_s": 12.0}]},
+    }
+    out = headline(report)
+    assert out["gen_tokens_per_s_b512"] == 60000.0
+    assert out["gen_b512_fraction_of_copy_bandwidth"] == 0.02  # 200 steps/s x 0.3 GB / 3000 GB/s
+    assert out["standard_step_speedup_vs_trl"] == 4.0
+    assert out["calculator512_step_s"] == 11.0  # median after the warm-up step
+    skipped = headline({"trl": {"skipped": "TRL is not installed"}, "standard": {"standard_step_median_s": 1.0}})
+    assert skipped["trl_step_median_s"] is None and skipped["standard_step_speedup_vs_trl"] is None

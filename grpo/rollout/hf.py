@@ -3,8 +3,8 @@
 One `generate` call runs the requests in waves of up to `max_batch_size` rows:
 
 1. Requests with identical prompt ids (the G samples of a GRPO group) share one prefill: unique
-   prompts are prefilled in length-sorted, left-padded chunks into a preallocated KV cache
-   (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out to every sample.
+   prompts are prefilled in length-sorted, left-padded chunks (grpo/rollout/prefill.py) into a
+   preallocated KV cache (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out to every sample.
 2. A decode loop written over the model's own forward (`past_key_values`, an explicit 4-D
    attention mask and per-row position ids, so left padding gives the same result as unpadded
    sampling) samples one token per live row and step (grpo/rollout/sampling.py). The engine's copy
@@ -52,6 +52,7 @@ from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.decode_graphs import StaticDecoder
 from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.prefill import left_padded, prefill_chunks
 from grpo.rollout.sampling import (
     BatchKinds,
     counter_uniforms,
@@ -305,39 +306,11 @@ class HFEngine(RolloutEngine):
     ) -> torch.Tensor:
         """Prefill unique prompts (sorted longest first) into cache rows 0..U-1, right-aligned at
         column `width`; returns the logits of each prompt's first sampled token, [U, V]."""
-        device = self.device
-        chunks: list[tuple[int, int]] = []
-        start = 0
-        while start < len(prompts):
-            end = start + 1  # longest first: the chunk's padded length is its first prompt's
-            while (
-                end < len(prompts)
-                and (end - start + 1) * len(prompts[start]) <= self.prefill_chunk_tokens
-            ):
-                end += 1
-            chunks.append((start, end))
-            start = end
         logits = []
-        for start, end in chunks:
-            length = len(prompts[start])
-            # Built on the host and moved once (a copy per prompt costs a device round trip each).
-            pad = torch.tensor([length - len(p) for p in prompts[start:end]])  # [n]
-            ids = torch.full((end - start, length), self._pad_id, dtype=torch.long)  # [n, L]
-            for j, prompt in enumerate(prompts[start:end]):
-                ids[j, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            no_padding = bool((pad == 0).all())
-            ids, pad = ids.to(device), pad.to(device)
-            columns = torch.arange(length, device=device)  # [L]
-            positions = (columns.unsqueeze(0) - pad.unsqueeze(1)).clamp_(min=0)  # [n, L]
-            if no_padding:
-                mask = None  # plain causal attention: SDPA's is_causal path
-            else:
-                causal = columns.unsqueeze(1) >= columns.unsqueeze(0)  # [L(q), L(k)]
-                real_key = columns.unsqueeze(0) >= pad.unsqueeze(1)  # [n, L(k)]
-                allowed = causal.unsqueeze(0) & real_key.unsqueeze(1)  # [n, L, L]
-                # Padding queries see only themselves: finite states, never read by real tokens.
-                allowed |= torch.eye(length, dtype=torch.bool, device=device).unsqueeze(0)
-                mask = self._mask(allowed.unsqueeze(1))  # [n, 1, L, L]
+        for start, end in prefill_chunks([len(p) for p in prompts], self.prefill_chunk_tokens):
+            ids, positions, allowed = left_padded(prompts[start:end], self._pad_id, self.device)
+            length = ids.shape[1]
+            mask = None if allowed is None else self._mask(allowed)
             cache.set_window(slice(start, end), lo=width - length, pos=width - length)
             logits.append(self._forward(ids, mask, positions, cache))
         return torch.cat(logits)  # [U, V]

@@ -1,0 +1,52 @@
+"""Prompt prefill for HFEngine: unique prompts, longest first, in left-padded chunks.
+
+Prompts are right-aligned at one column (the longest prompt's length), so every row's first
+sampled token lands in the same cache column. A chunk holds as many prompts as fit
+`chunk_tokens` padded tokens (rows x the chunk's first, longest, prompt): it bounds a prefill
+forward's activation memory, and on a GPU, where a forward's cost is mostly launches, larger
+chunks mean fewer forwards (H100, 179k prompt tokens: 1.17 s in chunks of 4096, 0.58 s in 32768).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def prefill_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """[start, end) ranges over prompts sorted longest first: each holds at least one prompt and
+    otherwise at most `chunk_tokens` padded tokens."""
+    chunks: list[tuple[int, int]] = []
+    start = 0
+    while start < len(lengths):
+        end = start + 1  # longest first: the chunk's padded length is its first prompt's
+        while end < len(lengths) and (end - start + 1) * lengths[start] <= chunk_tokens:
+            end += 1
+        chunks.append((start, end))
+        start = end
+    return chunks
+
+
+def left_padded(
+    prompts: list[tuple[int, ...]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Prompts (longest first) as a left-padded batch: ids [n, L], position ids [n, L] (counting
+    real tokens from 0), and the boolean "may attend" mask [n, 1, L, L] (None when nothing is
+    padded: plain causal attention). Padding queries see only themselves: finite states that no
+    real token reads."""
+    length = len(prompts[0])
+    # Built on the host and moved once (a copy per prompt costs a device round trip each).
+    pad = torch.tensor([length - len(p) for p in prompts])  # [n]
+    ids = torch.full((len(prompts), length), pad_id, dtype=torch.long)  # [n, L]
+    for j, prompt in enumerate(prompts):
+        ids[j, length - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+    no_padding = bool((pad == 0).all())
+    ids, pad = ids.to(device), pad.to(device)
+    columns = torch.arange(length, device=device)  # [L]
+    positions = (columns.unsqueeze(0) - pad.unsqueeze(1)).clamp_(min=0)  # [n, L]
+    if no_padding:
+        return ids, positions, None
+    causal = columns.unsqueeze(1) >= columns.unsqueeze(0)  # [L(q), L(k)]
+    real_key = columns.unsqueeze(0) >= pad.unsqueeze(1)  # [n, L(k)]
+    allowed = causal.unsqueeze(0) & real_key.unsqueeze(1)  # [n, L, L]
+    allowed |= torch.eye(length, dtype=torch.bool, device=device).unsqueeze(0)
+    return ids, positions, allowed.unsqueeze(1)  # [n, 1, L, L]
