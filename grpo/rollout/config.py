@@ -32,6 +32,10 @@ class RolloutConfig(Section):
     """Temperature of held-out evaluation (0 = greedy)."""
 
 
+DecodeMode = Literal["auto", "dynamic", "static", "graph"]
+"""How HFEngine runs decode steps (grpo/rollout/hf.py, grpo/rollout/decode_graphs.py)."""
+
+
 class HFEngineConfig(Section):
     """Our KV-cached engine (`rollout.engine: hf`, grpo/rollout/hf.py)."""
 
@@ -40,7 +44,7 @@ class HFEngineConfig(Section):
     null: 512 on CUDA (a GPU's decode step costs about the same at 16 rows as at 512), else 64
     (a CPU's step grows with the batch). Set `rollout.max_concurrent_episodes` at least as high,
     or the collector never gathers that many requests."""
-    decode_mode: Literal["auto", "dynamic", "static", "graph"] = "auto"
+    decode_mode: DecodeMode = "auto"
     """How decode steps run: `graph` replays fixed-shape steps as CUDA graphs
     (grpo/rollout/decode_graphs.py), `static` runs those steps eagerly, `dynamic` attends exactly
     the columns in use; `auto` = graph on CUDA, else dynamic."""

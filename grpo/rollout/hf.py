@@ -42,13 +42,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from typing import get_args
 
 import torch
 from torch import nn
 
 from grpo.models.peft_weights import base_model_of, language_model_of
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
-from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.config import DecodeMode, HFEngineConfig
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.decode_graphs import StaticDecoder
 from grpo.rollout.kv_cache import PreallocatedCache
@@ -64,7 +65,7 @@ from grpo.rollout.sampling import (
 from grpo.rollout.sequence import LiveSequence
 from grpo.rollout.weights import copy_weights_into, inference_copy
 
-DECODE_MODES = ("auto", "dynamic", "static", "graph")
+DECODE_MODES = get_args(DecodeMode)
 
 
 def _check_full_attention(model) -> None:
@@ -237,11 +238,12 @@ class HFEngine(RolloutEngine):
                 "waves": 0.0,
                 "graph_captures": 0.0,
             }
+            captured_before = self._static.captures if self._static is not None else 0
             for wave in self._waves(requests):
                 metrics["waves"] += 1
                 self._run_wave(requests, wave, seeds, results, metrics)
             if self._static is not None:
-                metrics["graph_captures"] = float(self._static.captures)
+                metrics["graph_captures"] = float(self._static.captures - captured_before)
             seconds = time.perf_counter() - started
             generated = float(sum(len(r.token_ids) for r in results))
             metrics.update(
@@ -380,7 +382,8 @@ class HFEngine(RolloutEngine):
         finished = 0  # rows finished but not yet compacted away
         while True:
             t_sample = time.perf_counter()
-            uniforms = counter_uniforms(keys, step, n_uniforms, wide)  # [B, U]
+            # [B, U]; an all-greedy batch (held-out evaluation) draws nothing
+            uniforms = None if kinds.all_greedy else counter_uniforms(keys, step, n_uniforms, wide)
             tokens, logprobs = sample_next_tokens(
                 logits, temperature, top_p, uniforms, kinds=kinds
             )  # [B], [B]

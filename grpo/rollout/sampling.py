@@ -160,7 +160,7 @@ def sample_next_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_p: torch.Tensor,
-    uniforms: torch.Tensor,
+    uniforms: torch.Tensor | None,
     *,
     kinds: BatchKinds | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +168,8 @@ def sample_next_tokens(
 
     logits [B, V] (any float dtype; the arithmetic runs in fp32), temperature [B] (0 = greedy
     argmax), top_p [B], uniforms [B, uniforms_per_row(V)] in [0, 1), each row's own random
-    stream (unused by greedy rows). kinds: what the batch holds (None: read off the tensors).
+    stream (unused by greedy rows; None when every row is greedy). kinds: what the batch holds
+    (None: read off the tensors).
     Returns (tokens [B] int64, behavior_logprobs [B] fp32): log softmax(logits / T) at the token,
     T = 1 for greedy rows, before top-p truncation.
     """
@@ -212,6 +213,8 @@ def sample_next_tokens(
     if kinds.all_greedy:
         tokens = argmax()
         return tokens, logprobs_of(tokens)
+    if uniforms is None:
+        raise ValueError("uniforms may be None only when every row is greedy (temperature 0)")
 
     nucleus = ~greedy & (top_p < 1.0)
     if kinds.any_nucleus:
