@@ -46,6 +46,24 @@ VARIANTS = {
 }
 
 
+def best_seconds(work, repeats: int, device: str) -> float:
+    """The fastest of `repeats` runs of `work()`, in seconds (on CUDA timed with events)."""
+    best = float("inf")
+    for _ in range(repeats):
+        if torch.device(device).type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            work()
+            end.record()
+            end.synchronize()
+            best = min(best, begin.elapsed_time(end) / 1000)
+        else:
+            start = time.perf_counter()
+            work()
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def measure_peak_gflops(
     dtype: torch.dtype = torch.bfloat16, size: int = 2048, repeats: int = 10, device: str = "cpu"
 ) -> float:
@@ -56,20 +74,7 @@ def measure_peak_gflops(
     b = torch.randn(size, size, device=device).to(dtype)
     for _ in range(3):
         a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        if torch.device(device).type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            a @ b
-            end.record()
-            end.synchronize()
-            best = min(best, begin.elapsed_time(end) / 1000)
-        else:
-            start = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return 2 * size**3 / best_seconds(lambda: a @ b, repeats, device) / 1e9
 
 
 def measure_bandwidth_gbs(device: str, megabytes: int = 1024, repeats: int = 10) -> float:
@@ -77,15 +82,7 @@ def measure_bandwidth_gbs(device: str, megabytes: int = 1024, repeats: int = 10)
     src = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
     dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best = min(best, begin.elapsed_time(end) / 1000)
-    return 2 * src.numel() / best / 1e9
+    return 2 * src.numel() / best_seconds(lambda: dst.copy_(src), repeats, device) / 1e9
 
 
 def make_prompts(tokenizer, n: int, group: int, seed: int = 0) -> list[list[int]]:
@@ -140,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     header = (
         f"{'variant':<16}{'compact':>8}{'batch':>6}{'tok/s':>9}{'decode tok/s':>14}{'prefill s':>10}"
-        f"{'decode s':>9}{'ms/step':>8}{'% peak':>8}{'graphs':>7}"
+        f"{'decode s':>9}{'ms/step':>8}{'% peak':>8}{'captures':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -179,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"{variant:<16}{compact:>8.2f}{batch:>6}{tps:>9.1f}{decode_tps:>14.1f}"
                     f"{m['prefill_seconds']:>10.2f}{m['decode_seconds']:>9.2f}{step_ms:>8.1f}{share:>8.1%}"
-                    f"{int(m['graph_captures']):>7}",
+                    f"{int(m['graph_captures']):>9}",
                     flush=True,
                 )
         del engine
