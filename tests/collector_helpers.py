@@ -11,6 +11,7 @@ import time
 
 from conftest import mask_runs
 
+from environments.base import StepResult
 from environments.config import EnvironmentConfig
 from grpo.collect import chat_tokens
 from grpo.collect.collector import TrajectoryCollector
@@ -139,3 +140,28 @@ def assert_well_formed(tokenizer, traj):
     for m, lp in zip(traj.loss_mask, traj.behavior_logprobs):
         assert (lp <= 0.0) if m else (lp == 0.0)
     assert rebuild_from_transcript(tokenizer, traj) == traj.token_ids
+
+
+class GoOnEnvironment:
+    """Keeps the conversation going for `turns` turns with user observations, whatever is said:
+    drives real sampled (often non-canonical, often cut-off) turns through several deltas."""
+
+    def __init__(self, task, episode_id, turns: int = 3):
+        self.task, self.turns, self.seen = task, turns, []
+
+    async def reset(self, task):
+        return task.messages()
+
+    async def step(self, text, *, truncated=False):
+        self.seen.append((text, truncated))
+        if len(self.seen) >= self.turns:
+            return StepResult(
+                [], float(len(self.seen)), True, {"success": True, "counts": {"tool_calls": 0}}
+            )
+        observations = [{"role": "user", "content": f"Turn {len(self.seen)} done. Go on."}]
+        if len(self.seen) == 2:
+            observations.append({"role": "tool", "content": "a second observation"})
+        return StepResult(observations, 0.5, False, {})
+
+    async def close(self):
+        pass

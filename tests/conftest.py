@@ -35,6 +35,16 @@ def tokenizer():
 
 
 @pytest.fixture
+def one_thread():
+    """The tiny model's ops are too small to split: one thread is faster and immune to the
+    OpenMP stalls two threads suffer on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tiny_model(tokenizer):
     """A fresh 2-layer random Llama (seeded: identical in every test)."""
     return build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)

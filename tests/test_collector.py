@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from collector_helpers import (
+    GoOnEnvironment,
     ScriptedEngine,
     assert_well_formed,
     make_collector,
@@ -22,7 +23,6 @@ from collector_helpers import (
 from conftest import mask_runs
 
 import environments  # noqa: F401  (registers mcp_tool)
-from environments.base import StepResult
 from environments.tasks.loading import generate_tasks
 from grpo.collect import chat_tokens
 from grpo.collect.collector import turn_seed
@@ -177,31 +177,6 @@ def test_real_hf_engine_end_to_end(loop, calculator_tools, tasks, tokenizer, tin
     assert [t.token_ids for t in again.trajectories] == [t.token_ids for t in result.trajectories]
     for a, b in zip(again.trajectories, result.trajectories):
         assert a.behavior_logprobs == pytest.approx(b.behavior_logprobs, abs=1e-5)
-
-
-class GoOnEnvironment:
-    """Keeps the conversation going for `turns` turns with user observations, whatever is said:
-    drives real sampled (often non-canonical, often cut-off) turns through several deltas."""
-
-    def __init__(self, task, episode_id, turns: int = 3):
-        self.task, self.turns, self.seen = task, turns, []
-
-    async def reset(self, task):
-        return task.messages()
-
-    async def step(self, text, *, truncated=False):
-        self.seen.append((text, truncated))
-        if len(self.seen) >= self.turns:
-            return StepResult(
-                [], float(len(self.seen)), True, {"success": True, "counts": {"tool_calls": 0}}
-            )
-        observations = [{"role": "user", "content": f"Turn {len(self.seen)} done. Go on."}]
-        if len(self.seen) == 2:
-            observations.append({"role": "tool", "content": "a second observation"})
-        return StepResult(observations, 0.5, False, {})
-
-    async def close(self):
-        pass
 
 
 def test_real_hf_engine_multi_turn_sampled_tokens(loop, tasks, tokenizer, tiny_model):

@@ -19,14 +19,7 @@ from grpo.rollout.sampling import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to split: one thread is faster and immune to the
-    OpenMP stalls two threads suffer on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
@@ -259,6 +252,14 @@ def test_counter_uniforms_are_pinned_batch_invariant_and_uniform():
     assert chi2 < 150  # 99 degrees of freedom: p < 0.001 above 149
     next_step = counter_uniforms(row_keys(list(range(1000)), torch.device("cpu")), 8, 448, torch.float64)
     assert abs(torch.corrcoef(torch.stack([many.flatten(), next_step.flatten()]))[0, 1]) < 0.01
+
+
+def test_counter_uniforms_take_a_step_per_row():
+    keys = row_keys([0, 2**61 + 12345], torch.device("cpu"))
+    per_row = counter_uniforms(keys, torch.tensor([1, 0]), 3, torch.float64)
+    assert per_row[0].tolist() == counter_uniforms(keys[:1], 1, 3, torch.float64)[0].tolist()
+    assert per_row[0, 0].item() == 0.49363650486338884
+    assert per_row[1].tolist() == [0.5637011908693239, 0.08200854936148971, 0.5362026781076565]
 
 
 def test_sync_weights_follows_the_policy(model, tokenizer, prompts):

@@ -184,11 +184,13 @@ class TrajectoryCollector:
                     request_id=f"{episode.episode_id}/t{episode.num_turns}",
                     task_id=episode.task_id,
                     turn=episode.num_turns,
+                    session=episode.episode_id,
                 )
                 result = await batcher.generate(request)
                 await self._take_turn(batcher, env, episode, result)
             return episode.to_trajectory(episode_stats(episode.info, episode.transcript))
         finally:
+            batcher.session_ended(episode.episode_id)
             with batcher.inside_env():
                 try:
                     await env.close()

@@ -1,14 +1,20 @@
 """The generation batcher: gathers the pending generation requests of live episodes into
-`engine.generate` calls, one at a time in a worker thread (see `GenerationBatcher`)."""
+`engine.generate` calls, one at a time in a worker thread (see `GenerationBatcher`); with an
+engine that joins running batches, into one `engine.serve` call that the requests of episodes
+coming back from their tools join while it decodes."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
 import time
 from contextlib import contextmanager
 
 from grpo.collect.timeline import Timeline
-from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine
+from grpo.rollout.base import GenerationRequest, GenerationResult, RequestFeed, RolloutEngine
+
+_Entry = tuple[GenerationRequest, asyncio.Future, float]
 
 
 class GenerationBatcher:
@@ -27,7 +33,12 @@ class GenerationBatcher:
       as a batch of 32, so splitting one turn's requests into two batches nearly doubles its time).
 
     One engine call runs at a time, in a worker thread; requests arriving meanwhile form the next
-    batch.
+    batch -- unless the engine joins running batches (`engine.joins_running_batches`, our HF
+    engine's continuous batching): then the batch is handed to `engine.serve` through a feed,
+    requests arriving while it runs join it at its next decode step, and each result reaches its
+    episode as soon as its sequence ends, so a short turn's tool call runs while the long turns
+    are still generating. The serve call ends when the engine has nothing left to decode; later
+    requests start the next one.
     """
 
     def __init__(
@@ -46,13 +57,18 @@ class GenerationBatcher:
         self.last_generate_s = last_generate_s
         self.active = 0
         self.in_env = 0
-        self._pending: list[tuple[GenerationRequest, asyncio.Future, float]] = []
+        self._pending: list[_Entry] = []
+        self._feed: _Feed | None = None
+        """The running `serve` call's feed (continuous batching), or None."""
         self._changed = asyncio.Event()
         self._closed = False
         self.fatal: BaseException | None = None
         """Set when the engine raised something that is not an Exception (e.g. SystemExit): no
         further batches run and the collection re-raises it."""
         self.batch_sizes: list[int] = []
+        """Requests per engine call (a serve call counts the ones that joined it)."""
+        self.joined = 0
+        """Requests that joined a running serve call."""
         self.generated_tokens = 0
 
     def max_wait(self) -> float:
@@ -66,6 +82,12 @@ class GenerationBatcher:
     def episode_finished(self) -> None:
         self.active -= 1
         self._changed.set()
+
+    def session_ended(self, session: str) -> None:
+        """The episode whose requests named `session` asks nothing more: a serving engine need
+        not keep its last turn."""
+        if self._feed is not None:
+            self._feed.end_session(session)
 
     @contextmanager
     def inside_env(self):
@@ -85,8 +107,12 @@ class GenerationBatcher:
         if self.fatal is not None:
             raise RuntimeError(f"generation stopped: {self.fatal!r}")
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future, time.perf_counter()))
         self.active -= 1
+        if self._feed is not None and self._feed.offer(request, future):
+            self.joined += 1
+            self.batch_sizes[-1] += 1
+        else:
+            self._pending.append((request, future, time.perf_counter()))
         self._changed.set()
         try:
             # The batcher moves the episode back to active when it resolves the future.
@@ -125,7 +151,24 @@ class GenerationBatcher:
             batch, self._pending = self._pending, []
             await self._dispatch(batch)
 
-    async def _dispatch(self, batch: list[tuple[GenerationRequest, asyncio.Future, float]]) -> None:
+    def _resolve(
+        self, future: asyncio.Future, result: GenerationResult | None, error: BaseException | None
+    ) -> None:
+        """Hand an episode its result (or error); it becomes active again. A cancelled episode
+        restored its own state."""
+        if future.done():
+            return
+        self.active += 1
+        if error is not None:
+            future.set_exception(error)
+        else:
+            self.generated_tokens += len(result.token_ids)
+            future.set_result(result)
+
+    async def _dispatch(self, batch: list[_Entry]) -> None:
+        if self.engine.joins_running_batches:
+            await self._serve(batch)
+            return
         requests = [request for request, _, _ in batch]
         self.batch_sizes.append(len(requests))
         self.timeline.set_generating(True)
@@ -149,14 +192,108 @@ class GenerationBatcher:
             self.timeline.set_generating(False)
         waiting = batch + (self._pending if self.fatal is not None else [])
         for i, (_, future, _) in enumerate(waiting):
-            if future.done():  # the episode was cancelled meanwhile and restored its own state
-                continue
-            self.active += 1
-            if error is not None:
-                future.set_exception(error)
-            else:
-                self.generated_tokens += len(results[i].token_ids)
-                future.set_result(results[i])
+            self._resolve(future, None if error is not None else results[i], error)
         if self.fatal is not None:
             self._pending = []
             raise self.fatal
+
+    async def _serve(self, batch: list[_Entry]) -> None:
+        """Continuous batching: `engine.serve` over a feed that starts with `batch`."""
+        self.batch_sizes.append(len(batch))
+        feed = self._feed = _Feed(asyncio.get_running_loop(), self._resolve, batch)
+        self.timeline.set_generating(True)
+        try:
+            await asyncio.to_thread(self.engine.serve, feed)
+            error = None
+        # Any engine failure fails every episode still waiting on it (each is then retried).
+        except Exception as exc:  # noqa: BLE001
+            error = exc
+        # Cancellation or an exit: fail every waiting episode so that none hangs, then stop.
+        except BaseException as exc:  # noqa: BLE001
+            self.fatal = exc
+            error = RuntimeError(f"generation stopped: {exc!r}")
+        finally:
+            self.timeline.set_generating(False)
+            self._feed = None
+        undelivered = feed.close()
+        if error is None and undelivered:
+            error = RuntimeError(f"the engine ended without {len(undelivered)} results")
+        for future in undelivered:
+            self._resolve(future, None, error)
+        if self.fatal is not None:
+            for _, future, _ in self._pending:
+                self._resolve(future, None, error)
+            self._pending = []
+            raise self.fatal
+
+
+class _Feed(RequestFeed):
+    """The batcher's end of a `serve` call. The event loop offers requests; the engine's worker
+    thread takes them and hands results back, which reach their futures on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, resolve, batch: list[_Entry]) -> None:
+        self._loop = loop
+        self._resolve = resolve
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        """Notified when a request or a session end arrives (an idle engine waits on it)."""
+        self._ended: list[str] = []
+        self._open = True
+        self._queue: list[tuple[int, GenerationRequest]] = []
+        self._futures: dict[int, asyncio.Future] = {}
+        self._tickets = itertools.count()
+        for request, future, _ in batch:
+            self.offer(request, future)
+
+    def offer(self, request: GenerationRequest, future: asyncio.Future) -> bool:
+        """Queue a request for the running engine; False once the feed has closed."""
+        with self._lock:
+            if not self._open:
+                return False
+            ticket = next(self._tickets)
+            self._futures[ticket] = future
+            self._queue.append((ticket, request))
+            self._changed.notify_all()
+            return True
+
+    def take(
+        self, *, close_if_empty: bool, wait_s: float = 0.0
+    ) -> list[tuple[int, GenerationRequest]]:
+        with self._changed:
+            if not self._queue and not self._ended and wait_s > 0:
+                self._changed.wait(wait_s)
+            taken, self._queue = self._queue, []
+            if not taken and close_if_empty:
+                self._open = False
+            return taken
+
+    def end_session(self, session: str) -> None:
+        """An episode ended: the engine need not keep its last turn for another."""
+        with self._changed:
+            if self._open:
+                self._ended.append(session)
+                self._changed.notify_all()
+
+    def ended_sessions(self) -> list[str]:
+        with self._lock:
+            ended, self._ended = self._ended, []
+            return ended
+
+    def _hand_back(self, ticket: int, result, error) -> None:
+        with self._lock:
+            future = self._futures.pop(ticket)
+        self._loop.call_soon_threadsafe(self._resolve, future, result, error)
+
+    def deliver(self, ticket: int, result: GenerationResult) -> None:
+        self._hand_back(ticket, result, None)
+
+    def fail(self, ticket: int, error: Exception) -> None:
+        self._hand_back(ticket, None, error)
+
+    def close(self) -> list[asyncio.Future]:
+        """Close (later offers are refused) and return the futures nothing was handed back to."""
+        with self._lock:
+            self._open = False
+            self._queue = []
+            undelivered, self._futures = list(self._futures.values()), {}
+            return undelivered

@@ -29,6 +29,8 @@ def collection_metrics(
       close: where tool calls happen) and no engine call in flight: the engine idles on tools.
     - time_tools_overlapped_s: environment time hidden under generation.
     - tool_wait_share / generating_share: those two times over the wall time.
+    - engine_batches / mean_batch_size: engine calls and requests per call; joined_requests:
+      requests that joined a running engine call (continuous batching; counted in its size).
     - parse_failure_rate: turns whose tool-call markup could not be read / turns;
       tool_error_rate: tool calls that returned an error / tool calls.
     """
@@ -81,6 +83,7 @@ def collection_metrics(
         "rollout/generating_share": seconds["generating"] / wall if wall > 0 else 0.0,
         "rollout/engine_batches": float(len(batcher.batch_sizes)),
         "rollout/mean_batch_size": mean([float(b) for b in batcher.batch_sizes]),
+        "rollout/joined_requests": float(batcher.joined),
         "rollout/failed_episodes": float(failed_episodes),
         "rollout/excluded_groups": float(excluded_groups),
     }

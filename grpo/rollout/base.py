@@ -3,6 +3,12 @@
 Every backend (HF on CPU/CUDA/MPS, vLLM) implements `RolloutEngine`. The collector hands it a
 batch of `GenerationRequest`s (from all live episodes at once) and gets one `GenerationResult`
 per request, in order. Engines never see text: prompts are token ids, results are token ids.
+
+An engine that can add requests to a batch it is already decoding (`joins_running_batches`, our
+HF engine) also has `serve(feed)`: requests come from a `RequestFeed` while it decodes, join at
+the next decode step, and each result is handed back the moment its sequence ends (continuous
+batching), so an episode whose turn ended early runs its tool call and asks again while the
+others are still generating.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ class GenerationRequest:
     """The task of the episode asking (engines that sample ignore it; a scripted one reads it)."""
     turn: int = 0
     """The episode's assistant turn this request generates (0-based)."""
+    session: str = ""
+    """The conversation (episode) asking: its next turn's prompt extends this one's prompt and
+    result, so an engine may keep their keys and values for it (HFEngine.serve does)."""
 
 
 @dataclass
@@ -62,8 +71,43 @@ def check_request(request: GenerationRequest, *, has_tokenizer: bool) -> None:
         raise ValueError("stop_strings need the engine to have a tokenizer")
 
 
+class RequestFeed(ABC):
+    """Where a serving engine takes requests from and hands results back to (thread-safe: the
+    engine calls it from its worker thread). Tickets are the feed's names for its requests."""
+
+    @abstractmethod
+    def take(
+        self, *, close_if_empty: bool, wait_s: float = 0.0
+    ) -> list[tuple[int, GenerationRequest]]:
+        """Requests that arrived since the last call, as (ticket, request), oldest first.
+        `wait_s`: if there are none, wait up to that long for a request or a session end.
+        `close_if_empty`: if there are none, the feed closes (later requests go to the next
+        `serve` call); the engine asks this only when it has nothing left to decode."""
+
+    def ended_sessions(self) -> list[str]:
+        """Sessions that will ask nothing more (their episodes ended) since the last call."""
+        return []
+
+    @abstractmethod
+    def deliver(self, ticket: int, result: GenerationResult) -> None:
+        """The result of one request (each ticket is delivered or failed once)."""
+
+    @abstractmethod
+    def fail(self, ticket: int, error: Exception) -> None:
+        """One request cannot be generated (e.g. invalid sampling parameters)."""
+
+
 class RolloutEngine(ABC):
     """Samples continuations of token-id prompts."""
+
+    joins_running_batches: bool = False
+    """True when `serve` can add requests to a batch it is decoding (continuous batching)."""
+
+    def serve(self, feed: RequestFeed) -> None:
+        """Generate the feed's requests until it closes, delivering each result as soon as it is
+        done; requests that arrive meanwhile join the running batch. Blocking. Only engines with
+        `joins_running_batches` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve a request feed")
 
     @abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -50,6 +50,24 @@ class HFEngineConfig(Section):
     the columns in use; `auto` = graph on CUDA, else dynamic."""
     compact_fraction: float = Field(default=0.25, ge=0.0)
     """Compact the batch once this fraction of its rows has finished (0: at every finish)."""
+    continuous_batching: bool = True
+    """Requests of episodes coming back from their tools join the batch the engine is decoding
+    (at its next step), and each result goes back the moment its sequence ends, instead of the
+    collector gathering each turn's requests into one batch that waits for its longest row
+    (grpo/rollout/live_batch.py)."""
+    park_steps: int = Field(default=64, ge=0)
+    """With continuous batching, a finished turn's cache row waits this many decode steps for its
+    episode's next turn, which then prefills only its new tokens (the observation) instead of the
+    whole conversation; it leaves earlier when the episode ends. 0: never wait. A waiting row
+    rides along in every decode step, about as costly as re-prefilling a prompt of that many
+    tokens."""
+    park_wait_s: float = Field(default=2.0, ge=0.0)
+    """How long the engine, with nothing else to decode, waits for the next turns of those rows
+    (episodes in their tool calls) before it lets them go."""
+    join_columns: int = Field(default=512, ge=0)
+    """Cache columns a batch keeps beyond its first prompts and their token budgets, for the
+    longer prompts of later turns that join it; a request that does not fit waits until the
+    batch has drained (memory: columns x rows x layers x 2 x kv heads x head dim x dtype size)."""
     prefill_chunk_tokens: int | None = Field(default=None, ge=1)
     """Padded prompt tokens per prefill forward (bounds its activation memory). null: 32768 on
     CUDA (a GPU's forward costs about the same at 4096 tokens as at 32768), else 4096."""

@@ -99,12 +99,23 @@ class StaticDecoder:
         self._pool = None
 
     # ------------------------------------------------------------------ the steps
-    def begin(self, start: torch.Tensor, pos: int) -> None:
-        """A wave's decode starts: row b's tokens occupy columns [start[b], pos); rows past the
-        wave's attend everywhere (finite padding)."""
-        n = start.numel()
-        self._allowed[n:] = True
-        self._allowed[:n, 0, 0] = (self._columns >= start.unsqueeze(1)) & (self._columns < pos)
+    def begin(self) -> None:
+        """A batch starts from no rows: every row is padding, attending everywhere."""
+        self._allowed.fill_(True)
+
+    def join(self, first: int, start: torch.Tensor, pos: int) -> None:
+        """Rows first .. first + n - 1 join: row first + i's tokens occupy columns [start[i], pos)."""
+        rows = slice(first, first + start.numel())
+        self._allowed[rows, 0, 0] = (self._columns >= start.unsqueeze(1)) & (self._columns < pos)
+
+    def allowed_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The "may attend" masks [n, capacity] of rows `index`."""
+        return self._allowed[index, 0, 0]
+
+    def extend(self, index: torch.Tensor, starts: torch.Tensor, pos: int) -> None:
+        """Rows `index` may now also attend columns [starts[i], pos)."""
+        new = (self._columns >= starts.unsqueeze(1)) & (self._columns < pos)  # [n, capacity]
+        self._allowed[index, 0, 0] |= new
 
     def compact(self, keep: torch.Tensor) -> None:
         """Rows `keep` (ascending) move to the front, as the cache's `select_rows` moved them."""
@@ -112,15 +123,18 @@ class StaticDecoder:
         self._allowed[:n] = self._allowed[keep]
         self._allowed[n:] = True
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor, pos: int) -> torch.Tensor:
+    def step(
+        self, tokens: torch.Tensor, positions: torch.Tensor, pos: int, real=True
+    ) -> torch.Tensor:
         """One decode step: live row b (of B) feeds `tokens[b]` at `positions[b]`, written to
-        column `pos`. Returns the next-token logits, [B, V]."""
+        column `pos`, which later steps attend where `real` (True, or a [B] bool tensor: False for
+        parked rows' throwaway tokens). Returns the next-token logits, [B, V]."""
         n = tokens.numel()
         rows = min(row_bucket(n), self.cache.rows)
         width = min(_round_up(pos + 1, self.width_step), self.cache.capacity)
         self._input_ids[:n, 0] = tokens
         self._positions[:n, 0] = positions
-        self._allowed[:n, 0, 0, pos] = True
+        self._allowed[:n, 0, 0, pos] = real
         self._write_index.fill_(pos)
         if not self.capture:
             return self._run(rows, width)[:n]

@@ -1,17 +1,23 @@
 """HFEngine: batched, KV-cached sampling with a transformers causal LM (CPU first; CUDA/MPS work).
 
-One `generate` call runs the requests in waves of up to `max_batch_size` rows:
+A `generate` call decodes its requests in one live batch of up to `max_batch_size` rows
+(grpo/rollout/decode_loop.py); `serve` does the same for requests that keep arriving from the
+collector while it decodes (continuous batching):
 
 1. Requests with identical prompt ids (the G samples of a GRPO group) share one prefill: unique
    prompts are prefilled in length-sorted, left-padded chunks (grpo/rollout/prefill.py) into a
-   preallocated KV cache (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out to every sample.
+   preallocated KV cache (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out
+   to every sample.
 2. A decode loop written over the model's own forward (`past_key_values`, an explicit 4-D
    attention mask and per-row position ids, so left padding gives the same result as unpadded
    sampling) samples one token per live row and step (grpo/rollout/sampling.py). The engine's copy
    attends for decode steps with grpo/rollout/decode_attention.py (two small batched matmuls per
    layer instead of SDPA's CPU kernel: batch-64 decode steps 14% faster).
-3. Rows that finish (stop token, stop string, max_new_tokens) stop being sampled; once enough of
-   them have finished, the batch and its cache are compacted so they stop costing compute.
+3. Rows that finish (stop token, stop string, max_new_tokens) are delivered at once and stop being
+   sampled; once enough of them have finished, the batch and its cache are compacted so they stop
+   costing compute. Requests waiting for a row join between two steps
+   (grpo/rollout/live_batch.py); in `serve`, a finished row of an episode waits a few steps for
+   the episode's next turn, which then prefills only its new tokens into the same row.
 4. On CUDA (`decode_mode="graph"`, the default there) the decode steps run with fixed shapes over
    one persistent cache and are replayed as CUDA graphs (grpo/rollout/decode_graphs.py): a
    135M model's eager step launches ~1,200 kernels, 33-40 ms on an H100 whatever the batch.
@@ -33,7 +39,7 @@ rounding amplifies that: seeded requests reproduce exactly in the same batch, bu
 diverged somewhere within 48 tokens when batched. Use `dtype=None` (an fp32 copy, ~2.5x slower
 on CPU) where batch-independent reproducibility matters more than speed.
 
-Thread safety: `generate` may be called from a worker thread (the collector uses
+Thread safety: `generate` and `serve` may be called from a worker thread (the collector uses
 `asyncio.to_thread`); a lock serialises callers, and torch ops release the GIL while they run.
 """
 
@@ -41,28 +47,23 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import get_args
 
 import torch
 from torch import nn
 
 from grpo.models.peft_weights import base_model_of, language_model_of
-from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
+from grpo.rollout.base import (
+    GenerationRequest,
+    GenerationResult,
+    RequestFeed,
+    RolloutEngine,
+    check_request,
+)
 from grpo.rollout.config import DecodeMode, HFEngineConfig
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.decode_graphs import StaticDecoder
-from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.prefill import left_padded, prefill_chunks
-from grpo.rollout.sampling import (
-    BatchKinds,
-    counter_uniforms,
-    row_keys,
-    sample_next_tokens,
-    uniforms_per_row,
-    wide_dtype,
-)
-from grpo.rollout.sequence import LiveSequence
+from grpo.rollout.decode_loop import DecodeLoop
 from grpo.rollout.weights import copy_weights_into, inference_copy
 
 DECODE_MODES = get_args(DecodeMode)
@@ -101,7 +102,16 @@ class HFEngine(RolloutEngine):
         wave), "static" (fixed-shape steps over a persistent cache, grpo/rollout/decode_graphs.py),
         "graph" (static steps replayed as CUDA graphs; CUDA only) or "auto" (graph on CUDA with
         the engine's own weight copy, else dynamic).
+    continuous_batching: offer `serve` to the collector (`joins_running_batches`); False: the
+        collector batches each turn's requests into `generate` calls.
+    park_steps, park_wait_s: how long `serve` keeps a finished row of a session for the
+        session's next turn (grpo/rollout/live_batch.py): at most `park_steps` decode steps, and
+        at most `park_wait_s` seconds of waiting when nothing else is live (0 steps: never).
+    join_columns: `serve` sizes a batch's cache for its first prompts, their token budgets and
+        this many columns more, for the longer prompts of requests that join later.
     """
+
+    joins_running_batches = True
 
     def __init__(
         self,
@@ -119,6 +129,10 @@ class HFEngine(RolloutEngine):
         seed: int = 0,
         decode_attention: str = "grouped",
         decode_mode: str = "auto",
+        continuous_batching: bool = True,
+        join_columns: int = 512,
+        park_steps: int = 64,
+        park_wait_s: float = 2.0,
     ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -141,6 +155,13 @@ class HFEngine(RolloutEngine):
         defaults = HFEngineConfig()  # the device-dependent defaults of the `hf:` config section
         self.max_batch_size = max_batch_size or defaults.batch_size_for(self.device.type)
         self.compact_fraction = compact_fraction
+        if join_columns < 0:
+            raise ValueError(f"join_columns must be >= 0, got {join_columns}")
+        self.join_columns = join_columns
+        if park_steps < 0 or park_wait_s < 0:
+            raise ValueError(f"park_steps and park_wait_s must be >= 0, got {park_steps}, {park_wait_s}")
+        self.park_steps, self.park_wait_s = park_steps, park_wait_s
+        self.joins_running_batches = continuous_batching
         self.prefill_chunk_tokens = prefill_chunk_tokens or defaults.prefill_chunk_for(
             self.device.type
         )
@@ -172,6 +193,7 @@ class HFEngine(RolloutEngine):
             else None
         )
         self._lock = threading.Lock()
+        self._loop = DecodeLoop(self)
         self._generator = torch.Generator().manual_seed(seed)
         self.last_metrics: dict[str, float] = {}
 
@@ -217,43 +239,28 @@ class HFEngine(RolloutEngine):
             return []
         for request in requests:
             self._validate(request)
-        with self._lock, torch.inference_mode(), self._autocast(), self._eval_mode():
-            started = time.perf_counter()
-            # Unseeded requests get a seed from the engine's generator, drawn in request order.
-            seeds = [
-                r.sampling.seed
-                if r.sampling.seed is not None
-                else int(torch.randint(0, 2**62, (), generator=self._generator))
-                for r in requests
-            ]
-            results: list[GenerationResult | None] = [None] * len(requests)
-            metrics = {
-                "prefill_seconds": 0.0,
-                "decode_seconds": 0.0,
-                "decode_forward_seconds": 0.0,
-                "sample_seconds": 0.0,
-                "prefill_tokens": 0.0,
-                "decode_steps": 0.0,
-                "compactions": 0.0,
-                "waves": 0.0,
-                "graph_captures": 0.0,
-            }
-            captured_before = self._static.captures if self._static is not None else 0
-            for wave in self._waves(requests):
-                metrics["waves"] += 1
-                self._run_wave(requests, wave, seeds, results, metrics)
-            if self._static is not None:
-                metrics["graph_captures"] = float(self._static.captures - captured_before)
-            seconds = time.perf_counter() - started
-            generated = float(sum(len(r.token_ids) for r in results))
-            metrics.update(
-                requests=float(len(requests)),
-                tokens_generated=generated,
-                seconds=seconds,
-                tokens_per_second=generated / seconds if seconds > 0 else 0.0,
-            )
-            self.last_metrics = metrics
-            return results  # type: ignore[return-value]
+        # Identical prompts adjacent: they share one prefill when they join together.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for index, request in enumerate(requests):
+            groups.setdefault(tuple(request.prompt_ids), []).append(index)
+        feed = _ListFeed(requests, [i for members in groups.values() for i in members])
+        # Requests beyond the first max_batch_size join as rows finish: room for one more budget.
+        budget = max(r.sampling.max_new_tokens for r in requests)
+        waves = len(requests) > self.max_batch_size
+        self._loop.run(
+            feed,
+            rows=min(len(requests), self.max_batch_size),
+            extra_columns=budget if waves else 0,
+            park=False,
+        )
+        if feed.error is not None:
+            raise feed.error
+        return feed.results  # type: ignore[return-value]
+
+    def serve(self, feed: RequestFeed) -> None:
+        """Continuous batching (see RolloutEngine.serve): a request that fails validation is
+        delivered as an error (`feed.fail`), the others are not affected."""
+        self._loop.run(feed, rows=self.max_batch_size, extra_columns=self.join_columns, park=True)
 
     def _validate(self, request: GenerationRequest) -> None:
         check_request(request, has_tokenizer=self.tokenizer is not None)
@@ -271,16 +278,6 @@ class HFEngine(RolloutEngine):
             yield
         finally:
             self.model.train(was_training)
-
-    def _waves(self, requests: list[GenerationRequest]) -> list[list[int]]:
-        """Request indices in waves of at most max_batch_size, identical prompts kept adjacent."""
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for index, request in enumerate(requests):
-            groups.setdefault(tuple(request.prompt_ids), []).append(index)
-        order = [index for members in groups.values() for index in members]
-        return [
-            order[i : i + self.max_batch_size] for i in range(0, len(order), self.max_batch_size)
-        ]
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         """Logits of the last position: [n, V] (the model's output dtype; the sampler upcasts)."""
@@ -303,130 +300,24 @@ class HFEngine(RolloutEngine):
             ~allowed, torch.finfo(dtype).min
         )
 
-    def _prefill(
-        self, prompts: list[tuple[int, ...]], cache: PreallocatedCache, width: int
-    ) -> torch.Tensor:
-        """Prefill unique prompts (sorted longest first) into cache rows 0..U-1, right-aligned at
-        column `width`; returns the logits of each prompt's first sampled token, [U, V]."""
-        logits = []
-        for start, end in prefill_chunks([len(p) for p in prompts], self.prefill_chunk_tokens):
-            ids, positions, allowed = left_padded(prompts[start:end], self._pad_id, self.device)
-            length = ids.shape[1]
-            mask = None if allowed is None else self._mask(allowed)
-            cache.set_window(slice(start, end), lo=width - length, pos=width - length)
-            logits.append(self._forward(ids, mask, positions, cache))
-        return torch.cat(logits)  # [U, V]
 
-    def _run_wave(
-        self, requests, wave: list[int], seeds: list[int], results: list, metrics: dict
-    ) -> None:
-        for index in wave:
-            if requests[index].sampling.max_new_tokens == 0:
-                results[index] = LiveSequence(index, requests[index].sampling, 0).result(requests)
-        # Unique prompts, longest first; the rows of one prompt adjacent.
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for index in wave:
-            if requests[index].sampling.max_new_tokens > 0:
-                groups.setdefault(tuple(requests[index].prompt_ids), []).append(index)
-        if not groups:
-            return
-        prompts = sorted(groups, key=len, reverse=True)
-        rows: list[LiveSequence] = []
-        row_prompt: list[int] = []
-        for u, prompt in enumerate(prompts):
-            for index in groups[prompt]:
-                rows.append(LiveSequence(index, requests[index].sampling, seeds[index]))
-                row_prompt.append(u)
-        width = len(prompts[0])  # P: every prompt ends at column P - 1
-        capacity = width + max(row.sampling.max_new_tokens for row in rows)
-        if self._static is not None:
-            cache = self._static.cache_for(len(rows), capacity)
-        else:
-            cache = PreallocatedCache(self._num_layers, len(rows), capacity, zero_columns=width)
 
-        started = time.perf_counter()
-        prompt_logits = self._prefill(prompts, cache, width)  # [U, V]
-        source = torch.tensor(row_prompt, device=self.device)  # [B]
-        if len(rows) > len(prompts):
-            cache.copy_rows(source, 0, width)  # fan each prompt out to its samples
-        metrics["prefill_seconds"] += time.perf_counter() - started
-        metrics["prefill_tokens"] += float(sum(len(p) for p in prompts))
+class _ListFeed(RequestFeed):
+    """The feed of one `generate` call: its requests (in `order`), then closed; results by index."""
 
-        started = time.perf_counter()
-        first_column = [width - len(prompts[u]) for u in row_prompt]
-        self._decode(
-            requests, rows, cache, prompt_logits[source], first_column, width, results, metrics
-        )
-        metrics["decode_seconds"] += time.perf_counter() - started
+    def __init__(self, requests: list[GenerationRequest], order: list[int]) -> None:
+        self.pending = [(i, requests[i]) for i in order]
+        self.results: list[GenerationResult | None] = [None] * len(requests)
+        self.error: Exception | None = None
 
-    def _decode(
-        self, requests, rows: list[LiveSequence], cache, logits, first_column, pos, results, metrics
-    ) -> None:
-        """Sample until every row has finished. `logits` [B, V] predict each row's first token;
-        row b's prompt occupies cache columns [first_column[b], pos)."""
-        device = self.device
-        start = torch.tensor(first_column, device=device)  # [B]
-        columns = torch.arange(cache.layers[0].capacity, device=device)  # [cap]
-        # allowed[b, c]: column c holds one of row b's tokens (left of its prompt: padding)
-        allowed = columns.unsqueeze(0) >= start.unsqueeze(1)  # [B, cap]
-        temperature = torch.tensor([r.sampling.temperature for r in rows], device=device)  # [B]
-        top_p = torch.tensor([r.sampling.top_p for r in rows], device=device)  # [B]
-        keys = row_keys([r.seed for r in rows], device)  # [B]
-        kinds = BatchKinds.of(rows)  # known here: the sampler need not ask the device
-        wide = wide_dtype(device)
-        n_uniforms = uniforms_per_row(logits.shape[-1])
-        step = 0  # tokens each live row has drawn so far
-        static = self._static
-        if static is not None:
-            static.begin(start, pos)
-        finished = 0  # rows finished but not yet compacted away
-        while True:
-            t_sample = time.perf_counter()
-            # [B, U]; an all-greedy batch (held-out evaluation) draws nothing
-            uniforms = None if kinds.all_greedy else counter_uniforms(keys, step, n_uniforms, wide)
-            tokens, logprobs = sample_next_tokens(
-                logits, temperature, top_p, uniforms, kinds=kinds
-            )  # [B], [B]
-            step += 1
-            # One device-to-host copy for both (token ids are exact in float64).
-            drawn = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).tolist()
-            metrics["sample_seconds"] += time.perf_counter() - t_sample
-            for row, token, logprob in zip(rows, drawn[0], drawn[1]):
-                token = int(token)
-                if row.finish_reason is None:
-                    row.tokens.append(token)
-                    row.logprobs.append(logprob)
-                    row.finish_reason = row.finish_reason_after(token, self.tokenizer)
-                    finished += row.finish_reason is not None
-            if finished == len(rows):
-                break
-            if finished and finished >= self.compact_fraction * len(rows):
-                # Finished rows leave the batch and the cache: they stop costing compute.
-                for row in rows:
-                    if row.finish_reason is not None:
-                        results[row.request_index] = row.result(requests)
-                keep_list = [i for i, row in enumerate(rows) if row.finish_reason is None]
-                keep = torch.tensor(keep_list, device=device)
-                cache.select_rows(keep, int(start[keep].min()), pos)
-                if static is not None:
-                    static.compact(keep)
-                rows = [rows[i] for i in keep_list]
-                tokens, start, allowed = tokens[keep], start[keep], allowed[keep]
-                temperature, top_p, keys = temperature[keep], top_p[keep], keys[keep]
-                kinds = BatchKinds.of(rows)
-                finished = 0
-                metrics["compactions"] += 1
-            t_forward = time.perf_counter()
-            if static is not None:
-                logits = static.step(tokens, pos - start, pos)  # [B, V]
-            else:
-                lo = int(start.min())
-                cache.set_window(slice(0, len(rows)), lo=lo, pos=pos)
-                mask = self._mask(allowed[:, None, None, lo : pos + 1])  # [B, 1, 1, pos + 1 - lo]
-                positions = (pos - start).unsqueeze(1)  # [B, 1]
-                logits = self._forward(tokens.unsqueeze(1), mask, positions, cache)  # [B, V]
-            metrics["decode_forward_seconds"] += time.perf_counter() - t_forward
-            pos += 1
-            metrics["decode_steps"] += 1
-        for row in rows:
-            results[row.request_index] = row.result(requests)
+    def take(
+        self, *, close_if_empty: bool, wait_s: float = 0.0
+    ) -> list[tuple[int, GenerationRequest]]:
+        taken, self.pending = self.pending, []
+        return taken
+
+    def deliver(self, ticket: int, result: GenerationResult) -> None:
+        self.results[ticket] = result
+
+    def fail(self, ticket: int, error: Exception) -> None:
+        self.error = self.error or error

@@ -5,10 +5,11 @@ right-aligned at column P (the longest prompt's length): every row's first sampl
 column P, the next to P + 1, and so on, so one decode step writes one column for the whole batch
 and attends over a view `[lo, pos]` of the buffer. Nothing is concatenated or reallocated per
 step (transformers' DynamicCache copies the whole cache every step). Columns left of a row's
-prompt are masked by the caller's attention mask.
+prompt are masked by the caller's attention mask. Rows that join a running batch are right-aligned
+at the column the next step writes (grpo/rollout/live_batch.py).
 
 A forward covers a `CacheWindow`: a contiguous slice of rows (prefill chunks fill some rows at a
-time), the first column attended (`lo`) and the column written first (`pos`). `select_rows`
+time; an index tensor for the scattered rows of resumed sessions), the first column attended (`lo`) and the column written first (`pos`). `select_rows`
 compacts finished rows away and `copy_rows` fans a prefilled prompt out to the rows sharing it.
 
 Static windows (`set_static`) serve fixed-shape decode steps (grpo/rollout/decode_graphs.py): the
@@ -31,7 +32,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 class CacheWindow:
     """What the next forward reads and writes; shared by all layers of one cache."""
 
-    rows: slice
+    rows: slice | torch.Tensor
+    """The rows read and written: a slice, or an index tensor (rows resuming a session)."""
     lo: int
     """First column attended."""
     pos: int
@@ -53,6 +55,8 @@ class _PreallocatedLayer(CacheLayerMixin):
         self.batch = batch
         self.capacity = capacity
         self.zero_columns = zero_columns
+        self.pending_zero: list[tuple[slice, int, int]] = []
+        """`zero` regions asked for before the buffers existed (they are made on first use)."""
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         _, heads, _, key_dim = key_states.shape
@@ -69,6 +73,9 @@ class _PreallocatedLayer(CacheLayerMixin):
         self.keys[:, :, : self.zero_columns].zero_()
         self.values[:, :, : self.zero_columns].zero_()
         self.is_initialized = True
+        for rows, lo, end in self.pending_zero:
+            self.zero(rows, lo, end)
+        self.pending_zero.clear()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -96,19 +103,20 @@ class _PreallocatedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.capacity
 
-    def select_rows(self, keep: torch.Tensor, lo: int, end: int) -> None:
-        """Move rows `keep` (ascending) to the front, columns [lo, end) only."""
+    def copy_rows(self, source: torch.Tensor, lo: int, end: int, first: int = 0) -> None:
+        """Row first + i becomes a copy of row source[i], columns [lo, end)."""
         if self.is_initialized:
-            n = keep.numel()
-            self.keys[:n, :, lo:end] = self.keys[keep, :, lo:end]
-            self.values[:n, :, lo:end] = self.values[keep, :, lo:end]
+            rows = slice(first, first + source.numel())
+            self.keys[rows, :, lo:end] = self.keys[source, :, lo:end]
+            self.values[rows, :, lo:end] = self.values[source, :, lo:end]
 
-    def copy_rows(self, source: torch.Tensor, lo: int, end: int) -> None:
-        """Row i becomes a copy of row source[i], columns [lo, end)."""
-        if self.is_initialized:
-            n = source.numel()
-            self.keys[:n, :, lo:end] = self.keys[source, :, lo:end]
-            self.values[:n, :, lo:end] = self.values[source, :, lo:end]
+    def zero(self, rows: slice, lo: int, end: int) -> None:
+        """Zero columns [lo, end) of `rows` (now, or when the buffers are made)."""
+        if not self.is_initialized:
+            self.pending_zero.append((rows, lo, end))
+        elif end > lo:
+            self.keys[rows, :, lo:end].zero_()
+            self.values[rows, :, lo:end].zero_()
 
 
 class PreallocatedCache(Cache):
@@ -132,7 +140,7 @@ class PreallocatedCache(Cache):
     def capacity(self) -> int:
         return self.layers[0].capacity
 
-    def set_window(self, rows: slice, lo: int, pos: int) -> None:
+    def set_window(self, rows: slice | torch.Tensor, lo: int, pos: int) -> None:
         self.window.rows, self.window.lo, self.window.pos = rows, lo, pos
         self.window.write_index = None
 
@@ -142,10 +150,10 @@ class PreallocatedCache(Cache):
         self.window.rows, self.window.lo, self.window.width = rows, 0, width
         self.window.write_index = write_index
 
-    def select_rows(self, keep: torch.Tensor, lo: int, end: int) -> None:
+    def copy_rows(self, source: torch.Tensor, lo: int, end: int, first: int = 0) -> None:
         for layer in self.layers:
-            layer.select_rows(keep, lo, end)
+            layer.copy_rows(source, lo, end, first)
 
-    def copy_rows(self, source: torch.Tensor, lo: int, end: int) -> None:
+    def zero(self, rows: slice, lo: int, end: int) -> None:
         for layer in self.layers:
-            layer.copy_rows(source, lo, end)
+            layer.zero(rows, lo, end)

@@ -33,6 +33,10 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
         options.setdefault("decode_mode", config.hf.decode_mode)
         options.setdefault("compact_fraction", config.hf.compact_fraction)
         options.setdefault("prefill_chunk_tokens", config.hf.prefill_chunk_for(device.type))
+        options.setdefault("continuous_batching", config.hf.continuous_batching)
+        options.setdefault("join_columns", config.hf.join_columns)
+        options.setdefault("park_steps", config.hf.park_steps)
+        options.setdefault("park_wait_s", config.hf.park_wait_s)
     return HFEngine(policy, tokenizer, device=device, **options)
 
 

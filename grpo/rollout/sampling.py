@@ -117,11 +117,17 @@ def row_keys(seeds: list[int], device: torch.device) -> torch.Tensor:
     return _hash32(low ^ _hash32(high ^ 0x9E3779B9)).to(device)
 
 
-def counter_uniforms(keys: torch.Tensor, step: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+def counter_uniforms(
+    keys: torch.Tensor, step: int | torch.Tensor, count: int, dtype: torch.dtype
+) -> torch.Tensor:
     """Uniforms in (0, 1), [B, count]: element [b, j] is a hash of (keys[b], step, j) scaled to
-    (h + 0.5) / 2**32. The same key, step and j give the same number on any device and in any
-    batch."""
-    step_hash = _hash32(torch.tensor((step ^ 0x85EBCA6B) & _MASK32)).item()  # on the host
+    (h + 0.5) / 2**32. `step` is one int for the whole batch or a per-row int64 tensor [B] (rows
+    that joined a running batch are at different steps). The same key, step and j give the same
+    number on any device and in any batch."""
+    if isinstance(step, torch.Tensor):
+        step_hash = _hash32((step ^ 0x85EBCA6B) & _MASK32)  # [B], on the device
+    else:
+        step_hash = _hash32(torch.tensor((step ^ 0x85EBCA6B) & _MASK32)).item()  # on the host
     stepped = _hash32(keys ^ step_hash)  # [B]
     index = _index_hashes(count, keys.device)  # [count]
     bits = _hash32(stepped.unsqueeze(1) ^ index.unsqueeze(0))  # [B, count]

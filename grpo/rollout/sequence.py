@@ -4,18 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from grpo.rollout.base import FinishReason, GenerationRequest, GenerationResult, SamplingParams
+from grpo.rollout.base import FinishReason, GenerationResult, SamplingParams
 
 
 @dataclass
 class LiveSequence:
-    request_index: int
+    ticket: int
+    """Which request this row samples (the engine's or its feed's name for it)."""
+    prompt_tokens: int
     sampling: SamplingParams
     seed: int
     """The request's random stream (grpo/rollout/sampling.py `counter_uniforms`)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    # What the engine's cache row holds for this sequence (continuous batching: a finished row
+    # can stay parked until its session's next turn extends it; grpo/rollout/live_batch.py).
+    prompt_ids: tuple[int, ...] = ()
+    session: str = ""
+    cached: int = 0
+    """Tokens of prompt_ids + tokens whose keys and values are in the cache row."""
+    end_column: int = 0
+    """The cache column after the last of them."""
+    parked_at: int | None = None
+    """The decode step it finished at, while it waits for its session's next turn."""
 
     def stop_window(self) -> int:
         """Generated tokens that can hold a just-completed stop string: a character is at most 4
@@ -41,14 +53,13 @@ class LiveSequence:
             return "length"
         return None
 
-    def result(self, requests: list[GenerationRequest]) -> GenerationResult:
-        prompt_tokens = len(requests[self.request_index].prompt_ids)
+    def result(self) -> GenerationResult:
         return GenerationResult(
             token_ids=self.tokens,
             behavior_logprobs=self.logprobs,
             finish_reason=self.finish_reason or "length",
             metrics={
-                "prompt_tokens": float(prompt_tokens),
+                "prompt_tokens": float(self.prompt_tokens),
                 "completion_tokens": float(len(self.tokens)),
             },
         )

@@ -1,0 +1,327 @@
+"""HFEngine's decode loop: the requests of a `generate` or `serve` call in one live batch.
+
+Each turn of the loop takes what the feed has (grpo/rollout/base.py `RequestFeed`), admits what
+fits into the batch (grpo/rollout/live_batch.py: new rows prefilled after the live ones; the next
+turns of parked sessions prefill only their new tokens into their own rows), samples one token
+per live row (results delivered as rows finish), compacts finished rows away, and runs one decode
+forward. It ends when nothing is live or parked and the feed has closed.
+
+`generate` runs it over its own requests (a batch of `max_batch_size` rows that later requests
+join as rows free up; no parking); `serve` over the collector's feed (continuous batching).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from grpo.rollout.base import GenerationResult, RequestFeed
+from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.live_batch import Joiner, LiveBatch
+from grpo.rollout.prefill import left_padded, prefill_chunks
+from grpo.rollout.sequence import LiveSequence
+
+
+class DecodeLoop:
+    """Runs `generate` and `serve` calls for `engine` (an HFEngine; see the module docstring)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def run(self, feed: RequestFeed, *, rows: int, extra_columns: int, park: bool) -> None:
+        """Decode the feed's requests until it closes. A batch's cache has `rows` rows and
+        columns for its first prompts, their token budgets and `extra_columns` more (for the
+        longer prompts of requests that join later; one that does not fit waits until the batch
+        has drained, then a new cache is sized for it)."""
+        with (
+            self.engine._lock,
+            torch.inference_mode(),
+            self.engine._autocast(),
+            self.engine._eval_mode(),
+        ):
+            started = time.perf_counter()
+            metrics = dict.fromkeys(_METRICS, 0.0)
+            captured_before = self.engine._static.captures if self.engine._static is not None else 0
+            batch: LiveBatch | None = None
+            waiting: list[Joiner] = []
+
+            def deliver(row: LiveSequence, result: GenerationResult) -> None:
+                metrics["requests"] += 1
+                metrics["tokens_generated"] += len(result.token_ids)
+                feed.deliver(row.ticket, result)
+
+            while True:
+                live = batch.live() if batch is not None else 0
+                parked = batch.parked() if batch is not None else 0
+                # Only parked rows left: wait a little for their sessions' next turns.
+                idle = self.engine.park_wait_s if parked and not live and not waiting else 0.0
+                taken = feed.take(
+                    close_if_empty=not live and not parked and not waiting, wait_s=idle
+                )
+                if not live and not parked and not waiting and not taken:
+                    break  # the feed closed
+                waiting += self._joiners(feed, taken, metrics)
+                if batch is not None and batch.rows:
+                    self._unpark(batch, feed, waiting, nobody_came=bool(idle) and not taken)
+                    dropped = batch.droppable()
+                    if dropped and (
+                        dropped == len(batch.rows)
+                        or (waiting and len(batch.rows) + len(waiting) > batch.max_rows)
+                    ):
+                        self._compact(batch, metrics)  # free rows for the waiting requests
+                if waiting:
+                    if batch is None or (not batch.rows and not _admits_any(batch, waiting)):
+                        batch = self._new_batch(waiting, rows, extra_columns, park)
+                    admitted = self._admit(batch, waiting, metrics)
+                    waiting = [j for j in waiting if j.ticket not in admitted]
+                    if waiting and not admitted and not batch.live():
+                        batch.unpark()  # parked rows hold the room the waiting ones need
+                        self._compact(batch, metrics)
+                if batch is None or not batch.live():
+                    continue
+                t_sample = time.perf_counter()
+                batch.sample(self.engine.tokenizer, deliver)
+                metrics["sample_seconds"] += time.perf_counter() - t_sample
+                dropped = batch.droppable()
+                if dropped and (
+                    dropped == len(batch.rows)
+                    or dropped >= self.engine.compact_fraction * len(batch.rows)
+                ):
+                    self._compact(batch, metrics)
+                if batch.live():
+                    self._decode_step(batch, metrics)
+            if self.engine._static is not None:
+                metrics["graph_captures"] = float(self.engine._static.captures - captured_before)
+            seconds = time.perf_counter() - started
+            metrics["decode_seconds"] = seconds - metrics["prefill_seconds"]
+            metrics["seconds"] = seconds
+            metrics["tokens_per_second"] = metrics["tokens_generated"] / seconds if seconds else 0.0
+            self.engine.last_metrics = metrics
+
+    def _joiners(self, feed: RequestFeed, taken, metrics: dict) -> list[Joiner]:
+        """Taken requests as joiners; invalid ones fail, empty budgets are delivered at once.
+        Unseeded requests get a seed from the engine's generator, in ticket order."""
+        joiners = []
+        for ticket, request in sorted(taken, key=lambda entry: entry[0]):
+            try:
+                self.engine._validate(request)
+            except ValueError as exc:
+                feed.fail(ticket, exc)
+                continue
+            seed = request.sampling.seed
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (), generator=self.engine._generator))
+            joiners.append(Joiner(ticket, request, seed))
+        by_ticket = {ticket: index for index, (ticket, _) in enumerate(taken)}
+        joiners.sort(key=lambda j: by_ticket[j.ticket])  # the feed's order (groups adjacent)
+        ready = []
+        for joiner in joiners:
+            if joiner.budget == 0:
+                metrics["requests"] += 1
+                feed.deliver(
+                    joiner.ticket,
+                    LiveSequence(
+                        joiner.ticket, len(joiner.prompt), joiner.request.sampling, joiner.seed
+                    ).result(),
+                )
+            else:
+                ready.append(joiner)
+        return ready
+
+    def _new_batch(
+        self, waiting: list[Joiner], rows: int, extra_columns: int, park: bool
+    ) -> LiveBatch:
+        """A batch over a cache sized for the first `rows` waiting requests plus `extra_columns`."""
+        first = waiting[:rows]
+        capacity = max(len(j.prompt) for j in first) + max(j.budget for j in first) + extra_columns
+        if self.engine._static is not None:
+            cache = self.engine._static.cache_for(rows, capacity)
+            self.engine._static.begin()
+        else:
+            cache = PreallocatedCache(self.engine._num_layers, rows, capacity, zero_columns=0)
+        return LiveBatch(
+            cache,
+            rows,
+            self.engine.device,
+            track_allowed=self.engine._static is None,
+            park_steps=self.engine.park_steps if park else 0,
+        )
+
+    def _unpark(self, batch: LiveBatch, feed: RequestFeed, waiting, *, nobody_came: bool) -> None:
+        """Parked rows leave when their sessions end, when they have waited `park_steps`, when
+        their session asks again with a prompt that does not extend them, when waiting requests
+        need their rows (longest parked first), and all of them when nothing else is live and
+        nobody came back within `park_wait_s`."""
+        ended = feed.ended_sessions()
+        if ended:
+            batch.unpark(set(ended))
+        if nobody_came:
+            batch.unpark()
+        batch.unpark(waited_steps=self.engine.park_steps, keep={j.request.session for j in waiting})
+        if waiting:
+            batch.make_room(waiting)
+
+    def _admit(self, batch: LiveBatch, waiting: list[Joiner], metrics: dict) -> set[int]:
+        """Admit the waiting requests that fit (first come, first served): the next turns of
+        parked sessions prefill only their new tokens into their rows; the others are prefilled
+        into the rows after the live ones. Returns the admitted tickets."""
+        returning, new, pos = batch.plan(waiting)
+        if not returning and not new:
+            return set()
+        started = time.perf_counter()
+        if not batch.rows:
+            metrics["waves"] += 1
+        else:
+            metrics["joins"] += 1
+            metrics["joined_requests"] += len(returning) + len(new)
+        batch.open_columns(pos)
+        if returning:
+            self._resume(batch, returning, metrics)
+        if new:
+            self._add_rows(batch, new, metrics)
+        metrics["prefill_seconds"] += time.perf_counter() - started
+        return {j.ticket for j in new} | {j.ticket for _, j in returning}
+
+    def _add_rows(self, batch: LiveBatch, joiners: list[Joiner], metrics: dict) -> None:
+        """Prefill `joiners` into the rows after the batch's, each prompt ending at pos - 1."""
+        # Unique prompts, longest first; the rows of one prompt adjacent.
+        groups: dict[tuple[int, ...], list[Joiner]] = {}
+        for joiner in joiners:
+            groups.setdefault(joiner.prompt, []).append(joiner)
+        prompts = sorted(groups, key=len, reverse=True)
+        ordered = [joiner for prompt in prompts for joiner in groups[prompt]]
+        source = torch.tensor(
+            [u for u, prompt in enumerate(prompts) for _ in groups[prompt]],
+            device=self.engine.device,
+        )  # [n]: each row's prompt
+        first, pos = len(batch.rows), batch.pos
+        batch.cache.zero(slice(first, first + len(ordered)), 0, pos)
+        prompt_logits = self._prefill(prompts, batch.cache, pos, first)  # [U, V]
+        if len(ordered) > len(prompts):  # fan each prompt out to its samples
+            batch.cache.copy_rows(source + first, pos - len(prompts[0]), pos, first=first)
+        first, start = batch.append(ordered, prompt_logits[source])
+        if self.engine._static is not None:
+            self.engine._static.join(first, start, pos)
+        metrics["prefill_tokens"] += float(sum(len(p) for p in prompts))
+
+    def _resume(self, batch: LiveBatch, returning: list[tuple[int, Joiner]], metrics) -> None:
+        """Prefill the new tokens of parked sessions' next turns into their own rows: one
+        left-padded block of columns [pos - D, pos), right of every one of their last columns."""
+        pos, device = batch.pos, self.engine.device
+        rows = [b for b, _ in returning]
+        cached = [batch.rows[b].cached for b in rows]
+        deltas = [j.prompt[c:] for (_, j), c in zip(returning, cached)]
+        width = max(len(d) for d in deltas)  # D
+        lo = min(batch.starts[b] for b in rows)
+        index = torch.tensor(rows, device=device)  # [n]
+        pad = torch.tensor([width - len(d) for d in deltas])  # [n]
+        ids = torch.full((len(rows), width), self.engine._pad_id, dtype=torch.long)  # [n, D]
+        for i, delta in enumerate(deltas):
+            ids[i, width - len(delta) :] = torch.tensor(delta, dtype=torch.long)
+        query = torch.arange(width)  # [D]
+        positions = (torch.tensor(cached).unsqueeze(1) + query - pad.unsqueeze(1)).clamp_(min=0)
+        # A real query sees its row's cached columns and the real new tokens up to itself; a
+        # padding query only itself (finite states nobody reads).
+        real = query.unsqueeze(0) >= pad.unsqueeze(1)  # [n, D]
+        block = (query.unsqueeze(1) >= query.unsqueeze(0)).unsqueeze(0) & real.unsqueeze(1)
+        block |= torch.eye(width, dtype=torch.bool).unsqueeze(0)  # [n, D(q), D(k)]
+        history = self._row_allowed(batch, index)[:, lo : pos - width].to("cpu")  # [n, cols]
+        history = history.unsqueeze(1) & real.unsqueeze(2)  # [n, D, cols]
+        allowed = torch.cat([history, block], dim=2).unsqueeze(1).to(device)  # [n, 1, D, pos-lo]
+        batch.cache.set_window(index, lo=lo, pos=pos - width)
+        logits = self.engine._forward(
+            ids.to(device), self.engine._mask(allowed), positions.to(device), batch.cache
+        )
+        batch.resume(returning, logits)
+        starts = torch.tensor([pos - len(d) for d in deltas], device=device)  # [n]
+        self._extend_allowed(batch, index, starts, pos)
+        metrics["prefill_tokens"] += float(sum(len(d) for d in deltas))
+        metrics["resumed_requests"] += len(rows)
+
+    def _row_allowed(self, batch: LiveBatch, index: torch.Tensor) -> torch.Tensor:
+        """The "may attend" masks [n, capacity] of rows `index`."""
+        if self.engine._static is not None:
+            return self.engine._static.allowed_rows(index)
+        return batch.allowed[index]
+
+    def _extend_allowed(self, batch, index: torch.Tensor, starts: torch.Tensor, pos: int) -> None:
+        """Rows `index` may now also attend columns [starts[i], pos)."""
+        if self.engine._static is not None:
+            self.engine._static.extend(index, starts, pos)
+            return
+        columns = torch.arange(batch.cache.capacity, device=self.engine.device)
+        batch.allowed[index] |= (columns >= starts.unsqueeze(1)) & (columns < pos)
+
+    def _compact(self, batch: LiveBatch, metrics: dict) -> None:
+        """Finished rows leave the batch and the cache: they stop costing compute."""
+        keep = batch.compact()
+        if self.engine._static is not None:
+            self.engine._static.compact(keep)
+        metrics["compactions"] += 1
+
+    def _decode_step(self, batch: LiveBatch, metrics: dict) -> None:
+        """One forward of every row's last sampled token, written at column `batch.pos` (attended
+        later only where it is a real token: not a parked row's)."""
+        started = time.perf_counter()
+        pos, tokens = batch.pos, batch.tokens
+        fed = batch.fed()
+        real = True if all(fed) else torch.tensor(fed, device=self.engine.device)  # [B]
+        if self.engine._static is not None:
+            logits = self.engine._static.step(tokens, batch.positions, pos, real)  # [B, V]
+        else:
+            lo = min(batch.starts)
+            batch.cache.set_window(slice(0, len(batch.rows)), lo=lo, pos=pos)
+            batch.allowed[:, pos] = real
+            mask = self.engine._mask(
+                batch.allowed[:, None, None, lo : pos + 1]
+            )  # [B, 1, 1, pos+1-lo]
+            logits = self.engine._forward(
+                tokens.unsqueeze(1), mask, batch.positions.unsqueeze(1), batch.cache
+            )  # [B, V]
+        batch.advance(logits, fed)
+        metrics["decode_forward_seconds"] += time.perf_counter() - started
+        metrics["decode_steps"] += 1
+
+    def _prefill(
+        self, prompts: list[tuple[int, ...]], cache: PreallocatedCache, pos: int, first: int
+    ) -> torch.Tensor:
+        """Prefill unique prompts (sorted longest first) into cache rows first, first + 1, ...,
+        each ending at column pos - 1; returns the logits of each one's first sampled token,
+        [U, V]."""
+        logits = []
+        for start, end in prefill_chunks(
+            [len(p) for p in prompts], self.engine.prefill_chunk_tokens
+        ):
+            ids, positions, allowed = left_padded(
+                prompts[start:end], self.engine._pad_id, self.engine.device
+            )
+            length = ids.shape[1]
+            mask = None if allowed is None else self.engine._mask(allowed)
+            cache.set_window(slice(first + start, first + end), lo=pos - length, pos=pos - length)
+            logits.append(self.engine._forward(ids, mask, positions, cache))
+        return torch.cat(logits)  # [U, V]
+
+
+def _admits_any(batch: LiveBatch, waiting: list[Joiner]) -> bool:
+    returning, new, _ = batch.plan(waiting)
+    return bool(returning or new)
+
+
+_METRICS = (
+    "requests",
+    "tokens_generated",
+    "prefill_seconds",
+    "decode_seconds",
+    "decode_forward_seconds",
+    "sample_seconds",
+    "prefill_tokens",
+    "decode_steps",
+    "compactions",
+    "waves",
+    "joins",
+    "joined_requests",
+    "resumed_requests",
+    "graph_captures",
+)
+"""What `HFEngine.last_metrics` reports about its last call (plus seconds, tokens_per_second)."""

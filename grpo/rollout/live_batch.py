@@ -1,0 +1,359 @@
+"""The rows an HFEngine decodes together, and where each row's tokens sit in the KV cache.
+
+Rows come and go while a batch runs (continuous batching): requests join between two decode
+steps -- their prompts prefilled into the cache rows after the live ones, right-aligned so the
+prompt ends just before the column the next step writes -- and finished rows are compacted away.
+
+All rows write the same cache column per step (`pos`), so a joining prompt longer than `pos`
+moves `pos` ahead for everyone: the rows already live skip the columns in between (never
+attended: `allowed` is false there; zeroed, since masked columns are still multiplied by zero
+weights and must be finite). A row's tokens therefore start at column `start` but need not be
+contiguous; its position ids count its own tokens (`positions`), and its random stream its own
+draws (`steps`), so a row samples exactly what it would have sampled alone.
+
+A finished row whose request names a session (an episode) is *parked*: it stays in the batch,
+its cache row intact, for up to `park_steps` decode steps. When the session's next request
+arrives -- its prompt is this row's prompt and tokens plus the observation -- only the new tokens
+are prefilled into the same row (the columns after its last one), instead of the whole
+conversation. Parked rows still ride along in every decode step (their writes are never
+attended), so they leave when their session ends, when they have waited `park_steps` steps, or
+when nothing else is live and no request comes within the engine's `park_wait_s`.
+
+This module keeps the per-row state (on the host and on the device) and the rules of who fits;
+the engine (grpo/rollout/hf.py) runs the prefill and decode forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from grpo.rollout.base import GenerationRequest, GenerationResult
+from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.sampling import (
+    BatchKinds,
+    counter_uniforms,
+    row_keys,
+    sample_next_tokens,
+    uniforms_per_row,
+    wide_dtype,
+)
+from grpo.rollout.sequence import LiveSequence
+
+
+@dataclass
+class Joiner:
+    """A request waiting for a row: the feed's ticket and the seed of its random stream."""
+
+    ticket: int
+    request: GenerationRequest
+    seed: int
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return tuple(self.request.prompt_ids)
+
+    @property
+    def budget(self) -> int:
+        return self.request.sampling.max_new_tokens
+
+
+class LiveBatch:
+    """Up to `max_rows` rows decoding over `cache` (see the module docstring).
+
+    track_allowed: keep the [B, capacity] "may attend" mask here (dynamic decode steps); static
+        steps keep theirs in the StaticDecoder's fixed buffer.
+    """
+
+    def __init__(
+        self,
+        cache: PreallocatedCache,
+        max_rows: int,
+        device: torch.device,
+        *,
+        track_allowed: bool,
+        park_steps: int = 0,
+    ) -> None:
+        self.cache = cache
+        self.park_steps = park_steps
+        self.decode_steps = 0
+        self.max_rows = min(max_rows, cache.rows)
+        self.device = device
+        self.rows: list[LiveSequence] = []
+        self.pos = 0
+        """The cache column the next decode forward writes (the same for every row)."""
+        self.starts: list[int] = []
+        """Row b's first column (its prompt's first token), on the host."""
+        empty_long = torch.zeros(0, dtype=torch.long, device=device)
+        self.positions = empty_long  # [B] position id of the token the next forward feeds
+        self.steps = empty_long  # [B] tokens drawn so far: the index into the row's stream
+        self.keys = empty_long  # [B] the rows' random-stream keys
+        self.temperature = torch.zeros(0, device=device)  # [B]
+        self.top_p = torch.zeros(0, device=device)  # [B]
+        self.tokens = empty_long  # [B] the tokens last sampled (the next forward's input)
+        self.logits: torch.Tensor | None = None  # [B, V] next-token logits
+        self.allowed = (
+            torch.zeros(0, cache.capacity, dtype=torch.bool, device=device)
+            if track_allowed
+            else None
+        )  # [B, capacity]
+        self.kinds = BatchKinds.of([])
+
+    # ------------------------------------------------------------------ row states
+    def live(self) -> int:
+        """Rows still sampling."""
+        return sum(row.finish_reason is None for row in self.rows)
+
+    def parked(self) -> int:
+        return sum(row.parked_at is not None for row in self.rows)
+
+    def droppable(self) -> int:
+        """Finished rows that are not parked: compaction drops them."""
+        return sum(r.finish_reason is not None and r.parked_at is None for r in self.rows)
+
+    def unpark(self, sessions=None, *, waited_steps: int | None = None, keep=()) -> None:
+        """Parked rows of `sessions` (None: all), or (with `waited_steps`) those parked longer than
+        that, become droppable; sessions in `keep` stay parked."""
+        for row in self.rows:
+            if row.parked_at is None or row.session in keep:
+                continue
+            expired = waited_steps is not None and self.decode_steps - row.parked_at > waited_steps
+            if expired or (waited_steps is None and (sessions is None or row.session in sessions)):
+                row.parked_at = None
+
+    def make_room(self, waiting: list[Joiner]) -> None:
+        """Unpark what the waiting requests need gone: a parked row of a waiting session that
+        the waiting request does not extend, and the longest-parked rows while the new requests
+        would find no free row."""
+        sessions = {j.request.session for j in waiting if j.request.session}
+        new_rows = 0
+        for joiner in waiting:
+            if self.returning(joiner, set()) is None:
+                new_rows += 1
+                for row in self.rows:
+                    if row.parked_at is not None and row.session == joiner.request.session:
+                        row.parked_at = None  # its session moved on without it
+        parked = sorted(
+            (r for r in self.rows if r.parked_at is not None and r.session not in sessions),
+            key=lambda r: r.parked_at,
+        )
+        free = self.max_rows - len(self.rows) + self.droppable()
+        for row in parked[: max(0, new_rows - free)]:
+            row.parked_at = None
+
+    def returning(self, joiner: Joiner, taken: set[int]) -> int | None:
+        """The parked row whose cached tokens the joiner's prompt extends (not in `taken`)."""
+        if not joiner.request.session:
+            return None
+        for b, row in enumerate(self.rows):
+            if row.parked_at is None or row.session != joiner.request.session or b in taken:
+                continue
+            prompt = joiner.prompt
+            if (
+                len(prompt) > row.cached
+                and prompt[: row.cached] == (row.prompt_ids + tuple(row.tokens))[: row.cached]
+            ):
+                return b
+        return None
+
+    # ------------------------------------------------------------------ who fits
+    def remaining(self) -> int:
+        """The most tokens any live row may still sample."""
+        return max(
+            (
+                r.sampling.max_new_tokens - len(r.tokens)
+                for r in self.rows
+                if r.finish_reason is None
+            ),
+            default=0,
+        )
+
+    def plan(self, waiting: list[Joiner]) -> tuple[list[tuple[int, Joiner]], list[Joiner], int]:
+        """Who of `waiting` (a prefix: first come, first served) joins now: (returning row,
+        joiner) pairs, new joiners, and the column the next step writes. Returning rows write
+        their new tokens into one block of columns right of every one of their last columns;
+        new rows need free rows; the cache needs columns for every row's remaining tokens. A row
+        writes at most its remaining budget of columns (the last token sampled is never written)."""
+        returning: list[tuple[int, Joiner]] = []
+        new: list[Joiner] = []
+        taken: set[int] = set()
+        pos = self.pos if self.rows else 0
+        last_end, longest_delta, budget = 0, 0, self.remaining()
+        for joiner in waiting:
+            b = self.returning(joiner, taken)
+            if b is None:
+                need_pos = max(pos, len(joiner.prompt))
+                fits_rows = len(self.rows) + len(new) < self.max_rows
+            else:
+                row = self.rows[b]
+                end = max(last_end, row.end_column)
+                delta = max(longest_delta, len(joiner.prompt) - row.cached)
+                need_pos, fits_rows = max(pos, end + delta), True
+            need_budget = max(budget, joiner.budget)
+            if not fits_rows or need_pos + need_budget > self.cache.capacity:
+                break
+            pos, budget = need_pos, need_budget
+            if b is None:
+                new.append(joiner)
+            else:
+                returning.append((b, joiner))
+                taken.add(b)
+                last_end, longest_delta = end, delta
+        return returning, new, pos
+
+    # ------------------------------------------------------------------ joining
+    def open_columns(self, pos: int) -> None:
+        """Move the column the next step writes to `pos`; the rows' skipped columns are zeroed."""
+        if self.rows and pos > self.pos:
+            self.cache.zero(slice(0, len(self.rows)), self.pos, pos)
+        self.pos = pos
+
+    def append(self, joiners: list[Joiner], logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Rows for `joiners` (already prefilled, in this order, into the rows after the live ones,
+        each prompt ending at column pos - 1) with their first-token logits [n, V]. Returns the
+        first new row and the new rows' start columns [n] (device)."""
+        first = len(self.rows)
+        starts = [self.pos - len(j.prompt) for j in joiners]
+        start = torch.tensor(starts, device=self.device)  # [n]
+        self.rows += [self._sequence(j) for j in joiners]
+        self.starts += starts
+        n = len(joiners)
+        lengths = torch.tensor([len(j.prompt) for j in joiners], device=self.device)
+        self.positions = torch.cat([self.positions, lengths])
+        self.steps = torch.cat([self.steps, torch.zeros(n, dtype=torch.long, device=self.device)])
+        self.tokens = torch.cat([self.tokens, torch.zeros(n, dtype=torch.long, device=self.device)])
+        self.keys = torch.cat([self.keys, row_keys([j.seed for j in joiners], self.device)])
+        sampling = [j.request.sampling for j in joiners]
+        self.temperature = torch.cat(
+            [self.temperature, torch.tensor([s.temperature for s in sampling], device=self.device)]
+        )
+        self.top_p = torch.cat(
+            [self.top_p, torch.tensor([s.top_p for s in sampling], device=self.device)]
+        )
+        self.logits = (
+            logits if self.logits is None or first == 0 else torch.cat([self.logits, logits])
+        )
+        if self.allowed is not None:
+            columns = torch.arange(self.cache.capacity, device=self.device)
+            mine = (columns >= start.unsqueeze(1)) & (columns < self.pos)  # [n, capacity]
+            self.allowed = torch.cat([self.allowed, mine])
+        self.kinds = BatchKinds.of(self.rows)
+        return first, start
+
+    def _sequence(self, joiner: Joiner) -> LiveSequence:
+        """A fresh row for `joiner`, its whole prompt in the cache, ending at column pos - 1."""
+        return LiveSequence(
+            joiner.ticket,
+            len(joiner.prompt),
+            joiner.request.sampling,
+            joiner.seed,
+            prompt_ids=joiner.prompt,
+            session=joiner.request.session,
+            cached=len(joiner.prompt),
+            end_column=self.pos,
+        )
+
+    def resume(self, returning: list[tuple[int, Joiner]], logits: torch.Tensor) -> torch.Tensor:
+        """Parked rows take their sessions' next requests (whose new tokens were just prefilled
+        into columns ending at pos - 1); `logits` [n, V] predict their first tokens. Returns the
+        rows [n] (device)."""
+        index = torch.tensor([b for b, _ in returning], device=self.device)  # [n]
+        joiners = [j for _, j in returning]
+        for b, joiner in returning:
+            self.rows[b] = self._sequence(joiner)
+        sampling = [j.request.sampling for j in joiners]
+        self.positions[index] = torch.tensor([len(j.prompt) for j in joiners], device=self.device)
+        self.steps[index] = 0
+        self.keys[index] = row_keys([j.seed for j in joiners], self.device)
+        self.temperature[index] = torch.tensor(
+            [s.temperature for s in sampling], device=self.device
+        )
+        self.top_p[index] = torch.tensor([s.top_p for s in sampling], device=self.device)
+        self.logits[index] = logits.to(self.logits.dtype)
+        self.kinds = BatchKinds.of(self.rows)
+        return index
+
+    # ------------------------------------------------------------------ a step
+    def sample(self, tokenizer, deliver: Callable[[LiveSequence, GenerationResult], None]) -> None:
+        """Sample every row's next token from `logits`; rows that finish are delivered at once."""
+        # [B, U]; an all-greedy batch (held-out evaluation) draws nothing
+        uniforms = (
+            None
+            if self.kinds.all_greedy
+            else counter_uniforms(
+                self.keys,
+                self.steps,
+                uniforms_per_row(self.logits.shape[-1]),
+                wide_dtype(self.device),
+            )
+        )
+        tokens, logprobs = sample_next_tokens(
+            self.logits, self.temperature, self.top_p, uniforms, kinds=self.kinds
+        )  # [B], [B]
+        self.steps += 1
+        sampling = [row.finish_reason is None for row in self.rows]
+        if all(sampling):
+            self.tokens = tokens
+        else:  # a finished row keeps its last token: a parked one still has to feed it
+            self.tokens = torch.where(
+                torch.tensor(sampling, device=self.device), tokens, self.tokens
+            )
+        # One device-to-host copy for both (token ids are exact in float64).
+        drawn = torch.stack([tokens.to(torch.float64), logprobs.to(torch.float64)]).tolist()
+        for row, token, logprob in zip(self.rows, drawn[0], drawn[1]):
+            if row.finish_reason is None:
+                token = int(token)
+                row.tokens.append(token)
+                row.logprobs.append(logprob)
+                row.finish_reason = row.finish_reason_after(token, tokenizer)
+                if row.finish_reason is not None:
+                    if row.session and self.park_steps > 0:
+                        row.parked_at = self.decode_steps
+                    deliver(row, row.result())
+
+    def compact(self) -> torch.Tensor:
+        """Drop the finished, unparked rows from the batch and the cache (the others move up, in order);
+        returns the kept rows' old indices [K] (device)."""
+        keep_list = [
+            i
+            for i, row in enumerate(self.rows)
+            if row.finish_reason is None or row.parked_at is not None
+        ]
+        keep = torch.tensor(keep_list, dtype=torch.long, device=self.device)
+        if keep_list:
+            # Rows before the first finished one stay where they are; only the rest move.
+            moved = next((i for i, old in enumerate(keep_list) if old != i), len(keep_list))
+            if moved < len(keep_list):
+                lo = min(self.starts[i] for i in keep_list[moved:])
+                self.cache.copy_rows(keep[moved:], lo, self.pos, first=moved)
+        else:
+            self.pos = 0  # nothing live: the next rows start from column 0 again
+        self.rows = [self.rows[i] for i in keep_list]
+        self.starts = [self.starts[i] for i in keep_list]
+        for name in ("positions", "steps", "keys", "temperature", "top_p", "tokens"):
+            setattr(self, name, getattr(self, name)[keep])
+        if self.logits is not None:
+            self.logits = self.logits[keep]
+        if self.allowed is not None:
+            self.allowed = self.allowed[keep]
+        self.kinds = BatchKinds.of(self.rows)
+        return keep
+
+    def fed(self) -> list[bool]:
+        """Per row: does the next decode forward feed one of its real tokens (its last sampled
+        one, not yet in the cache)? False for parked rows once their last token is in."""
+        return [row.cached < len(row.prompt_ids) + len(row.tokens) for row in self.rows]
+
+    def advance(self, logits: torch.Tensor, fed: list[bool]) -> None:
+        """A decode forward wrote column `pos` for every row (`fed`: a real token); `logits`
+        [B, V] predict their next tokens."""
+        for row, real in zip(self.rows, fed):
+            if real:
+                row.cached += 1
+                row.end_column = self.pos + 1
+        self.logits = logits
+        self.positions += 1
+        self.pos += 1
+        self.decode_steps += 1
