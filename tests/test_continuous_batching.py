@@ -186,8 +186,12 @@ class ConversationFeed(ScheduledFeed):
         return ended
 
 
-@pytest.mark.parametrize("decode_mode", ["dynamic", "static"])
-def test_a_sessions_next_turn_prefills_only_its_new_tokens(model, tokenizer, prompts, decode_mode):
+@pytest.mark.parametrize(
+    "decode_mode,chunk_tokens", [("dynamic", None), ("static", None), ("dynamic", 8)]
+)
+def test_a_sessions_next_turn_prefills_only_its_new_tokens(
+    model, tokenizer, prompts, decode_mode, chunk_tokens
+):
     # Sessions a, b, c finish at different steps; a comes back at once, b and c together while
     # d is still decoding (so their rows sit parked through steps that write other rows).
     first = [
@@ -200,7 +204,10 @@ def test_a_sessions_next_turn_prefills_only_its_new_tokens(model, tokenizer, pro
         GenerationRequest(prompts[3], SamplingParams(max_new_tokens=30, seed=9), session="d")
     )
     observation = tokenizer.encode(" The tool says 42.")
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode=decode_mode)
+    engine = HFEngine(
+        model, tokenizer, dtype=torch.float32, decode_mode=decode_mode,
+        prefill_chunk_tokens=chunk_tokens,  # 8: b's and c's new tokens in two forwards
+    )
     feed = ConversationFeed({0: first}, observation, delay={"a": 0, "b": 9, "c": 6, "d": 0})
     engine.serve(feed)
     assert len(feed.results) == 8

@@ -206,11 +206,24 @@ class DecodeLoop:
         metrics["prefill_tokens"] += float(sum(len(p) for p in prompts))
 
     def _resume(self, batch: LiveBatch, returning: list[tuple[int, Joiner]], metrics) -> None:
-        """Prefill the new tokens of parked sessions' next turns into their own rows: one
-        left-padded block of columns [pos - D, pos), right of every one of their last columns."""
+        """Prefill the new tokens of parked sessions' next turns into their own rows, in chunks
+        of at most `prefill_chunk_tokens` padded tokens (longest first). A chunk whose longest new
+        part has D tokens writes the left-padded block of columns [pos - D, pos): `plan` put pos
+        right of every returning row's last column plus the longest new part of all."""
+        cached = {b: batch.rows[b].cached for b, _ in returning}
+        by_length = sorted(returning, key=lambda entry: len(entry[1].prompt) - cached[entry[0]])
+        by_length.reverse()
+        lengths = [len(j.prompt) - cached[b] for b, j in by_length]
+        for start, end in prefill_chunks(lengths, self.engine.prefill_chunk_tokens):
+            self._resume_chunk(
+                batch, by_length[start:end], [cached[b] for b, _ in by_length[start:end]]
+            )
+        metrics["prefill_tokens"] += float(sum(lengths))
+        metrics["resumed_requests"] += len(returning)
+
+    def _resume_chunk(self, batch: LiveBatch, returning, cached: list[int]) -> None:
         pos, device = batch.pos, self.engine.device
         rows = [b for b, _ in returning]
-        cached = [batch.rows[b].cached for b in rows]
         deltas = [j.prompt[c:] for (_, j), c in zip(returning, cached)]
         width = max(len(d) for d in deltas)  # D
         lo = min(batch.starts[b] for b in rows)
@@ -236,8 +249,6 @@ class DecodeLoop:
         batch.resume(returning, logits)
         starts = torch.tensor([pos - len(d) for d in deltas], device=device)  # [n]
         self._extend_allowed(batch, index, starts, pos)
-        metrics["prefill_tokens"] += float(sum(len(d) for d in deltas))
-        metrics["resumed_requests"] += len(rows)
 
     def _row_allowed(self, batch: LiveBatch, index: torch.Tensor) -> torch.Tensor:
         """The "may attend" masks [n, capacity] of rows `index`."""
