@@ -1,7 +1,7 @@
 """Continuous batching vs turn-batched collection, side by side in one process.
 
     python -m bench.continuous                                  # configs/cpu_multistep.yaml
-    python -m bench.continuous --model outputs/multistep-cpu/final_model --repeats 4
+    python -m bench.continuous --repeats 4 --tool-latency-ms 50 500
     python -m bench.continuous --config configs/cpu.yaml --model outputs/calculator-cpu/final_model
 
 The same tasks (the config's training data, the first `--tasks`) are collected `--repeats` times
@@ -9,8 +9,8 @@ in each mode, alternating, through one HF engine and the config's real MCP serve
 `continuous` (`hf.continuous_batching: true`: requests of episodes back from their tools join the
 running batch, results go back as each sequence ends) and `turn-batched` (each turn's requests
 gathered into one `generate` call that waits for its longest row). An untrained model makes few
-tool calls, so pass a trained one (`--model`; `make train-multistep` leaves
-outputs/multistep-cpu/final_model): the difference is in multi-turn episodes.
+tool calls, so the default is the model `make train-multistep` leaves
+(outputs/multistep-cpu/final_model) where it exists: the difference is in multi-turn episodes.
 
 The bundled servers answer a call in about a millisecond; a remote MCP server (an API behind a
 network) takes tens to hundreds. `--tool-latency-ms LO HI` adds a wait drawn uniformly from
@@ -31,6 +31,7 @@ import os
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -43,6 +44,9 @@ from grpo.rollout.registry import make_engine
 from tools.manager import SharedToolManager
 
 MODES = {"continuous": True, "turn-batched": False}
+DEFAULT_CONFIG = "configs/cpu_multistep.yaml"
+TRAINED = "outputs/multistep-cpu/final_model"
+"""Where `make train-multistep` leaves its model: the default model with the default config."""
 
 
 class RemoteLatency:
@@ -68,8 +72,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", default="configs/cpu_multistep.yaml", help="run config (YAML)")
-    parser.add_argument("--model", default=None, help="model path (default: the config's model)")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="run config (YAML)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help=f"model path (default: with the default config, {TRAINED} where `make "
+        "train-multistep` left it; else the config's model)",
+    )
     parser.add_argument("--tasks", type=int, default=8, help="tasks per collection")
     parser.add_argument("--group-size", type=int, default=4, help="episodes per task (G)")
     parser.add_argument("--repeats", type=int, default=3, help="collections per mode")
@@ -108,8 +117,10 @@ def _summary(runs: list[dict]) -> dict:
 
 async def measure(args: argparse.Namespace) -> dict:
     overrides = list(args.overrides)
-    if args.model:
-        overrides.append(f"model.name_or_path={args.model}")
+    trained = args.config == DEFAULT_CONFIG and Path(TRAINED).is_dir()
+    model_path = args.model or (TRAINED if trained else None)
+    if model_path:
+        overrides.append(f"model.name_or_path={model_path}")
     config = load_config(args.config, overrides)
     threads = args.threads or config.threads
     if threads:

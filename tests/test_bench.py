@@ -1,11 +1,14 @@
-"""make bench's pure parts: the standard work's graded reward and the report's headline figures."""
+"""make bench's parts: the standard work's graded reward, the report's headline figures, and the
+wiring of the standard step and of the continuous-batching comparison on the tiny model."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
 
+from bench.continuous import measure, parse_args
 from bench.run import headline
 from bench.steps import closeness_reward, standard_step
 
@@ -74,3 +77,18 @@ def test_headline_cuda_bandwidth_share_trl_ratio_and_calculator512():
     assert out["calculator512_step_s"] == 11.0  # median after the warm-up step
     skipped = headline({"trl": {"skipped": "TRL is not installed"}, "standard": {"standard_step_median_s": 1.0}})
     assert skipped["trl_step_median_s"] is None and skipped["standard_step_speedup_vs_trl"] is None
+
+
+def test_the_continuous_batching_comparison_runs_both_modes_on_the_same_work():
+    """bench/continuous.py end to end on the tiny model and the real calculator server."""
+    args = parse_args([
+        "--config", "configs/cpu.yaml", "--model", "tiny-random", "--tasks", "2",
+        "--group-size", "2", "--repeats", "1", "--threads", "1", "--tool-latency-ms", "1", "5",
+        "rollout.max_new_tokens=8", "model.dtype=float32",
+    ])
+    report = asyncio.run(measure(args))
+    continuous, batched = report["continuous"]["median"], report["turn-batched"]["median"]
+    assert continuous["engine_batches"] == 1 and batched["joined_requests"] == 0
+    assert continuous["gen_tokens"] == batched["gen_tokens"] > 0  # fp32: the same samples
+    assert report["speedup"] == round(batched["wall_s"] / continuous["wall_s"], 3)
+    assert report["tool_latency_ms"] == [1.0, 5.0]
