@@ -320,6 +320,13 @@ def test_collector_continuous_batching_gives_the_turn_batched_trajectories(loop,
     assert batched.metrics["rollout/joined_requests"] == 0
     assert joined.metrics["rollout/joined_requests"] > 0  # later turns joined a running batch
     assert joined.metrics["rollout/engine_batches"] < batched.metrics["rollout/engine_batches"]
+    # Later turns found their episodes' rows: they prefilled only their new tokens.
+    assert joined.metrics["rollout/engine_resumed_requests"] > 0
+    assert batched.metrics["rollout/engine_resumed_requests"] == 0
+    assert (
+        joined.metrics["rollout/engine_prefill_tokens"]
+        < batched.metrics["rollout/engine_prefill_tokens"]
+    )
 
 
 def test_an_engine_failure_mid_serve_fails_the_waiting_episodes_and_they_retry(

@@ -15,6 +15,8 @@ from grpo.collect.timeline import Timeline
 from grpo.rollout.base import GenerationRequest, GenerationResult, RequestFeed, RolloutEngine
 
 _Entry = tuple[GenerationRequest, asyncio.Future, float]
+_ENGINE_TOTALS = ("prefill_tokens", "resumed_requests", "decode_steps", "idle_seconds")
+"""Engine counters summed over a collection's calls (HFEngine's `last_metrics`)."""
 
 
 class GenerationBatcher:
@@ -70,6 +72,9 @@ class GenerationBatcher:
         self.joined = 0
         """Requests that joined a running serve call."""
         self.generated_tokens = 0
+        self.engine_totals: dict[str, float] = {}
+        """Sums of the engine's per-call counters (`last_metrics`: prefill tokens, resumed
+        requests, idle seconds, ...) over this collection's calls, where the engine has them."""
 
     def max_wait(self) -> float:
         return max(self.min_wait_s, self.wait_fraction * self.last_generate_s)
@@ -165,6 +170,11 @@ class GenerationBatcher:
             self.generated_tokens += len(result.token_ids)
             future.set_result(result)
 
+    def _add_engine_metrics(self) -> None:
+        for key, value in (getattr(self.engine, "last_metrics", None) or {}).items():
+            if key in _ENGINE_TOTALS:
+                self.engine_totals[key] = self.engine_totals.get(key, 0.0) + float(value)
+
     async def _dispatch(self, batch: list[_Entry]) -> None:
         if self.engine.joins_running_batches:
             await self._serve(batch)
@@ -176,6 +186,7 @@ class GenerationBatcher:
         try:
             results = await asyncio.to_thread(self.engine.generate, requests)
             self.last_generate_s = time.perf_counter() - started
+            self._add_engine_metrics()
             if len(results) != len(requests):
                 raise RuntimeError(
                     f"engine returned {len(results)} results for {len(requests)} requests"
@@ -204,6 +215,7 @@ class GenerationBatcher:
         self.timeline.set_generating(True)
         try:
             await asyncio.to_thread(self.engine.serve, feed)
+            self._add_engine_metrics()
             error = None
         # Any engine failure fails every episode still waiting on it (each is then retried).
         except Exception as exc:  # noqa: BLE001

@@ -31,6 +31,10 @@ def collection_metrics(
     - tool_wait_share / generating_share: those two times over the wall time.
     - engine_batches / mean_batch_size: engine calls and requests per call; joined_requests:
       requests that joined a running engine call (continuous batching; counted in its size).
+    - engine_*: the engine's own counters summed over the calls, where it keeps them (HF):
+      prefill_tokens, resumed_requests (later turns that prefilled only their new tokens),
+      decode_steps, idle_seconds (a serving engine waiting for parked sessions' next turns:
+      tool time that time_generating_s counts as generating).
     - parse_failure_rate: turns whose tool-call markup could not be read / turns;
       tool_error_rate: tool calls that returned an error / tool calls.
     """
@@ -84,6 +88,7 @@ def collection_metrics(
         "rollout/engine_batches": float(len(batcher.batch_sizes)),
         "rollout/mean_batch_size": mean([float(b) for b in batcher.batch_sizes]),
         "rollout/joined_requests": float(batcher.joined),
+        **{f"rollout/engine_{key}": value for key, value in batcher.engine_totals.items()},
         "rollout/failed_episodes": float(failed_episodes),
         "rollout/excluded_groups": float(excluded_groups),
     }

@@ -56,9 +56,12 @@ class DecodeLoop:
                 parked = batch.parked() if batch is not None else 0
                 # Only parked rows left: wait a little for their sessions' next turns.
                 idle = self.engine.park_wait_s if parked and not live and not waiting else 0.0
+                t_take = time.perf_counter()
                 taken = feed.take(
                     close_if_empty=not live and not parked and not waiting, wait_s=idle
                 )
+                if idle:
+                    metrics["idle_seconds"] += time.perf_counter() - t_take
                 if not live and not parked and not waiting and not taken:
                     break  # the feed closed
                 waiting += self._joiners(feed, taken, metrics)
@@ -94,7 +97,9 @@ class DecodeLoop:
             if self.engine._static is not None:
                 metrics["graph_captures"] = float(self.engine._static.captures - captured_before)
             seconds = time.perf_counter() - started
-            metrics["decode_seconds"] = seconds - metrics["prefill_seconds"]
+            metrics["decode_seconds"] = (
+                seconds - metrics["prefill_seconds"] - metrics["idle_seconds"]
+            )
             metrics["seconds"] = seconds
             metrics["tokens_per_second"] = metrics["tokens_generated"] / seconds if seconds else 0.0
             self.engine.last_metrics = metrics
@@ -333,6 +338,7 @@ _METRICS = (
     "joins",
     "joined_requests",
     "resumed_requests",
+    "idle_seconds",
     "graph_captures",
 )
 """What `HFEngine.last_metrics` reports about its last call (plus seconds, tokens_per_second)."""
