@@ -176,7 +176,7 @@ class GenerationBatcher:
                 self.engine_totals[key] = self.engine_totals.get(key, 0.0) + float(value)
 
     async def _dispatch(self, batch: list[_Entry]) -> None:
-        if self.engine.joins_running_batches:
+        if getattr(self.engine, "joins_running_batches", False):
             await self._serve(batch)
             return
         requests = [request for request, _, _ in batch]
