@@ -14,7 +14,6 @@ from environments.tasks.loading import generate_tasks
 from grpo.rollout.base import GenerationRequest, RequestFeed, SamplingParams
 from grpo.rollout.hf import HFEngine
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -171,7 +170,7 @@ class ConversationFeed(ScheduledFeed):
     def deliver(self, ticket, result):
         super().deliver(ticket, result)
         request = self.tickets[ticket]
-        if request.turn == 0 and request.session:
+        if request.turn == 0 and request.session in self.delay:
             extended = list(request.prompt_ids) + result.token_ids + self.observation
             follow = GenerationRequest(
                 extended,
@@ -260,6 +259,13 @@ def test_parked_rows_leave_when_sessions_end_or_wait_too_long(model, tokenizer, 
     assert feed.delivered_at[2] == 9  # c joined at once: 3 tokens, done long before b's 20
     for ticket, want in enumerate(_alone(engine, feed.tickets)):
         _assert_same(want, feed.results[ticket])
+    # A session that ends while its row is still sampling (a cancelled episode) never parks:
+    # the engine does not wait `park_wait_s` for a next turn that cannot come.
+    engine = HFEngine(model, tokenizer, dtype=torch.float32, park_wait_s=0.5)
+    feed = ConversationFeed({0: first[:1]}, [], delay={})
+    feed.ended = ["a"]  # reported at the first look, while a's row is live
+    engine.serve(feed)
+    assert engine.last_metrics["idle_seconds"] == 0 and len(feed.results) == 1
     with pytest.raises(ValueError, match="park_steps and park_wait_s must be >= 0"):
         HFEngine(model, tokenizer, park_steps=-1)
 

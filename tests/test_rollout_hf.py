@@ -18,7 +18,6 @@ from grpo.rollout.sampling import (
     uniforms_per_row,
 )
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

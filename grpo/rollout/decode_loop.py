@@ -160,7 +160,7 @@ class DecodeLoop:
         nobody came back within `park_wait_s`."""
         ended = feed.ended_sessions()
         if ended:
-            batch.unpark(set(ended))
+            batch.end_sessions(ended)
         if nobody_came:
             batch.unpark()
         batch.unpark(waited_steps=self.engine.park_steps, keep={j.request.session for j in waiting})

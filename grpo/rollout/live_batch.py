@@ -78,6 +78,8 @@ class LiveBatch:
     ) -> None:
         self.cache = cache
         self.park_steps = park_steps
+        self.ended: set[str] = set()
+        """Sessions that ended (their episodes): their rows never park."""
         self.decode_steps = 0
         self.max_rows = min(max_rows, cache.rows)
         self.device = device
@@ -112,6 +114,12 @@ class LiveBatch:
     def droppable(self) -> int:
         """Finished rows that are not parked: compaction drops them."""
         return sum(r.finish_reason is not None and r.parked_at is None for r in self.rows)
+
+    def end_sessions(self, sessions) -> None:
+        """These sessions ask nothing more: their parked rows become droppable, and their live
+        rows will not park when they finish."""
+        self.ended.update(sessions)
+        self.unpark(set(sessions))
 
     def unpark(self, sessions=None, *, waited_steps: int | None = None, keep=()) -> None:
         """Parked rows of `sessions` (None: all), or (with `waited_steps`) those parked longer than
@@ -309,7 +317,7 @@ class LiveBatch:
                 row.logprobs.append(logprob)
                 row.finish_reason = row.finish_reason_after(token, tokenizer)
                 if row.finish_reason is not None:
-                    if row.session and self.park_steps > 0:
+                    if row.session and self.park_steps > 0 and row.session not in self.ended:
                         row.parked_at = self.decode_steps
                     deliver(row, row.result())
 
