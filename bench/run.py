@@ -21,6 +21,8 @@ on a shared machine every wall time is an upper bound):
               episodes, through the trainer (median of the steps after a warm-up)
   trl         (where TRL is installed; not a dependency) the standard work under TRL's
               GRPOTrainer (bench/trl_baseline.py), and with `standard` in the same run the ratio
+  continuous  (where `make train-multistep` left its model) continuous batching vs turn-batched
+              collection of 8 chain tasks x G=4, side by side (bench/continuous.py, 2 each)
 
 On CUDA (`--device cuda`, the default where a GPU is visible) the same sections run on the GPU:
 peak is the bf16 8192³ matmul and the device-to-device copy bandwidth; generation runs batches
@@ -45,6 +47,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.continuous import TRAINED
+from bench.continuous import measure as measure_continuous
+from bench.continuous import parse_args as continuous_args
 from bench.generation import make_prompts, measure_bandwidth_gbs, measure_peak_gflops
 from bench.steps import multi_turn_step, standard_step
 from bench.tools import compare_with_raw_client
@@ -56,7 +61,8 @@ from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine
 
-SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512", "trl")
+SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512", "trl",
+            "continuous")
 CPU_SECTIONS = tuple(s for s in SECTIONS if s != "calculator512")
 CUDA_BATCHES = [16, 64, 256, 512]
 
@@ -194,6 +200,11 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
         elif section == "trl":
             report["trl"] = (trl_standard_step(steps=steps, threads=threads, device=device) if trl_available()
                              else {"skipped": "TRL is not installed (pip install trl datasets)"})
+        elif section == "continuous":
+            report["continuous"] = (
+                asyncio.run(measure_continuous(continuous_args(
+                    ["--repeats", "2", "--threads", str(threads), f"device={device}"])))
+                if Path(TRAINED).is_dir() else {"skipped": f"no trained model at {TRAINED} (make train-multistep)"})
         elif section == "calculator512":
             report["calculator512"] = multi_turn_step(
                 steps=3, config_path="configs/gpu.yaml", threads=threads, tasks_per_step=64,
@@ -242,6 +253,8 @@ def headline(report: dict) -> dict:
     if "calculator512" in report:
         steps = report["calculator512"]["steps"][1:]
         out["calculator512_step_s"] = round(statistics.median(r["step_s"] for r in steps), 3)
+    if "speedup" in report.get("continuous", {}):
+        out["continuous_batching_speedup"] = report["continuous"]["speedup"]
     if "tools" in report:
         # The worse of the two concurrencies: the manager must stay within budget at both.
         out["tool_overhead_fraction"] = round(
@@ -278,6 +291,11 @@ def print_table(report: dict) -> None:
         ("tool manager overhead (worst of c=1, c=32)", report["tool_overhead_fraction"], "target <= 0.10"),
         ("multi-turn step (8 x G=4), s", report["multi_turn_step_s"], ""),
     ]
+    if "continuous" in report:
+        cont = report["continuous"]
+        rows.append(("multi-step collection, continuous speed-up", report.get("continuous_batching_speedup"),
+                     cont.get("skipped") or f"{cont['continuous']['median']['wall_s']} s vs "
+                     f"{cont['turn-batched']['median']['wall_s']} s turn-batched"))
     mt = report.get("multiturn")
     if mt:
         rows.append(("  shares: generating / tools / update",

@@ -92,3 +92,5 @@ def test_the_continuous_batching_comparison_runs_both_modes_on_the_same_work():
     assert continuous["gen_tokens"] == batched["gen_tokens"] > 0  # fp32: the same samples
     assert report["speedup"] == round(batched["wall_s"] / continuous["wall_s"], 3)
     assert report["tool_latency_ms"] == [1.0, 5.0]
+    assert headline({"continuous": report})["continuous_batching_speedup"] == report["speedup"]
+    assert "continuous_batching_speedup" not in headline({"continuous": {"skipped": "no model"}})
