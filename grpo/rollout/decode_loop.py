@@ -126,9 +126,7 @@ class DecodeLoop:
                 metrics["requests"] += 1
                 feed.deliver(
                     joiner.ticket,
-                    LiveSequence(
-                        joiner.ticket, len(joiner.prompt), joiner.request.sampling, joiner.seed
-                    ).result(),
+                    LiveSequence(joiner.ticket, joiner.prompt, joiner.request.sampling).result(),
                 )
             else:
                 ready.append(joiner)

@@ -25,6 +25,7 @@ the engine (grpo/rollout/hf.py) runs the prefill and decode forwards.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -51,8 +52,9 @@ class Joiner:
     request: GenerationRequest
     seed: int
 
-    @property
+    @functools.cached_property
     def prompt(self) -> tuple[int, ...]:
+        """The prompt ids as a tuple (a dict key, compared and sliced while it waits)."""
         return tuple(self.request.prompt_ids)
 
     @property
@@ -254,10 +256,8 @@ class LiveBatch:
         """A fresh row for `joiner`, its whole prompt in the cache, ending at column pos - 1."""
         return LiveSequence(
             joiner.ticket,
-            len(joiner.prompt),
+            joiner.prompt,
             joiner.request.sampling,
-            joiner.seed,
-            prompt_ids=joiner.prompt,
             session=joiner.request.session,
             cached=len(joiner.prompt),
             end_column=self.pos,

@@ -1,4 +1,4 @@
-"""One sequence being sampled by an engine: its tokens, log-probs, random seed and stop rules."""
+"""One sequence being sampled by an engine: its prompt, tokens, log-probs and stop rules."""
 
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ from grpo.rollout.base import FinishReason, GenerationResult, SamplingParams
 class LiveSequence:
     ticket: int
     """Which request this row samples (the engine's or its feed's name for it)."""
-    prompt_tokens: int
+    prompt_ids: tuple[int, ...]
     sampling: SamplingParams
-    seed: int
-    """The request's random stream (grpo/rollout/sampling.py `counter_uniforms`)."""
+    session: str = ""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     # What the engine's cache row holds for this sequence (continuous batching: a finished row
     # can stay parked until its session's next turn extends it; grpo/rollout/live_batch.py).
-    prompt_ids: tuple[int, ...] = ()
-    session: str = ""
     cached: int = 0
     """Tokens of prompt_ids + tokens whose keys and values are in the cache row."""
     end_column: int = 0
@@ -59,7 +56,7 @@ class LiveSequence:
             behavior_logprobs=self.logprobs,
             finish_reason=self.finish_reason or "length",
             metrics={
-                "prompt_tokens": float(self.prompt_tokens),
+                "prompt_tokens": float(len(self.prompt_ids)),
                 "completion_tokens": float(len(self.tokens)),
             },
         )
