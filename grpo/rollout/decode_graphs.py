@@ -12,7 +12,8 @@ steps run over
   with width rounded up to a multiple of `width_step`. Padding rows attend to every column and
   compute finite garbage that nobody reads; the columns a live row may not see are masked;
 - static input buffers (token ids, positions, the boolean attention mask, the column written) that
-  are filled in place before each step.
+  are filled in place before each step; the mask is copied from the live batch's own
+  (grpo/rollout/live_batch.py), the one place that says which columns each row may attend.
 
 One graph is captured per (rows, width) bucket when first needed: a warm-up forward on a side
 stream (its result is this step's real result), then the capture. Graphs share one memory pool;
@@ -89,7 +90,6 @@ class StaticDecoder:
             self._positions = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
             self._allowed = torch.ones(rows, 1, 1, capacity, dtype=torch.bool, device=self.device)
             self._write_index = torch.zeros(1, dtype=torch.long, device=self.device)
-            self._columns = torch.arange(capacity, device=self.device)
         return cache
 
     def release(self) -> None:
@@ -99,42 +99,19 @@ class StaticDecoder:
         self._pool = None
 
     # ------------------------------------------------------------------ the steps
-    def begin(self) -> None:
-        """A batch starts from no rows: every row is padding, attending everywhere."""
-        self._allowed.fill_(True)
-
-    def join(self, first: int, start: torch.Tensor, pos: int) -> None:
-        """Rows first .. first + n - 1 join: row first + i's tokens occupy columns [start[i], pos)."""
-        rows = slice(first, first + start.numel())
-        self._allowed[rows, 0, 0] = (self._columns >= start.unsqueeze(1)) & (self._columns < pos)
-
-    def allowed_rows(self, index: torch.Tensor) -> torch.Tensor:
-        """The "may attend" masks [n, capacity] of rows `index`."""
-        return self._allowed[index, 0, 0]
-
-    def extend(self, index: torch.Tensor, starts: torch.Tensor, pos: int) -> None:
-        """Rows `index` may now also attend columns [starts[i], pos)."""
-        new = (self._columns >= starts.unsqueeze(1)) & (self._columns < pos)  # [n, capacity]
-        self._allowed[index, 0, 0] |= new
-
-    def compact(self, keep: torch.Tensor) -> None:
-        """Rows `keep` (ascending) move to the front, as the cache's `select_rows` moved them."""
-        n = keep.numel()
-        self._allowed[:n] = self._allowed[keep]
-        self._allowed[n:] = True
-
     def step(
-        self, tokens: torch.Tensor, positions: torch.Tensor, pos: int, real=True
+        self, tokens: torch.Tensor, positions: torch.Tensor, pos: int, allowed: torch.Tensor
     ) -> torch.Tensor:
         """One decode step: live row b (of B) feeds `tokens[b]` at `positions[b]`, written to
-        column `pos`, which later steps attend where `real` (True, or a [B] bool tensor: False for
-        parked rows' throwaway tokens). Returns the next-token logits, [B, V]."""
+        column `pos`, attending the columns where `allowed[b]` ([B, capacity], the batch's own
+        mask, column `pos` included) is true. Returns the next-token logits, [B, V]."""
         n = tokens.numel()
         rows = min(row_bucket(n), self.cache.rows)
         width = min(_round_up(pos + 1, self.width_step), self.cache.capacity)
         self._input_ids[:n, 0] = tokens
         self._positions[:n, 0] = positions
-        self._allowed[:n, 0, 0, pos] = real
+        self._allowed[:n, 0, 0, :width] = allowed[:, :width]
+        self._allowed[n:rows, 0, 0, :width] = True  # padding rows: finite, never read
         self._write_index.fill_(pos)
         if not self.capture:
             return self._run(rows, width)[:n]

@@ -140,15 +140,10 @@ class DecodeLoop:
         capacity = max(len(j.prompt) for j in first) + max(j.budget for j in first) + extra_columns
         if self.engine._static is not None:
             cache = self.engine._static.cache_for(rows, capacity)
-            self.engine._static.begin()
         else:
             cache = PreallocatedCache(self.engine._num_layers, rows, capacity, zero_columns=0)
         return LiveBatch(
-            cache,
-            rows,
-            self.engine.device,
-            track_allowed=self.engine._static is None,
-            park_steps=self.engine.park_steps if park else 0,
+            cache, rows, self.engine.device, park_steps=self.engine.park_steps if park else 0
         )
 
     def _unpark(self, batch: LiveBatch, feed: RequestFeed, waiting, *, nobody_came: bool) -> None:
@@ -203,9 +198,7 @@ class DecodeLoop:
         prompt_logits = self._prefill(prompts, batch.cache, pos, first)  # [U, V]
         if len(ordered) > len(prompts):  # fan each prompt out to its samples
             batch.cache.copy_rows(source + first, pos - len(prompts[0]), pos, first=first)
-        first, start = batch.append(ordered, prompt_logits[source])
-        if self.engine._static is not None:
-            self.engine._static.join(first, start, pos)
+        batch.append(ordered, prompt_logits[source])
         metrics["prefill_tokens"] += float(sum(len(p) for p in prompts))
 
     def _resume(self, batch: LiveBatch, returning: list[tuple[int, Joiner]], metrics) -> None:
@@ -242,36 +235,19 @@ class DecodeLoop:
         real = query.unsqueeze(0) >= pad.unsqueeze(1)  # [n, D]
         block = (query.unsqueeze(1) >= query.unsqueeze(0)).unsqueeze(0) & real.unsqueeze(1)
         block |= torch.eye(width, dtype=torch.bool).unsqueeze(0)  # [n, D(q), D(k)]
-        history = self._row_allowed(batch, index)[:, lo : pos - width].to("cpu")  # [n, cols]
+        history = batch.allowed[index, lo : pos - width].to("cpu")  # [n, cols]
         history = history.unsqueeze(1) & real.unsqueeze(2)  # [n, D, cols]
         allowed = torch.cat([history, block], dim=2).unsqueeze(1).to(device)  # [n, 1, D, pos-lo]
         batch.cache.set_window(index, lo=lo, pos=pos - width)
         logits = self.engine._forward(
             ids.to(device), self.engine._mask(allowed), positions.to(device), batch.cache
         )
-        batch.resume(returning, logits)
         starts = torch.tensor([pos - len(d) for d in deltas], device=device)  # [n]
-        self._extend_allowed(batch, index, starts, pos)
-
-    def _row_allowed(self, batch: LiveBatch, index: torch.Tensor) -> torch.Tensor:
-        """The "may attend" masks [n, capacity] of rows `index`."""
-        if self.engine._static is not None:
-            return self.engine._static.allowed_rows(index)
-        return batch.allowed[index]
-
-    def _extend_allowed(self, batch, index: torch.Tensor, starts: torch.Tensor, pos: int) -> None:
-        """Rows `index` may now also attend columns [starts[i], pos)."""
-        if self.engine._static is not None:
-            self.engine._static.extend(index, starts, pos)
-            return
-        columns = torch.arange(batch.cache.capacity, device=self.engine.device)
-        batch.allowed[index] |= (columns >= starts.unsqueeze(1)) & (columns < pos)
+        batch.resume(index, returning, logits, starts)
 
     def _compact(self, batch: LiveBatch, metrics: dict) -> None:
         """Finished rows leave the batch and the cache: they stop costing compute."""
-        keep = batch.compact()
-        if self.engine._static is not None:
-            self.engine._static.compact(keep)
+        batch.compact()
         metrics["compactions"] += 1
 
     def _decode_step(self, batch: LiveBatch, metrics: dict) -> None:
@@ -280,13 +256,13 @@ class DecodeLoop:
         started = time.perf_counter()
         pos, tokens = batch.pos, batch.tokens
         fed = batch.fed()
-        real = True if all(fed) else torch.tensor(fed, device=self.engine.device)  # [B]
+        # The written column is attended later where it holds a real token (not a parked row's).
+        batch.allowed[:, pos] = True if all(fed) else torch.tensor(fed, device=self.engine.device)
         if self.engine._static is not None:
-            logits = self.engine._static.step(tokens, batch.positions, pos, real)  # [B, V]
+            logits = self.engine._static.step(tokens, batch.positions, pos, batch.allowed)
         else:
             lo = min(batch.starts)
             batch.cache.set_window(slice(0, len(batch.rows)), lo=lo, pos=pos)
-            batch.allowed[:, pos] = real
             mask = self.engine._mask(
                 batch.allowed[:, None, None, lo : pos + 1]
             )  # [B, 1, 1, pos+1-lo]

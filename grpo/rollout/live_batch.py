@@ -63,20 +63,10 @@ class Joiner:
 
 
 class LiveBatch:
-    """Up to `max_rows` rows decoding over `cache` (see the module docstring).
-
-    track_allowed: keep the [B, capacity] "may attend" mask here (dynamic decode steps); static
-        steps keep theirs in the StaticDecoder's fixed buffer.
-    """
+    """Up to `max_rows` rows decoding over `cache` (see the module docstring)."""
 
     def __init__(
-        self,
-        cache: PreallocatedCache,
-        max_rows: int,
-        device: torch.device,
-        *,
-        track_allowed: bool,
-        park_steps: int = 0,
+        self, cache: PreallocatedCache, max_rows: int, device: torch.device, *, park_steps: int = 0
     ) -> None:
         self.cache = cache
         self.park_steps = park_steps
@@ -98,11 +88,8 @@ class LiveBatch:
         self.top_p = torch.zeros(0, device=device)  # [B]
         self.tokens = empty_long  # [B] the tokens last sampled (the next forward's input)
         self.logits: torch.Tensor | None = None  # [B, V] next-token logits
-        self.allowed = (
-            torch.zeros(0, cache.capacity, dtype=torch.bool, device=device)
-            if track_allowed
-            else None
-        )  # [B, capacity]
+        self.allowed = torch.zeros(0, cache.capacity, dtype=torch.bool, device=device)
+        """[B, capacity]: column c holds one of row b's tokens (what a forward may attend)."""
         self.kinds = BatchKinds.of([])
 
     # ------------------------------------------------------------------ row states
@@ -220,13 +207,11 @@ class LiveBatch:
             self.cache.zero(slice(0, len(self.rows)), self.pos, pos)
         self.pos = pos
 
-    def append(self, joiners: list[Joiner], logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+    def append(self, joiners: list[Joiner], logits: torch.Tensor) -> None:
         """Rows for `joiners` (already prefilled, in this order, into the rows after the live ones,
-        each prompt ending at column pos - 1) with their first-token logits [n, V]. Returns the
-        first new row and the new rows' start columns [n] (device)."""
+        each prompt ending at column pos - 1) with their first-token logits [n, V]."""
         first = len(self.rows)
         starts = [self.pos - len(j.prompt) for j in joiners]
-        start = torch.tensor(starts, device=self.device)  # [n]
         self.rows += [self._sequence(j) for j in joiners]
         self.starts += starts
         n = len(joiners)
@@ -245,12 +230,15 @@ class LiveBatch:
         self.logits = (
             logits if self.logits is None or first == 0 else torch.cat([self.logits, logits])
         )
-        if self.allowed is not None:
-            columns = torch.arange(self.cache.capacity, device=self.device)
-            mine = (columns >= start.unsqueeze(1)) & (columns < self.pos)  # [n, capacity]
-            self.allowed = torch.cat([self.allowed, mine])
+        self.allowed = torch.cat(
+            [self.allowed, self._up_to_pos(torch.tensor(starts, device=self.device))]
+        )
         self.kinds = BatchKinds.of(self.rows)
-        return first, start
+
+    def _up_to_pos(self, starts: torch.Tensor) -> torch.Tensor:
+        """[n, capacity]: columns [starts[i], pos)."""
+        columns = torch.arange(self.cache.capacity, device=self.device)
+        return (columns >= starts.unsqueeze(1)) & (columns < self.pos)
 
     def _sequence(self, joiner: Joiner) -> LiveSequence:
         """A fresh row for `joiner`, its whole prompt in the cache, ending at column pos - 1."""
@@ -263,11 +251,16 @@ class LiveBatch:
             end_column=self.pos,
         )
 
-    def resume(self, returning: list[tuple[int, Joiner]], logits: torch.Tensor) -> torch.Tensor:
-        """Parked rows take their sessions' next requests (whose new tokens were just prefilled
-        into columns ending at pos - 1); `logits` [n, V] predict their first tokens. Returns the
-        rows [n] (device)."""
-        index = torch.tensor([b for b, _ in returning], device=self.device)  # [n]
+    def resume(
+        self,
+        index: torch.Tensor,
+        returning: list[tuple[int, Joiner]],
+        logits: torch.Tensor,
+        starts: torch.Tensor,
+    ) -> None:
+        """Parked rows `index` [n] take their sessions' next requests, whose new tokens were just
+        prefilled into columns [starts[i], pos); `logits` [n, V] predict their first tokens."""
+        self.allowed[index] |= self._up_to_pos(starts)
         joiners = [j for _, j in returning]
         for b, joiner in returning:
             self.rows[b] = self._sequence(joiner)
@@ -281,7 +274,6 @@ class LiveBatch:
         self.top_p[index] = torch.tensor([s.top_p for s in sampling], device=self.device)
         self.logits[index] = logits.to(self.logits.dtype)
         self.kinds = BatchKinds.of(self.rows)
-        return index
 
     # ------------------------------------------------------------------ a step
     def sample(self, tokenizer, deliver: Callable[[LiveSequence, GenerationResult], None]) -> None:
@@ -321,9 +313,9 @@ class LiveBatch:
                         row.parked_at = self.decode_steps
                     deliver(row, row.result())
 
-    def compact(self) -> torch.Tensor:
-        """Drop the finished, unparked rows from the batch and the cache (the others move up, in order);
-        returns the kept rows' old indices [K] (device)."""
+    def compact(self) -> None:
+        """Drop the finished, unparked rows from the batch and the cache (the others move up, in
+        order)."""
         keep_list = [
             i
             for i, row in enumerate(self.rows)
@@ -344,10 +336,8 @@ class LiveBatch:
             setattr(self, name, getattr(self, name)[keep])
         if self.logits is not None:
             self.logits = self.logits[keep]
-        if self.allowed is not None:
-            self.allowed = self.allowed[keep]
+        self.allowed = self.allowed[keep]
         self.kinds = BatchKinds.of(self.rows)
-        return keep
 
     def fed(self) -> list[bool]:
         """Per row: does the next decode forward feed one of its real tokens (its last sampled
