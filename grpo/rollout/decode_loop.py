@@ -74,9 +74,11 @@ class DecodeLoop:
                     ):
                         self._compact(batch, metrics)  # free rows for the waiting requests
                 if waiting:
-                    if batch is None or (not batch.rows and not _admits_any(batch, waiting)):
+                    admitted = set() if batch is None else self._admit(batch, waiting, metrics)
+                    if not admitted and (batch is None or not batch.rows):
+                        # Nothing decoding, and the cache is too small (or missing): a new one.
                         batch = self._new_batch(waiting, rows, extra_columns, park)
-                    admitted = self._admit(batch, waiting, metrics)
+                        admitted = self._admit(batch, waiting, metrics)
                     waiting = [j for j in waiting if j.ticket not in admitted]
                     if waiting and not admitted and not batch.live():
                         batch.unpark()  # parked rows hold the room the waiting ones need
@@ -156,7 +158,7 @@ class DecodeLoop:
             batch.end_sessions(ended)
         if nobody_came:
             batch.unpark()
-        batch.unpark(waited_steps=self.engine.park_steps, keep={j.request.session for j in waiting})
+        batch.expire(self.engine.park_steps, keep={j.request.session for j in waiting})
         if waiting:
             batch.make_room(waiting)
 
@@ -291,11 +293,6 @@ class DecodeLoop:
             cache.set_window(slice(first + start, first + end), lo=pos - length, pos=pos - length)
             logits.append(self.engine._forward(ids, mask, positions, cache))
         return torch.cat(logits)  # [U, V]
-
-
-def _admits_any(batch: LiveBatch, waiting: list[Joiner]) -> bool:
-    returning, new, _ = batch.plan(waiting)
-    return bool(returning or new)
 
 
 _METRICS = (

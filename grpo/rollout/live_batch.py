@@ -110,14 +110,21 @@ class LiveBatch:
         self.ended.update(sessions)
         self.unpark(set(sessions))
 
-    def unpark(self, sessions=None, *, waited_steps: int | None = None, keep=()) -> None:
-        """Parked rows of `sessions` (None: all), or (with `waited_steps`) those parked longer than
-        that, become droppable; sessions in `keep` stay parked."""
+    def unpark(self, sessions=None) -> None:
+        """Parked rows of `sessions` (None: all) become droppable."""
         for row in self.rows:
-            if row.parked_at is None or row.session in keep:
-                continue
-            expired = waited_steps is not None and self.decode_steps - row.parked_at > waited_steps
-            if expired or (waited_steps is None and (sessions is None or row.session in sessions)):
+            if row.parked_at is not None and (sessions is None or row.session in sessions):
+                row.parked_at = None
+
+    def expire(self, steps: int, keep) -> None:
+        """Parked rows that have waited more than `steps` decode steps become droppable, except
+        those of sessions in `keep` (their next turns are waiting to join)."""
+        for row in self.rows:
+            if (
+                row.parked_at is not None
+                and row.session not in keep
+                and self.decode_steps - row.parked_at > steps
+            ):
                 row.parked_at = None
 
     def make_room(self, waiting: list[Joiner]) -> None:
