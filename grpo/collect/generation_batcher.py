@@ -175,68 +175,62 @@ class GenerationBatcher:
             if key in _ENGINE_TOTALS:
                 self.engine_totals[key] = self.engine_totals.get(key, 0.0) + float(value)
 
+    async def _call_engine(self, method, *args):
+        """Run one engine call in a worker thread, marked as generating on the timeline: its
+        value and None, or None and the error every episode waiting on it gets. An engine
+        failure is that error (each episode is then retried); cancellation or an exit is
+        recorded as `fatal` (the caller fails every waiting episode, so that none hangs, and
+        re-raises it)."""
+        self.timeline.set_generating(True)
+        try:
+            value = await asyncio.to_thread(method, *args)
+            self._add_engine_metrics()
+            return value, None
+        except Exception as exc:  # noqa: BLE001
+            return None, exc
+        except BaseException as exc:  # noqa: BLE001
+            self.fatal = exc
+            return None, RuntimeError(f"generation stopped: {exc!r}")
+        finally:
+            self.timeline.set_generating(False)
+
+    def _stop_if_fatal(self, error: BaseException | None) -> None:
+        if self.fatal is not None:
+            for _, future, _ in self._pending:
+                self._resolve(future, None, error)
+            self._pending = []
+            raise self.fatal
+
     async def _dispatch(self, batch: list[_Entry]) -> None:
         if getattr(self.engine, "joins_running_batches", False):
             await self._serve(batch)
             return
         requests = [request for request, _, _ in batch]
         self.batch_sizes.append(len(requests))
-        self.timeline.set_generating(True)
         started = time.perf_counter()
-        try:
-            results = await asyncio.to_thread(self.engine.generate, requests)
+        results, error = await self._call_engine(self.engine.generate, requests)
+        if error is None:
             self.last_generate_s = time.perf_counter() - started
-            self._add_engine_metrics()
             if len(results) != len(requests):
-                raise RuntimeError(
+                error = RuntimeError(
                     f"engine returned {len(results)} results for {len(requests)} requests"
                 )
-            error = None
-        # Any engine failure fails every episode of the batch (each is then retried).
-        except Exception as exc:  # noqa: BLE001
-            results, error = None, exc
-        # Cancellation or an exit: fail every waiting episode so that none hangs, then stop.
-        except BaseException as exc:  # noqa: BLE001
-            self.fatal = exc
-            results, error = None, RuntimeError(f"generation stopped: {exc!r}")
-        finally:
-            self.timeline.set_generating(False)
-        waiting = batch + (self._pending if self.fatal is not None else [])
-        for i, (_, future, _) in enumerate(waiting):
+        for i, (_, future, _) in enumerate(batch):
             self._resolve(future, None if error is not None else results[i], error)
-        if self.fatal is not None:
-            self._pending = []
-            raise self.fatal
+        self._stop_if_fatal(error)
 
     async def _serve(self, batch: list[_Entry]) -> None:
         """Continuous batching: `engine.serve` over a feed that starts with `batch`."""
         self.batch_sizes.append(len(batch))
         feed = self._feed = _Feed(asyncio.get_running_loop(), self._resolve, batch)
-        self.timeline.set_generating(True)
-        try:
-            await asyncio.to_thread(self.engine.serve, feed)
-            self._add_engine_metrics()
-            error = None
-        # Any engine failure fails every episode still waiting on it (each is then retried).
-        except Exception as exc:  # noqa: BLE001
-            error = exc
-        # Cancellation or an exit: fail every waiting episode so that none hangs, then stop.
-        except BaseException as exc:  # noqa: BLE001
-            self.fatal = exc
-            error = RuntimeError(f"generation stopped: {exc!r}")
-        finally:
-            self.timeline.set_generating(False)
-            self._feed = None
+        _, error = await self._call_engine(self.engine.serve, feed)  # never raises
+        self._feed = None
         undelivered = feed.close()
         if error is None and undelivered:
             error = RuntimeError(f"the engine ended without {len(undelivered)} results")
         for future in undelivered:
             self._resolve(future, None, error)
-        if self.fatal is not None:
-            for _, future, _ in self._pending:
-                self._resolve(future, None, error)
-            self._pending = []
-            raise self.fatal
+        self._stop_if_fatal(error)
 
 
 class _Feed(RequestFeed):
@@ -246,9 +240,9 @@ class _Feed(RequestFeed):
     def __init__(self, loop: asyncio.AbstractEventLoop, resolve, batch: list[_Entry]) -> None:
         self._loop = loop
         self._resolve = resolve
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        """Notified when a request or a session end arrives (an idle engine waits on it)."""
+        self._changed = threading.Condition()
+        """Guards the feed; notified when a request or a session end arrives (an idle engine
+        waits on it)."""
         self._ended: list[str] = []
         self._open = True
         self._queue: list[tuple[int, GenerationRequest]] = []
@@ -259,7 +253,7 @@ class _Feed(RequestFeed):
 
     def offer(self, request: GenerationRequest, future: asyncio.Future) -> bool:
         """Queue a request for the running engine; False once the feed has closed."""
-        with self._lock:
+        with self._changed:
             if not self._open:
                 return False
             ticket = next(self._tickets)
@@ -287,12 +281,12 @@ class _Feed(RequestFeed):
                 self._changed.notify_all()
 
     def ended_sessions(self) -> list[str]:
-        with self._lock:
+        with self._changed:
             ended, self._ended = self._ended, []
             return ended
 
     def _hand_back(self, ticket: int, result, error) -> None:
-        with self._lock:
+        with self._changed:
             future = self._futures.pop(ticket)
         self._loop.call_soon_threadsafe(self._resolve, future, result, error)
 
@@ -304,7 +298,7 @@ class _Feed(RequestFeed):
 
     def close(self) -> list[asyncio.Future]:
         """Close (later offers are refused) and return the futures nothing was handed back to."""
-        with self._lock:
+        with self._changed:
             self._open = False
             self._queue = []
             undelivered, self._futures = list(self._futures.values()), {}
