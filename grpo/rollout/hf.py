@@ -159,7 +159,9 @@ class HFEngine(RolloutEngine):
             raise ValueError(f"join_columns must be >= 0, got {join_columns}")
         self.join_columns = join_columns
         if park_steps < 0 or park_wait_s < 0:
-            raise ValueError(f"park_steps and park_wait_s must be >= 0, got {park_steps}, {park_wait_s}")
+            raise ValueError(
+                f"park_steps and park_wait_s must be >= 0, got {park_steps}, {park_wait_s}"
+            )
         self.park_steps, self.park_wait_s = park_steps, park_wait_s
         self.joins_running_batches = continuous_batching
         self.prefill_chunk_tokens = prefill_chunk_tokens or defaults.prefill_chunk_for(
@@ -299,7 +301,6 @@ class HFEngine(RolloutEngine):
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min
         )
-
 
 
 class _ListFeed(RequestFeed):

@@ -9,8 +9,11 @@ prompt are masked by the caller's attention mask. Rows that join a running batch
 at the column the next step writes (grpo/rollout/live_batch.py).
 
 A forward covers a `CacheWindow`: a contiguous slice of rows (prefill chunks fill some rows at a
-time; an index tensor for the scattered rows of resumed sessions), the first column attended (`lo`) and the column written first (`pos`). `select_rows`
-compacts finished rows away and `copy_rows` fans a prefilled prompt out to the rows sharing it.
+time; an index tensor for the scattered rows of resumed sessions), the first column attended
+(`lo`) and the column written first (`pos`). `copy_rows` compacts finished rows away (the rows
+after them move up) and fans a prefilled prompt out to the rows sharing it; `zero` makes columns
+that a row attends but never writes finite (the columns left of a joining prompt, and the gap a
+longer joining prompt opens in the other rows).
 
 Static windows (`set_static`) serve fixed-shape decode steps (grpo/rollout/decode_graphs.py): the
 column written is a device tensor instead of a Python int, and the forward attends over a fixed
