@@ -95,6 +95,13 @@ class OptimizerConfig(Section):
     are length-sorted first), so short sequences share a forward and long ones do not exceed
     memory. null: only `micro_batch_size` counts. The loss is normalized over the whole
     minibatch, so how rows are grouped changes speed and memory, not the update."""
+    micro_batch_overhead_tokens: int | None = Field(default=None, ge=0)
+    """What one more micro-batch costs, counted in padded tokens. Within the two caps above, the
+    length-sorted rows are cut where that costs least: padded tokens + this per micro-batch, so
+    a few long rows get their own forward instead of padding every short one to their length.
+    null: the device's default (256 on a CPU, where a full fine-tune's call costs ~0.34 s of
+    weight-sized work, as much as ~256 tokens; 4096 on CUDA and 1024 on MPS, estimates). LoRA
+    runs, whose calls carry little weight-sized work, can set it lower."""
 
 
 class ReferenceConfig(Section):

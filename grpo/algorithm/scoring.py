@@ -38,7 +38,8 @@ class Scores:
 @torch.no_grad()
 def score(policy, reference, trajectories: Sequence[Trajectory], rows: list[int], *, want_old: bool,
           want_values: bool, micro_batch_size: int, pad_token_id: int, temperature: float,
-          seconds: dict[str, float], micro_batch_tokens: int | None = None) -> Scores:
+          seconds: dict[str, float], micro_batch_tokens: int | None = None,
+          micro_batch_overhead_tokens: int | None = None) -> Scores:
     """Scores of `rows`: old log-probs and/or values under the policy (eval mode: no dropout)
     when asked, ref log-probs whenever a reference is given. Adds each pass's time to `seconds`."""
     scores = Scores()
@@ -50,15 +51,18 @@ def score(policy, reference, trajectories: Sequence[Trajectory], rows: list[int]
     with reference.scoring_on(device) if reference is not None else nullcontext():
         _score_rows(policy, reference, trajectories, rows, scores, want_old=want_old,
                     want_values=want_values, micro_batch_size=micro_batch_size,
-                    micro_batch_tokens=micro_batch_tokens, pad_token_id=pad_token_id, temperature=temperature, seconds=seconds)
+                    micro_batch_tokens=micro_batch_tokens, overhead_tokens=micro_batch_overhead_tokens,
+                    pad_token_id=pad_token_id, temperature=temperature, seconds=seconds)
     policy.train(was_training)
     return scores
 
 
 def _score_rows(policy, reference, trajectories, rows, scores: Scores, *, want_old, want_values,
-                micro_batch_size, micro_batch_tokens, pad_token_id, temperature, seconds) -> None:
+                micro_batch_size, micro_batch_tokens, overhead_tokens, pad_token_id, temperature,
+                seconds) -> None:
     device = next(policy.parameters()).device
-    for mb in micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device, micro_batch_tokens):
+    for mb in micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device, micro_batch_tokens,
+                            overhead_tokens):
         start = time.perf_counter()
         out = None
         if want_old or want_values:

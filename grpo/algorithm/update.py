@@ -156,6 +156,7 @@ def train_step(policy, reference, optimizer, scheduler, trajectories: Sequence[T
                    want_old=want_old, want_values=settings.uses_values,
                    micro_batch_size=settings.schedule.micro_batch_size,
                    micro_batch_tokens=settings.schedule.micro_batch_tokens,
+                   micro_batch_overhead_tokens=settings.schedule.micro_batch_overhead_tokens,
                    pad_token_id=settings.pad_token_id, temperature=settings.temperature, seconds=seconds)
     stats = mismatch_stats(sampled_diffs(trajectories, scores.old))
     if check_logprobs:
@@ -308,7 +309,8 @@ def _minibatch_step(policy, optimizer, scheduler, scaler, trajectories, rows, de
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     for mb in micro_batches(trajectories, rows, settings.schedule.micro_batch_size, settings.pad_token_id, device,
-                            max_tokens=settings.schedule.micro_batch_tokens):
+                            max_tokens=settings.schedule.micro_batch_tokens,
+                            overhead_tokens=settings.schedule.micro_batch_overhead_tokens):
         inputs = _loss_inputs(policy, mb, scores, advantages, returns, settings, totals)
         loss, metrics = compute_policy_loss(inputs, settings.loss, denominator)
         if not torch.isfinite(loss):
