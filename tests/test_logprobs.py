@@ -171,3 +171,80 @@ def test_rejects_bad_arguments():
         token_logprobs_and_entropy(hidden, weight, targets, temperature=0.0)
     with pytest.raises(ValueError, match="disagree"):
         token_logprobs_and_entropy(hidden, weight, targets[:, 1:])
+
+
+# ----- the fused log-prob path (log-probs only, a plain weight head, with gradients) -----------
+
+
+def _fallback(hidden, head, targets, **kwargs):
+    """The checkpointed path for the same head: a lambda head is never fused."""
+    weight = head if isinstance(head, torch.Tensor) else head.weight
+    return token_logprobs_and_entropy(hidden, lambda h: F.linear(h, weight), targets, **kwargs)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("as_module", [False, True])
+def test_fused_path_is_exact_in_fp64(temperature, as_module):
+    hidden, weight, targets = _inputs(seed=5, dtype=torch.float64)
+    head = weight
+    if as_module:
+        head = torch.nn.Linear(H, V, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            head.weight.copy_(weight)
+    logprobs, entropy = token_logprobs_and_entropy(hidden, head, targets, temperature=temperature, chunk_size=4)
+    assert entropy is None and logprobs.grad_fn is not None
+    ref_hidden = hidden.detach().clone().requires_grad_(True)
+    ref_weight = weight.detach().clone().requires_grad_(True)
+    ref_logprobs, _ = _naive(ref_hidden, ref_weight, targets, temperature)
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=1e-10, rtol=1e-10)
+    w = torch.randn(B, T, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    (w * logprobs).sum().backward()
+    (w * ref_logprobs).sum().backward()
+    head_grad = head.weight.grad if as_module else weight.grad
+    torch.testing.assert_close(hidden.grad, ref_hidden.grad, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(head_grad, ref_weight.grad, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_path_equals_the_checkpointed_path_under_bf16_autocast(temperature):
+    """Same bf16 matmuls, same fp32 softmax, same casts of the gradient: the same numbers."""
+    hidden, weight, targets = _inputs(seed=6)
+    ref_hidden = hidden.detach().clone().requires_grad_(True)
+    ref_weight = weight.detach().clone().requires_grad_(True)
+    w = torch.randn(B, T, generator=torch.Generator().manual_seed(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, temperature=temperature, chunk_size=8)
+        ref_logprobs, _ = _fallback(ref_hidden, ref_weight, targets, temperature=temperature, chunk_size=8)
+    assert logprobs.dtype == torch.float32
+    torch.testing.assert_close(logprobs, ref_logprobs, atol=0, rtol=0)
+    (w * logprobs).sum().backward()
+    (w * ref_logprobs).sum().backward()
+    torch.testing.assert_close(hidden.grad, ref_hidden.grad, atol=0, rtol=0)
+    # The weight's gradient: each chunk's bf16 product, accumulated in the parameter's fp32
+    # (autograd's own accumulation over chunks rounds some of it in bf16 and differs by ~1e-2).
+    hb, wb = hidden.detach().reshape(-1, H).bfloat16(), weight.detach().bfloat16()  # [N, H], [V, H]
+    probs = torch.softmax((hb @ wb.T).float() / temperature, dim=-1)  # [N, V]
+    g = w.reshape(-1)  # [N]
+    grad_z = (torch.nn.functional.one_hot(targets.reshape(-1), V) - probs) * g[:, None] / temperature
+    expected = torch.zeros(V, H)
+    for start in range(0, B * T, 8):
+        expected += (grad_z[start:start + 8].bfloat16().T @ hb[start:start + 8]).float()
+    assert weight.grad.dtype == torch.float32
+    torch.testing.assert_close(weight.grad, expected, atol=0, rtol=0)
+    torch.testing.assert_close(weight.grad, ref_weight.grad, atol=0.05, rtol=0.05)
+
+
+def test_fused_path_keeps_no_vocabulary_sized_tensor():
+    hidden, weight, targets = _inputs()
+    saved_shapes = []
+
+    def pack(t):
+        saved_shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=4)
+    assert saved_shapes and all(shape == (V, H) or V not in shape for shape in saved_shapes)
+    assert (V, H) in saved_shapes  # the head's weight, once per chunk (one shared tensor)
+    logprobs.sum().backward()
+    assert hidden.grad is not None and weight.grad is not None

@@ -2,9 +2,12 @@
 
 A full-vocabulary log-softmax over every position of a batch is the largest tensor of a training
 step ([B*T, V] fp32: 16 x 1024 tokens x 152k vocabulary is 10 GB). We never build it: the
-positions are processed in chunks of `chunk_size` rows, and with autograd on each chunk runs under
-`torch.utils.checkpoint`, so the forward keeps no [*, V] tensor and the backward recomputes one
-chunk's logits at a time. Peak memory is O(chunk_size * V) instead of O(B * T * V).
+positions are processed in chunks of `chunk_size` rows, and with autograd each chunk keeps only its
+inputs: the backward recomputes one chunk's logits at a time. Peak memory is O(chunk_size * V)
+instead of O(B * T * V). Log-probs of a plain weight head (the usual tied or untied LM head) run
+through `_FusedLinearLogprob`, whose backward forms the softmax gradient in place from the
+forward's log-sum-exp; entropy, a head with a bias or adapters, or a callable run each chunk under
+`torch.utils.checkpoint` instead.
 
 Logits are divided by the sampling temperature (the rollout samples from softmax(logits / T)), and
 the softmax is taken in fp32 even under bf16 autocast (the head's matmul itself runs in the autocast
@@ -65,6 +68,66 @@ def _chunk_logprobs_entropy(
         return logprobs, entropy
 
 
+class _FusedLinearLogprob(torch.autograd.Function):
+    """log softmax(hidden @ weight.T / T)[targets] for one chunk, whose backward recomputes the
+    chunk's logits once and forms d/dlogits = (onehot(target) - softmax) / T directly: the same
+    numbers the checkpointed path gets from autograd (the log-sum-exp's backward exp(z - lse),
+    the gather's scatter, the division by T), without recomputing the log-sum-exp, zero-filling
+    a [C, V] gradient for the gather or keeping a second [C, V] buffer.
+
+    `weight` is the head's own parameter (its gradient is returned in its dtype, so chunks
+    accumulate in full precision, as autocast's per-call casts do); `low` the same weight in the
+    compute dtype, made once per call. Under autocast the matmuls run in the compute dtype and the
+    softmax in fp32, as in `_chunk_logprobs`."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, low, targets, temperature):
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            h = hidden.to(low.dtype)  # [C, H]
+            logits = _scaled(_upcast(F.linear(h, low)), temperature)  # [C, V] fp32
+            log_norm = torch.logsumexp(logits, dim=-1)  # [C]
+            out = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm  # [C]
+        ctx.save_for_backward(h, low, targets, log_norm)
+        ctx.temperature = temperature
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, low, targets, log_norm = ctx.saved_tensors
+        temperature = ctx.temperature
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            logits = _scaled(_upcast(F.linear(h, low)), temperature)  # [C, V] fp32
+            grad = grad.to(logits.dtype)
+            # d out / d z = onehot(target) - softmax(z): softmax in place of the logits.
+            grad_z = logits.sub_(log_norm[:, None]).exp_().mul_(-grad[:, None])  # [C, V]
+            grad_z.scatter_add_(-1, targets[:, None], grad[:, None])
+            if temperature != 1.0:
+                grad_z = grad_z.div_(temperature)
+            grad_logits = grad_z.to(low.dtype)  # as autocast's backward casts it
+            hidden_dtype, weight_dtype = ctx.dtypes
+            grad_hidden = (grad_logits @ low).to(hidden_dtype) if ctx.needs_input_grad[0] else None  # [C, H]
+            grad_weight = (grad_logits.T @ h).to(weight_dtype) if ctx.needs_input_grad[1] else None  # [V, H]
+        return grad_hidden, grad_weight, None, None, None
+
+
+def _plain_weight(lm_head: Head) -> torch.Tensor | None:
+    """The head's weight when the head is exactly `hidden @ weight.T` (a tensor, or a bias-free
+    `nn.Linear` that nothing wraps); None for anything else (LoRA, bias, a callable)."""
+    if isinstance(lm_head, torch.Tensor):
+        return lm_head
+    if type(lm_head) is torch.nn.Linear and lm_head.bias is None:
+        return lm_head.weight
+    return None
+
+
+def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
 def _needs_grad(hidden: torch.Tensor, lm_head: Head) -> bool:
     if not torch.is_grad_enabled():
         return False
@@ -108,6 +171,9 @@ def token_logprobs_and_entropy(
     head = _head_fn(lm_head)
     fn = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
     use_checkpoint = _needs_grad(hidden, lm_head)
+    weight = _plain_weight(lm_head) if use_checkpoint and not with_entropy else None
+    if weight is not None:
+        low = weight.detach().to(_compute_dtype(hidden, weight))  # one cast for every chunk
 
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, flat_hidden.shape[0], chunk_size):
@@ -117,7 +183,12 @@ def token_logprobs_and_entropy(
             head,
             temperature,
         )
-        out = checkpoint(fn, *args, use_reentrant=False) if use_checkpoint else fn(*args)
+        if weight is not None:
+            out = _FusedLinearLogprob.apply(args[0], weight, low, args[1], temperature)
+        elif use_checkpoint:
+            out = checkpoint(fn, *args, use_reentrant=False)
+        else:
+            out = fn(*args)
         if with_entropy:
             logprob_chunks.append(out[0])
             entropy_chunks.append(out[1])
