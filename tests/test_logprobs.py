@@ -107,9 +107,8 @@ def test_head_sees_at_most_one_chunk_in_forward_and_backward():
     assert max(rows_seen) == 4
 
 
-def test_autograd_keeps_no_vocabulary_sized_tensor():
-    """Saved-for-backward tensors outside the checkpointed chunks stay far below one [N, V]."""
-    hidden, weight, targets = _inputs()
+def _saved_shapes(hidden, weight, targets, **kwargs):
+    """The shapes autograd saves for backward while computing the log-probs, and the outputs."""
     saved_shapes = []
 
     def pack(t):
@@ -117,9 +116,14 @@ def test_autograd_keeps_no_vocabulary_sized_tensor():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logprobs, entropy = token_logprobs_and_entropy(
-            hidden, weight, targets, chunk_size=4, with_entropy=True
-        )
+        logprobs, entropy = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=4, **kwargs)
+    return saved_shapes, logprobs, entropy
+
+
+def test_autograd_keeps_no_vocabulary_sized_tensor():
+    """Saved-for-backward tensors outside the checkpointed chunks stay far below one [N, V]."""
+    hidden, weight, targets = _inputs()
+    saved_shapes, logprobs, entropy = _saved_shapes(hidden, weight, targets, with_entropy=True)
     # Only each chunk's inputs are kept ([4, H] hidden rows, [4] targets); an unchunked or
     # un-checkpointed version would keep [*, V] logits / probabilities here.
     assert saved_shapes and all(V not in shape for shape in saved_shapes)
@@ -236,14 +240,7 @@ def test_fused_path_equals_the_checkpointed_path_under_bf16_autocast(temperature
 
 def test_fused_path_keeps_no_vocabulary_sized_tensor():
     hidden, weight, targets = _inputs()
-    saved_shapes = []
-
-    def pack(t):
-        saved_shapes.append(tuple(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=4)
+    saved_shapes, logprobs, _ = _saved_shapes(hidden, weight, targets)
     assert saved_shapes and all(shape == (V, H) or V not in shape for shape in saved_shapes)
     assert (V, H) in saved_shapes  # the head's weight, once per chunk (one shared tensor)
     logprobs.sum().backward()
