@@ -181,3 +181,32 @@ def test_single_process_collectives_are_identities():
     batch = synthetic_groups(num_groups=3, group_size=2)
     assert local_denominator_scale(batch, "token_mean") == 1.0
     assert balance_groups(batch) == (batch, 0)
+
+
+@pytest.mark.parametrize("name, value", [("micro_batch_tokens", 4096), ("micro_batch_overhead_tokens", 0)])
+def test_length_dependent_micro_batch_cuts_are_refused(name, value):
+    """Cuts that depend on a rank's own sequence lengths could give ranks different numbers of
+    forwards, each with collectives: a hang. The run refuses them before starting."""
+    from types import SimpleNamespace
+
+    from grpo.config import load_config
+    from grpo.distributed.trainer import DistributedGRPOTrainer
+
+    config = load_config(REPO / "configs/smoke.yaml", [f"algorithm.optimizer.{name}={value}"])
+    trainer = SimpleNamespace(config=config, world_size=2, uses_deepspeed=False)
+    with pytest.raises(ValueError, match=rf"algorithm.optimizer.{name}={value} cuts micro-batches"):
+        DistributedGRPOTrainer._check_config(trainer)
+    DistributedGRPOTrainer._check_config(SimpleNamespace(config=load_config(REPO / "configs/smoke.yaml"),
+                                                         world_size=2, uses_deepspeed=False))
+
+
+def test_fewest_calls_gives_every_rank_ceil_rows_over_size_micro_batches():
+    from grpo.algorithm.batching import FEWEST_CALLS, micro_batch_rows
+
+    # Two ranks' rows: equal counts, very different lengths. Cost-based cuts would differ
+    # (the long rank would split off its longest row); counting calls first, both run 2.
+    short = {i: 10 + i for i in range(6)}
+    ragged = {i: 10 for i in range(5)} | {5: 5000}
+    assert len(micro_batch_rows(ragged, list(ragged), size=4, overhead_tokens=256)) == 3
+    for lengths in (short, ragged):
+        assert len(micro_batch_rows(lengths, list(lengths), size=4, overhead_tokens=FEWEST_CALLS)) == 2

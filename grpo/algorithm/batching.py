@@ -56,6 +56,12 @@ casts and gradient accumulation are per call and weight-sized): ~256 tokens. The
 values are estimates (a call there is launch-bound up to thousands of tokens), not measured."""
 
 
+FEWEST_CALLS = 1 << 40
+"""An `overhead_tokens` above any padding: the fewest micro-batches (ceil(rows / size) without a
+token cap), then the least padding among those cuts. Data-parallel ranks use it: each forward and
+backward runs collectives, so every rank must run as many as the others."""
+
+
 def micro_batch_rows(lengths: dict[int, int], rows: list[int], size: int,
                      max_tokens: int | None = None, overhead_tokens: int = 0) -> list[list[int]]:
     """Rows sorted by length, cut into groups of at most `size` rows and, with `max_tokens`, at

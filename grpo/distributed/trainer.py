@@ -27,6 +27,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 
+from grpo.algorithm.batching import FEWEST_CALLS
 from grpo.algorithm.estimators import estimator_of
 from grpo.algorithm.update import NonFiniteLossError, train_step
 from grpo.config import RunConfig
@@ -106,6 +107,16 @@ class DistributedGRPOTrainer(GRPOTrainer):
                 f"train.tasks_per_step={cfg.train.tasks_per_step} must be a multiple of the "
                 f"{self.world_size} processes: every rank plays the same number of whole groups"
             )
+        optimizer = cfg.algorithm.optimizer
+        for name in ("micro_batch_tokens", "micro_batch_overhead_tokens"):
+            if getattr(optimizer, name) is not None:
+                raise ValueError(
+                    f"algorithm.optimizer.{name}={getattr(optimizer, name)} cuts micro-batches by "
+                    "the lengths of a rank's own sequences, so ranks could run different numbers "
+                    "of forwards and backwards, and the collectives inside them would wait forever. "
+                    "launch/distributed.py cuts each rank's rows into ceil(rows / micro_batch_size) "
+                    f"micro-batches (the least padding among those cuts): leave {name} null"
+                )
         if self.uses_deepspeed and cfg.lora.enabled:
             raise ValueError(
                 "lora.enabled with DeepSpeed ZeRO-3 is not supported (the LoRA EMA reference scores "
@@ -159,8 +170,10 @@ class DistributedGRPOTrainer(GRPOTrainer):
         # Skipping zero-advantage sequences would give ranks different numbers of forwards (it
         # never changes the objective: it happens only where those sequences have no gradient).
         # A non-finite loss stops a data-parallel run, so no rollback copy is kept.
-        self.settings = dataclasses.replace(self.settings, skip_zero_advantage=False,
-                                            rollback_on_nonfinite=False)
+        # For the same reason the micro-batch cuts count calls first (FEWEST_CALLS), not padding.
+        self.settings = dataclasses.replace(
+            self.settings, skip_zero_advantage=False, rollback_on_nonfinite=False,
+            schedule=self.settings.schedule.model_copy(update={"micro_batch_overhead_tokens": FEWEST_CALLS}))
         self._sync_engine()
         kind = (f"DeepSpeed ZeRO-{self.accelerator.state.deepspeed_plugin.zero_stage}"
                 if self.uses_deepspeed else self.accelerator.distributed_type.value)
