@@ -335,6 +335,41 @@ def test_collector_continuous_batching_gives_the_turn_batched_trajectories(loop,
     )
 
 
+class SlowEveryToolTurn(GoOnEnvironment):
+    """GoOnEnvironment whose every step takes `delay_s` (a slow tool)."""
+
+    def __init__(self, task, episode_id, delay_s: float):
+        super().__init__(task, episode_id)
+        self.delay_s = delay_s
+
+    async def step(self, text, *, truncated=False):
+        await asyncio.sleep(self.delay_s)
+        return await super().step(text, truncated=truncated)
+
+
+def test_a_serving_engine_waiting_on_tools_is_not_counted_as_generating(loop, tokenizer, model):
+    """One episode, 3 turns, 0.5 s tool steps: after each turn the serve call stays open with the
+    episode's row parked, waiting on the feed. That wait is tool time, not generation."""
+    engine = HFEngine(model, tokenizer, dtype=torch.float32, park_wait_s=2.0)
+    collector = make_collector(
+        engine, tokenizer, None, max_new_tokens=4,
+        env_factory=lambda task, episode_id: SlowEveryToolTurn(task, episode_id, 0.5),
+    )
+    result = loop.run_until_complete(
+        collector.collect(generate_tasks("calculator", 1, seed=0), group_size=1, seed=0)
+    )
+    m = result.metrics
+    assert result.trajectories[0].num_turns == 3
+    assert m["rollout/engine_batches"] == 1  # one serve call for all three turns
+    idle = m["rollout/engine_idle_seconds"]
+    # A wait through each of the three 0.5 s tool steps (the last one until the episode ends).
+    assert 1.4 <= idle <= 2.5
+    # Those waits count as tool time, not as generating.
+    assert m["rollout/time_in_tools_s"] >= idle - 0.2
+    assert m["rollout/time_generating_s"] <= m["rollout/wall_s"] - m["rollout/time_in_tools_s"] + 1e-6
+    assert m["rollout/time_generating_s"] + m["rollout/time_in_tools_s"] <= m["rollout/wall_s"] + 1e-6
+
+
 def test_an_engine_failure_mid_serve_fails_the_waiting_episodes_and_they_retry(
     loop, tokenizer, tiny_model
 ):

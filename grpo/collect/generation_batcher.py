@@ -222,7 +222,8 @@ class GenerationBatcher:
     async def _serve(self, batch: list[_Entry]) -> None:
         """Continuous batching: `engine.serve` over a feed that starts with `batch`."""
         self.batch_sizes.append(len(batch))
-        feed = self._feed = _Feed(asyncio.get_running_loop(), self._resolve, batch)
+        feed = self._feed = _Feed(asyncio.get_running_loop(), self._resolve, batch,
+                                  on_idle=self.timeline.set_engine_idle)
         _, error = await self._call_engine(self.engine.serve, feed)  # never raises
         self._feed = None
         undelivered = feed.close()
@@ -237,9 +238,13 @@ class _Feed(RequestFeed):
     """The batcher's end of a `serve` call. The event loop offers requests; the engine's worker
     thread takes them and hands results back, which reach their futures on the event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, resolve, batch: list[_Entry]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, resolve, batch: list[_Entry],
+                 on_idle=None) -> None:
         self._loop = loop
         self._resolve = resolve
+        self._on_idle = on_idle
+        """Called on the event loop with True when the engine starts waiting on the feed for
+        requests, False when the wait ends (the timeline does not count it as generating)."""
         self._changed = threading.Condition()
         """Guards the feed; notified when a request or a session end arrives (an idle engine
         waits on it)."""
@@ -267,7 +272,11 @@ class _Feed(RequestFeed):
     ) -> list[tuple[int, GenerationRequest]]:
         with self._changed:
             if not self._queue and not self._ended and wait_s > 0:
+                if self._on_idle is not None:
+                    self._loop.call_soon_threadsafe(self._on_idle, True)
                 self._changed.wait(wait_s)
+                if self._on_idle is not None:
+                    self._loop.call_soon_threadsafe(self._on_idle, False)
             taken, self._queue = self._queue, []
             if not taken and close_if_empty:
                 self._open = False

@@ -24,7 +24,8 @@ def collection_metrics(
 
     - episodes_per_s: kept episodes / wall seconds of the collection.
     - gen_tokens_per_s: generated tokens / wall seconds; engine_tokens_per_s: / generating s.
-    - time_generating_s: wall time with an engine call in flight (calls run one at a time).
+    - time_generating_s: wall time with an engine call in flight (calls run one at a time),
+      less the time a serving engine waited on its feed (engine_idle_seconds).
     - time_in_tools_s: wall time with at least one episode inside its environment (reset, step,
       close: where tool calls happen) and no engine call in flight: the engine idles on tools.
     - time_tools_overlapped_s: environment time hidden under generation.
@@ -33,8 +34,8 @@ def collection_metrics(
       requests that joined a running engine call (continuous batching; counted in its size).
     - engine_*: the engine's own counters summed over the calls, where it keeps them (HF):
       prefill_tokens, resumed_requests (later turns that prefilled only their new tokens),
-      decode_steps, idle_seconds (a serving engine waiting for parked sessions' next turns:
-      tool time that time_generating_s counts as generating).
+      decode_steps, idle_seconds (a serving engine waiting for parked sessions' next turns,
+      counted as tool time when episodes are in their environments, not as generating).
     - parse_failure_rate: turns whose tool-call markup could not be read / turns;
       tool_error_rate: tool calls that returned an error / tool calls.
     """
