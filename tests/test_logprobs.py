@@ -245,3 +245,16 @@ def test_fused_path_keeps_no_vocabulary_sized_tensor():
     assert (V, H) in saved_shapes  # the head's weight, once per chunk (one shared tensor)
     logprobs.sum().backward()
     assert hidden.grad is not None and weight.grad is not None
+
+
+def test_only_a_plain_unpartitioned_weight_head_is_fused():
+    from grpo.models.logprobs import _plain_weight
+
+    plain = torch.nn.Linear(H, V, bias=False)
+    assert _plain_weight(plain) is plain.weight
+    assert _plain_weight(plain.weight) is plain.weight
+    assert _plain_weight(torch.nn.Linear(H, V, bias=True)) is None
+    assert _plain_weight(lambda h: h) is None
+    partitioned = torch.nn.Linear(H, V, bias=False)
+    partitioned.weight.ds_id = 7  # what DeepSpeed ZeRO-3 marks its partitioned parameters with
+    assert _plain_weight(partitioned) is None

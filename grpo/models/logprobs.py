@@ -113,12 +113,15 @@ class _FusedLinearLogprob(torch.autograd.Function):
 
 def _plain_weight(lm_head: Head) -> torch.Tensor | None:
     """The head's weight when the head is exactly `hidden @ weight.T` (a tensor, or a bias-free
-    `nn.Linear` that nothing wraps); None for anything else (LoRA, bias, a callable)."""
-    if isinstance(lm_head, torch.Tensor):
-        return lm_head
+    `nn.Linear` that nothing wraps); None for anything else (LoRA, bias, a callable), and for a
+    DeepSpeed ZeRO-3 parameter (`ds_id`): it holds its values only while its module's forward
+    runs, so such a head is called as a module."""
+    weight = lm_head if isinstance(lm_head, torch.Tensor) else None
     if type(lm_head) is torch.nn.Linear and lm_head.bias is None:
-        return lm_head.weight
-    return None
+        weight = lm_head.weight
+    if weight is None or hasattr(weight, "ds_id"):
+        return None
+    return weight
 
 
 def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
