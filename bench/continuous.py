@@ -107,9 +107,14 @@ def _summary(runs: list[dict]) -> dict:
         "rollout/gen_tokens",
         "rollout/mean_batch_size",
         "rollout/success_rate",
+        # The HF engine's counters: where prefix reuse and idle waits show.
+        "rollout/engine_prefill_tokens",
+        "rollout/engine_resumed_requests",
+        "rollout/engine_decode_steps",
+        "rollout/engine_idle_seconds",
     )
     return {
-        "median": {key.split("/")[1]: median(key) for key in keys},
+        "median": {key.split("/")[1]: median(key) for key in keys if all(key in run for run in runs)},
         "wall_s": [round(run["rollout/wall_s"], 2) for run in runs],
     }
 

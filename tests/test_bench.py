@@ -90,6 +90,9 @@ def test_the_continuous_batching_comparison_runs_both_modes_on_the_same_work():
     continuous, batched = report["continuous"]["median"], report["turn-batched"]["median"]
     assert continuous["engine_batches"] == 1 and batched["joined_requests"] == 0
     assert continuous["gen_tokens"] == batched["gen_tokens"] > 0  # fp32: the same samples
+    # The engine's counters are in the report: turn-batched calls never resume a session.
+    assert batched["engine_resumed_requests"] == 0 and batched["engine_idle_seconds"] == 0
+    assert continuous["engine_prefill_tokens"] > 0 and continuous["engine_decode_steps"] > 0
     assert report["speedup"] == round(batched["wall_s"] / continuous["wall_s"], 3)
     assert report["tool_latency_ms"] == [1.0, 5.0]
     assert headline({"continuous": report})["continuous_batching_speedup"] == report["speedup"]
