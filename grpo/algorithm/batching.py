@@ -82,6 +82,8 @@ def micro_batch_rows(lengths: dict[int, int], rows: list[int], size: int,
             rows_in = j - i
             if rows_in > 1 and max_tokens is not None and rows_in * longest > max_tokens:
                 break
+            if candidate is not None and rows_in * longest + overhead_tokens > candidate[0]:
+                break  # best[i] >= 0: this group alone costs more already, and longer ones more
             cost, groups = best[i]
             option = (cost + rows_in * longest + overhead_tokens, groups + 1)
             if candidate is None or option < candidate:
