@@ -68,6 +68,11 @@ class HFEngineConfig(Section):
     """Cache columns a batch keeps beyond its first prompts and their token budgets, for the
     longer prompts of later turns that join it; a request that does not fit waits until the
     batch has drained (memory: columns x rows x layers x 2 x kv heads x head dim x dtype size)."""
+    shared_prefix_min_tokens: int = Field(default=64, ge=0)
+    """Prompts that join a batch together and start alike (chat template, system prompt, tool
+    docs) prefill their common prefix once, copied to every row, where that saves at least this
+    many prefill tokens (prefix length x (distinct prompts - 1)). 0: every prompt is prefilled
+    whole."""
     prefill_chunk_tokens: int | None = Field(default=None, ge=1)
     """Padded prompt tokens per prefill forward (bounds its activation memory). null: 32768 on
     CUDA (a GPU's forward costs about the same at 4096 tokens as at 32768), else 4096."""

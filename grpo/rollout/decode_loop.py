@@ -19,7 +19,7 @@ import torch
 from grpo.rollout.base import GenerationResult, RequestFeed
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.live_batch import Joiner, LiveBatch
-from grpo.rollout.prefill import left_padded, prefill_chunks
+from grpo.rollout.prefill import left_padded, prefill_chunks, shared_prefix_length
 from grpo.rollout.sequence import LiveSequence
 
 
@@ -184,7 +184,8 @@ class DecodeLoop:
         return {j.ticket for j in new} | {j.ticket for _, j in returning}
 
     def _add_rows(self, batch: LiveBatch, joiners: list[Joiner], metrics: dict) -> None:
-        """Prefill `joiners` into the rows after the batch's, each prompt ending at pos - 1."""
+        """Prefill `joiners` into the rows after the batch's, each prompt ending at pos - 1 (a
+        prefix all their prompts share prefilled once: `_prefill_shared`)."""
         # Unique prompts, longest first; the rows of one prompt adjacent.
         groups: dict[tuple[int, ...], list[Joiner]] = {}
         for joiner in joiners:
@@ -197,11 +198,16 @@ class DecodeLoop:
         )  # [n]: each row's prompt
         first, pos = len(batch.rows), batch.pos
         batch.cache.zero(slice(first, first + len(ordered)), 0, pos)
-        prompt_logits = self._prefill(prompts, batch.cache, pos, first)  # [U, V]
+        shared = shared_prefix_length(prompts, self.engine.shared_prefix_min_tokens)
+        if shared:
+            prompt_logits = self._prefill_shared(prompts, shared, batch.cache, pos, first)
+        else:
+            prompt_logits = self._prefill(prompts, batch.cache, pos, first)  # [U, V]
         if len(ordered) > len(prompts):  # fan each prompt out to its samples
             batch.cache.copy_rows(source + first, pos - len(prompts[0]), pos, first=first)
-        batch.append(ordered, prompt_logits[source])
-        metrics["prefill_tokens"] += float(sum(len(p) for p in prompts))
+        batch.append(ordered, prompt_logits[source], shared=shared)
+        metrics["prefill_tokens"] += float(shared + sum(len(p) - shared for p in prompts))
+        metrics["shared_prefix_tokens"] += float(shared * (len(prompts) - 1))
 
     def _resume(self, batch: LiveBatch, returning: list[tuple[int, Joiner]], metrics) -> None:
         """Prefill the new tokens of parked sessions' next turns into their own rows, in chunks
@@ -220,14 +226,35 @@ class DecodeLoop:
         metrics["resumed_requests"] += len(returning)
 
     def _resume_chunk(self, batch: LiveBatch, returning, cached: list[int]) -> None:
-        pos, device = batch.pos, self.engine.device
+        pos = batch.pos
         rows = [b for b, _ in returning]
         deltas = [j.prompt[c:] for (_, j), c in zip(returning, cached)]
-        width = max(len(d) for d in deltas)  # D
+        width = len(deltas[0])  # longest first
         lo = min(batch.starts[b] for b in rows)
-        index = torch.tensor(rows, device=device)  # [n]
+        index = torch.tensor(rows, device=self.engine.device)  # [n]
+        history = batch.allowed[index, lo : pos - width].to("cpu")  # [n, cols]
+        logits = self._prefill_after(batch.cache, index, deltas, cached, history, lo, pos)
+        starts = torch.tensor([pos - len(d) for d in deltas], device=self.engine.device)  # [n]
+        batch.resume(index, returning, logits, starts)
+
+    def _prefill_after(
+        self,
+        cache: PreallocatedCache,
+        rows: slice | torch.Tensor,
+        deltas: list[tuple[int, ...]],
+        cached: list[int],
+        history: torch.Tensor,
+        lo: int,
+        pos: int,
+    ) -> torch.Tensor:
+        """Prefill the new tokens `deltas` (longest first, D = len(deltas[0])) into cache `rows`
+        as a left-padded block of columns [pos - D, pos), after row i's `cached[i]` tokens, which
+        sit in the columns [lo, pos - D) that `history[i]` (a host bool tensor) marks. Returns
+        the logits of each row's next token, [n, V]."""
+        device = self.engine.device
+        width = len(deltas[0])  # D
         pad = torch.tensor([width - len(d) for d in deltas])  # [n]
-        ids = torch.full((len(rows), width), self.engine._pad_id, dtype=torch.long)  # [n, D]
+        ids = torch.full((len(deltas), width), self.engine._pad_id, dtype=torch.long)  # [n, D]
         for i, delta in enumerate(deltas):
             ids[i, width - len(delta) :] = torch.tensor(delta, dtype=torch.long)
         query = torch.arange(width)  # [D]
@@ -237,15 +264,12 @@ class DecodeLoop:
         real = query.unsqueeze(0) >= pad.unsqueeze(1)  # [n, D]
         block = (query.unsqueeze(1) >= query.unsqueeze(0)).unsqueeze(0) & real.unsqueeze(1)
         block |= torch.eye(width, dtype=torch.bool).unsqueeze(0)  # [n, D(q), D(k)]
-        history = batch.allowed[index, lo : pos - width].to("cpu")  # [n, cols]
         history = history.unsqueeze(1) & real.unsqueeze(2)  # [n, D, cols]
         allowed = torch.cat([history, block], dim=2).unsqueeze(1).to(device)  # [n, 1, D, pos-lo]
-        batch.cache.set_window(index, lo=lo, pos=pos - width)
-        logits = self.engine._forward(
-            ids.to(device), self.engine._mask(allowed), positions.to(device), batch.cache
+        cache.set_window(rows, lo=lo, pos=pos - width)
+        return self.engine._forward(
+            ids.to(device), self.engine._mask(allowed), positions.to(device), cache
         )
-        starts = torch.tensor([pos - len(d) for d in deltas], device=device)  # [n]
-        batch.resume(index, returning, logits, starts)
 
     def _compact(self, batch: LiveBatch, metrics: dict) -> None:
         """Finished rows leave the batch and the cache: they stop costing compute."""
@@ -294,6 +318,43 @@ class DecodeLoop:
             logits.append(self.engine._forward(ids, mask, positions, cache))
         return torch.cat(logits)  # [U, V]
 
+    def _prefill_shared(
+        self,
+        prompts: list[tuple[int, ...]],
+        shared: int,
+        cache: PreallocatedCache,
+        pos: int,
+        first: int,
+    ) -> torch.Tensor:
+        """As `_prefill`, for prompts whose first `shared` tokens are the same: those run once,
+        in row `first`, at columns [lo, lo + shared) (lo = pos - the longest prompt's length), and
+        are copied to the other rows' same columns; then each prompt's rest is prefilled after
+        them, right-aligned to end at pos - 1 (a shorter prompt leaves a gap of unattended
+        columns between the two: grpo/rollout/live_batch.py `LiveBatch.append`)."""
+        lo = pos - len(prompts[0])
+        self._prefill([prompts[0][:shared]], cache, lo + shared, first)
+        if len(prompts) > 1:
+            source = torch.full((len(prompts) - 1,), first, device=self.engine.device)
+            cache.copy_rows(source, lo, lo + shared, first=first + 1)
+        rests = [prompt[shared:] for prompt in prompts]  # longest first, as the prompts
+        logits = []
+        for start, end in prefill_chunks([len(r) for r in rests], self.engine.prefill_chunk_tokens):
+            width = len(rests[start])
+            history = torch.zeros(end - start, pos - width - lo, dtype=torch.bool)
+            history[:, :shared] = True
+            logits.append(
+                self._prefill_after(
+                    cache,
+                    slice(first + start, first + end),
+                    rests[start:end],
+                    [shared] * (end - start),
+                    history,
+                    lo,
+                    pos,
+                )
+            )
+        return torch.cat(logits)  # [U, V]
+
 
 _METRICS = (
     "requests",
@@ -303,6 +364,7 @@ _METRICS = (
     "decode_forward_seconds",
     "sample_seconds",
     "prefill_tokens",
+    "shared_prefix_tokens",
     "decode_steps",
     "compactions",
     "waves",
@@ -312,4 +374,6 @@ _METRICS = (
     "idle_seconds",
     "graph_captures",
 )
-"""What `HFEngine.last_metrics` reports about its last call (plus seconds, tokens_per_second)."""
+"""What `HFEngine.last_metrics` reports about its last call (plus seconds, tokens_per_second).
+`prefill_tokens` counts the tokens prefill forwards ran; `shared_prefix_tokens` those a shared
+prefix saved (it ran once instead of once per distinct prompt)."""

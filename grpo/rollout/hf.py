@@ -109,6 +109,9 @@ class HFEngine(RolloutEngine):
         at most `park_wait_s` seconds of waiting when nothing else is live (0 steps: never).
     join_columns: `serve` sizes a batch's cache for its first prompts, their token budgets and
         this many columns more, for the longer prompts of requests that join later.
+    shared_prefix_min_tokens: distinct prompts that join together prefill the prefix they all
+        start with once, where that saves at least this many prefill tokens (0: never;
+        grpo/rollout/prefill.py `shared_prefix_length`).
     """
 
     joins_running_batches = True
@@ -131,6 +134,7 @@ class HFEngine(RolloutEngine):
         decode_mode: str = "auto",
         continuous_batching: bool = True,
         join_columns: int = 512,
+        shared_prefix_min_tokens: int = 64,
         park_steps: int = 64,
         park_wait_s: float = 2.0,
     ) -> None:
@@ -158,6 +162,11 @@ class HFEngine(RolloutEngine):
         if join_columns < 0:
             raise ValueError(f"join_columns must be >= 0, got {join_columns}")
         self.join_columns = join_columns
+        if shared_prefix_min_tokens < 0:
+            raise ValueError(
+                f"shared_prefix_min_tokens must be >= 0, got {shared_prefix_min_tokens}"
+            )
+        self.shared_prefix_min_tokens = shared_prefix_min_tokens
         if park_steps < 0 or park_wait_s < 0:
             raise ValueError(
                 f"park_steps and park_wait_s must be >= 0, got {park_steps}, {park_wait_s}"

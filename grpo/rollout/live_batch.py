@@ -214,11 +214,17 @@ class LiveBatch:
             self.cache.zero(slice(0, len(self.rows)), self.pos, pos)
         self.pos = pos
 
-    def append(self, joiners: list[Joiner], logits: torch.Tensor) -> None:
+    def append(self, joiners: list[Joiner], logits: torch.Tensor, shared: int = 0) -> None:
         """Rows for `joiners` (already prefilled, in this order, into the rows after the live ones,
-        each prompt ending at column pos - 1) with their first-token logits [n, V]."""
+        each prompt ending at column pos - 1) with their first-token logits [n, V].
+
+        `shared` > 0: their prompts' first `shared` tokens were prefilled once and copied
+        (grpo/rollout/prefill.py); they sit in the same columns [lo, lo + shared) of every row,
+        lo = pos - the longest prompt's length, and each prompt's rest ends at pos - 1, so a
+        shorter prompt's row has a gap of never-attended columns in between."""
         first = len(self.rows)
-        starts = [self.pos - len(j.prompt) for j in joiners]
+        lo = self.pos - max(len(j.prompt) for j in joiners)
+        starts = [lo if shared else self.pos - len(j.prompt) for j in joiners]
         self.rows += [self._sequence(j) for j in joiners]
         self.starts += starts
         n = len(joiners)
@@ -237,9 +243,10 @@ class LiveBatch:
         self.logits = (
             logits if self.logits is None or first == 0 else torch.cat([self.logits, logits])
         )
-        self.allowed = torch.cat(
-            [self.allowed, self._up_to_pos(torch.tensor(starts, device=self.device))]
-        )
+        rests = [self.pos - len(j.prompt) + shared for j in joiners]  # each rest's first column
+        allowed = self._up_to_pos(torch.tensor(rests, device=self.device))  # [n, capacity]
+        allowed[:, lo : lo + shared] = True
+        self.allowed = torch.cat([self.allowed, allowed])
         self.kinds = BatchKinds.of(self.rows)
 
     def _up_to_pos(self, starts: torch.Tensor) -> torch.Tensor:

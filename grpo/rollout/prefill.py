@@ -5,6 +5,11 @@ sampled token lands in the same cache column. A chunk holds as many prompts as f
 `chunk_tokens` padded tokens (rows x the chunk's first, longest, prompt): it bounds a prefill
 forward's activation memory, and on a GPU, where a forward's cost is mostly launches, larger
 chunks mean fewer forwards (H100, 179k prompt tokens: 1.17 s in chunks of 4096, 0.58 s in 32768).
+
+Prompts that join together and start alike (a chat template's system prompt, the tool docs, the
+task instructions) share one prefill of their common prefix: it runs once in one row and is
+copied to the others, and only each prompt's own rest is prefilled per row
+(`shared_prefix_length`; the layout in grpo/rollout/live_batch.py `LiveBatch.append`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,24 @@ def prefill_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int
         chunks.append((start, end))
         start = end
     return chunks
+
+
+def shared_prefix_length(prompts: list[tuple[int, ...]], min_saved_tokens: int) -> int:
+    """How many leading tokens the distinct `prompts` share and prefill once: their common
+    prefix, at most the shortest prompt's length less one (a prompt's last token runs in its own
+    row: its logits give the first sample). 0 when sharing would save fewer than
+    `min_saved_tokens` prefill tokens (prefix x (prompts - 1)), or min_saved_tokens is 0: the
+    prefix's own forward and its copies cost about as much as a few dozen tokens of prefill."""
+    if len(prompts) < 2 or min_saved_tokens <= 0:
+        return 0
+    first = prompts[0]
+    shared = min(len(p) for p in prompts) - 1
+    for prompt in prompts[1:]:
+        if prompt[:shared] != first[:shared]:  # the common case (all equal) costs one comparison
+            shared = next(i for i in range(shared) if prompt[i] != first[i])
+        if shared == 0:
+            return 0
+    return shared if shared * (len(prompts) - 1) >= min_saved_tokens else 0
 
 
 def left_padded(

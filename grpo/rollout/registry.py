@@ -37,6 +37,7 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
         options.setdefault("join_columns", config.hf.join_columns)
         options.setdefault("park_steps", config.hf.park_steps)
         options.setdefault("park_wait_s", config.hf.park_wait_s)
+        options.setdefault("shared_prefix_min_tokens", config.hf.shared_prefix_min_tokens)
     return HFEngine(policy, tokenizer, device=device, **options)
 
 
