@@ -9,9 +9,12 @@ batched matmuls and a masked softmax: [B, kv_heads, group, D] x [B, kv_heads, D,
 value copied per query head. Measured side by side in one process (`python -m bench.generation
 --variants bf16 bf16-sdpa-decode`) -- the numbers are in the README's speed section.
 
-Prompt prefill (several query tokens), and anything this path does not cover (no mask, a
-non-boolean mask, dropout, soft-capping, attention sinks), goes to transformers' SDPA function
-unchanged, so the result is the same attention either way (tests/test_decode_attention.py).
+Where the KV cache is stored in a lower dtype than the states (HFEngine's `kv_cache_dtype`: bf16
+by default on a CPU), the query is rounded to it and both products run in it, as under autocast;
+the output returns in the query's dtype. Prompt prefill (several query tokens), and anything this
+path does not cover (no mask, a non-boolean mask, dropout, soft-capping, attention sinks), goes to
+transformers' SDPA function unchanged, so the result is the same attention either way
+(tests/test_decode_attention.py).
 
 Registering a name with transformers' attention and mask interfaces lets the engine's own weight
 copy select it with `set_attn_implementation(ENGINE_ATTENTION)`; the policy being trained is
@@ -71,12 +74,16 @@ def engine_attention(
         and query.shape[1] % key.shape[1] == 0
         and all(kwargs.get(name) is None for name in _UNSUPPORTED_KWARGS)
     )
+    out_dtype = query.dtype
+    query = query.to(key.dtype)  # a bf16 KV cache under fp32 states: attend in bf16
     if not decode:
-        return sdpa_attention_forward(
+        out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask,
             dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs,
         )
-    return _grouped_decode(query, key, value, attention_mask, scaling), None
+    else:
+        out = _grouped_decode(query, key, value, attention_mask, scaling)
+    return out.to(out_dtype), None
 
 
 AttentionInterface.register(ENGINE_ATTENTION, engine_attention)

@@ -52,6 +52,7 @@ class StaticDecoder:
     num_layers: the model's decoder layers (one cache layer each).
     capture: record each (rows, width) bucket as a CUDA graph and replay it (CUDA only).
     width_step: attended columns are rounded up to a multiple of this.
+    cache_dtype, keys_transposed: the cache's layout (grpo/rollout/kv_cache.py).
     """
 
     def __init__(
@@ -62,6 +63,8 @@ class StaticDecoder:
         *,
         capture: bool,
         width_step: int = 64,
+        cache_dtype: torch.dtype | None = None,
+        keys_transposed: bool = False,
     ) -> None:
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
@@ -70,6 +73,7 @@ class StaticDecoder:
         self.device = device
         self.capture = capture
         self.width_step = width_step
+        self.cache_dtype, self.keys_transposed = cache_dtype, keys_transposed
         self.cache: PreallocatedCache | None = None
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
@@ -84,7 +88,10 @@ class StaticDecoder:
             rows = row_bucket(max(rows, cache.rows if cache else 0))
             capacity = _round_up(max(capacity, cache.capacity if cache else 0), 4 * self.width_step)
             self.release()
-            cache = PreallocatedCache(self.num_layers, rows, capacity, zero_columns=capacity)
+            cache = PreallocatedCache(
+                self.num_layers, rows, capacity, zero_columns=capacity,
+                dtype=self.cache_dtype, keys_transposed=self.keys_transposed,
+            )
             self.cache = cache
             self._input_ids = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
             self._positions = torch.zeros(rows, 1, dtype=torch.long, device=self.device)

@@ -143,7 +143,10 @@ class DecodeLoop:
         if self.engine._static is not None:
             cache = self.engine._static.cache_for(rows, capacity)
         else:
-            cache = PreallocatedCache(self.engine._num_layers, rows, capacity, zero_columns=0)
+            cache = PreallocatedCache(
+                self.engine._num_layers, rows, capacity, zero_columns=0,
+                dtype=self.engine.kv_cache_dtype, keys_transposed=self.engine.keys_transposed,
+            )
         return LiveBatch(
             cache, rows, self.engine.device, park_steps=self.engine.park_steps if park else 0
         )

@@ -109,6 +109,10 @@ class HFEngine(RolloutEngine):
         at most `park_wait_s` seconds of waiting when nothing else is live (0 steps: never).
     join_columns: `serve` sizes a batch's cache for its first prompts, their token budgets and
         this many columns more, for the longer prompts of requests that join later.
+    kv_cache_dtype: the KV cache's dtype: "auto" (the copy's matmul dtype on a CPU with grouped
+        decode attention, else the model's), a torch dtype, or None (the model's).
+    keys_transposed: store keys [rows, heads, dim, columns] (None: on a CPU with a bf16 cache,
+        where it pays).
     shared_prefix_min_tokens: distinct prompts that join together prefill the prefix they all
         start with once, where that saves at least this many prefill tokens (0: never;
         grpo/rollout/prefill.py `shared_prefix_length`).
@@ -135,6 +139,8 @@ class HFEngine(RolloutEngine):
         continuous_batching: bool = True,
         join_columns: int = 512,
         shared_prefix_min_tokens: int = 64,
+        kv_cache_dtype: torch.dtype | str | None = "auto",
+        keys_transposed: bool | None = None,
         park_steps: int = 64,
         park_wait_s: float = 2.0,
     ) -> None:
@@ -185,6 +191,16 @@ class HFEngine(RolloutEngine):
         else:
             self.model = lm
         self._mask_kind = self._attention_mask_kind()
+        self.kv_cache_dtype = self._cache_dtype(
+            kv_cache_dtype, dtype, copy_weights, decode_attention
+        )
+        # Measured on CPU: stored transposed, a bf16 cache's query x keys product runs ~2x faster;
+        # an fp32 one's slower (README, "Performance").
+        self.keys_transposed = (
+            self.device.type == "cpu" and self.kv_cache_dtype == torch.bfloat16
+            if keys_transposed is None
+            else keys_transposed
+        )
         _check_full_attention(self._plain_model())
         config = self._plain_model().config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -198,7 +214,8 @@ class HFEngine(RolloutEngine):
             )
         self._static = (
             StaticDecoder(
-                self._forward, self._num_layers, self.device, capture=decode_mode == "graph"
+                self._forward, self._num_layers, self.device, capture=decode_mode == "graph",
+                cache_dtype=self.kv_cache_dtype, keys_transposed=self.keys_transposed,
             )
             if decode_mode in ("static", "graph")
             else None
@@ -207,6 +224,24 @@ class HFEngine(RolloutEngine):
         self._loop = DecodeLoop(self)
         self._generator = torch.Generator().manual_seed(seed)
         self.last_metrics: dict[str, float] = {}
+
+    def _cache_dtype(self, asked, dtype, copy_weights: bool, decode_attention: str):
+        """The KV cache's dtype (None: the key states', i.e. the model's). "auto": on a CPU, the
+        engine copy's matmul dtype (bf16 by default: the cache is read at every decode step,
+        and a bf16 one halves that; the trainer's attention under autocast reads bf16 keys too)."""
+        grouped = copy_weights and decode_attention == "grouped"
+        if asked == "auto":
+            return dtype if grouped and self.device.type == "cpu" else None
+        if asked is not None and not isinstance(asked, torch.dtype):
+            raise TypeError(f"kv_cache_dtype must be 'auto', a torch dtype or None, not {asked!r}")
+        states = self._plain_model().get_input_embeddings().weight.dtype
+        if asked is not None and asked != states and not grouped:
+            raise ValueError(
+                f"kv_cache_dtype {asked} differs from the model's {states}: that needs the "
+                "engine's own weight copy with decode_attention 'grouped' (SDPA takes queries "
+                "and keys of one dtype)"
+            )
+        return asked
 
     # ------------------------------------------------------------------ weights
     def _plain_model(self) -> nn.Module:

@@ -38,6 +38,10 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
         options.setdefault("park_steps", config.hf.park_steps)
         options.setdefault("park_wait_s", config.hf.park_wait_s)
         options.setdefault("shared_prefix_min_tokens", config.hf.shared_prefix_min_tokens)
+        cache_dtype = config.hf.kv_cache_dtype
+        if cache_dtype not in ("auto", "model"):
+            cache_dtype = getattr(torch, cache_dtype)  # "bfloat16" -> torch.bfloat16
+        options.setdefault("kv_cache_dtype", None if cache_dtype == "model" else cache_dtype)
     return HFEngine(policy, tokenizer, device=device, **options)
 
 
