@@ -200,6 +200,22 @@ def test_length_dependent_micro_batch_cuts_are_refused(name, value):
                                                          world_size=2, uses_deepspeed=False))
 
 
+def test_a_warm_start_under_deepspeed_is_refused():
+    """The warm start's own AdamW steps the module outside DeepSpeed's engine, whose ZeRO hooks
+    take the gradients: it would silently not train. Plain data parallelism keeps it."""
+    from types import SimpleNamespace
+
+    from grpo.config import load_config
+    from grpo.distributed.trainer import DistributedGRPOTrainer
+
+    config = load_config(REPO / "configs/smoke.yaml", ["train.warmup.steps=3"])
+    with pytest.raises(ValueError, match=r"train.warmup.steps=3 with DeepSpeed: the warm start"):
+        DistributedGRPOTrainer._check_config(
+            SimpleNamespace(config=config, world_size=2, uses_deepspeed=True)
+        )
+    DistributedGRPOTrainer._check_config(SimpleNamespace(config=config, world_size=2, uses_deepspeed=False))
+
+
 def test_fewest_calls_gives_every_rank_ceil_rows_over_size_micro_batches():
     from grpo.algorithm.batching import FEWEST_CALLS, micro_batch_rows
 

@@ -117,6 +117,14 @@ class DistributedGRPOTrainer(GRPOTrainer):
                     "launch/distributed.py cuts each rank's rows into ceil(rows / micro_batch_size) "
                     f"micro-batches (the least padding among those cuts): leave {name} null"
                 )
+        if self.uses_deepspeed and cfg.train.warmup.steps:
+            raise ValueError(
+                f"train.warmup.steps={cfg.train.warmup.steps} with DeepSpeed: the warm start "
+                "trains the policy with its own AdamW outside DeepSpeed's engine, whose ZeRO "
+                "hooks keep the gradients (and under stage 3 the weights) to themselves, so it "
+                "would not train; run the warm start without DeepSpeed (one process, or "
+                "`accelerate launch --multi_gpu`), or set train.warmup.steps=0"
+            )
         if self.uses_deepspeed and cfg.lora.enabled:
             raise ValueError(
                 "lora.enabled with DeepSpeed ZeRO-3 is not supported (the LoRA EMA reference scores "
