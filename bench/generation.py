@@ -19,9 +19,13 @@ Variants (the engine's weight copy, grpo/rollout/weights.py):
                    grpo/rollout/decode_attention.py)
   bf16-dynamic     as bf16, decode_mode dynamic (the default on CPU; on CUDA the default is graph)
   bf16-static      as bf16, decode_mode static (fixed-shape steps, no graphs)
+  bf16-fp32-cache  as bf16 with an fp32 KV cache (the CPU default is a bf16 one, keys transposed)
+  bf16-whole-prefill as bf16, every prompt prefilled whole (no shared-prefix prefill)
+  bf16-previous    both of the above: the engine before the bf16 cache and shared prefixes
   fp32             an fp32 copy
   autocast         no copy: the fp32 policy under bf16 autocast
-One warm-up call per variant and batch precedes the timed repeats (the median is reported).
+One warm-up call per variant and batch precedes the timed repeats, which alternate between the
+variants (the median of each is reported).
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ VARIANTS = {
     "bf16-sdpa-decode": {"dtype": torch.bfloat16, "decode_attention": "sdpa"},
     "bf16-dynamic": {"dtype": torch.bfloat16, "decode_mode": "dynamic"},
     "bf16-static": {"dtype": torch.bfloat16, "decode_mode": "static"},
+    "bf16-fp32-cache": {"dtype": torch.bfloat16, "kv_cache_dtype": None},
+    "bf16-whole-prefill": {"dtype": torch.bfloat16, "shared_prefix_min_tokens": 0},
+    "bf16-previous": {
+        "dtype": torch.bfloat16, "kv_cache_dtype": None, "shared_prefix_min_tokens": 0
+    },
     "fp32": {"dtype": None},
     "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
 }
@@ -136,50 +145,54 @@ def main(argv: list[str] | None = None) -> None:
         + (f"; copy bandwidth {measure_bandwidth_gbs(args.device):.0f} GB/s" if cuda else "")
     )
     header = (
-        f"{'variant':<16}{'compact':>8}{'batch':>6}{'tok/s':>9}{'decode tok/s':>14}{'prefill s':>10}"
+        f"{'variant':<20}{'compact':>8}{'batch':>6}{'tok/s':>9}{'decode tok/s':>14}{'prefill s':>10}"
         f"{'decode s':>9}{'ms/step':>8}{'% peak':>8}{'captures':>9}"
     )
     print(header)
     print("-" * len(header))
     stop_ids = (tokenizer.eos_token_id,) if args.stop else ()
-    for variant in args.variants:
-        engine = None
-        for compact in args.compact:
-            engine = HFEngine(
-                model, tokenizer, compact_fraction=compact, max_batch_size=max(args.batches),
-                **VARIANTS[variant],
+    # Every (variant, compact) engine is built and warmed up first; then the timed repeats
+    # alternate between them, so a busy spell on a shared machine hits them all alike.
+    engines = {
+        (variant, compact): HFEngine(
+            model, tokenizer, compact_fraction=compact, max_batch_size=max(args.batches),
+            **VARIANTS[variant],
+        )
+        for variant in args.variants
+        for compact in args.compact
+    }
+    for batch in args.batches:
+        prompts = make_prompts(tokenizer, batch, args.group)
+        requests = [
+            GenerationRequest(
+                p,
+                SamplingParams(
+                    temperature=1.0, max_new_tokens=args.new_tokens, seed=i, stop_token_ids=stop_ids
+                ),
             )
-            for batch in args.batches:
-                prompts = make_prompts(tokenizer, batch, args.group)
-                requests = [
-                    GenerationRequest(
-                        p,
-                        SamplingParams(
-                            temperature=1.0,
-                            max_new_tokens=args.new_tokens,
-                            seed=i,
-                            stop_token_ids=stop_ids,
-                        ),
-                    )
-                    for i, p in enumerate(prompts)
-                ]
-                engine.generate(requests)  # warm-up
-                runs = []
-                for _ in range(args.repeats):
-                    engine.generate(requests)
-                    runs.append(dict(engine.last_metrics))
-                m = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
-                tps = m["tokens_generated"] / m["seconds"]
-                decode_tps = m["tokens_generated"] / m["decode_seconds"]
-                step_ms = 1000 * m["decode_seconds"] / max(m["decode_steps"], 1)
-                share = tps * flop_per_token / (peak * 1e9)
-                print(
-                    f"{variant:<16}{compact:>8.2f}{batch:>6}{tps:>9.1f}{decode_tps:>14.1f}"
-                    f"{m['prefill_seconds']:>10.2f}{m['decode_seconds']:>9.2f}{step_ms:>8.1f}{share:>8.1%}"
-                    f"{int(m['graph_captures']):>9}",
-                    flush=True,
-                )
-        del engine
+            for i, p in enumerate(prompts)
+        ]
+        runs: dict[tuple[str, float], list[dict]] = {key: [] for key in engines}
+        for engine in engines.values():
+            engine.generate(requests)  # warm-up
+        for _ in range(args.repeats):
+            for key, engine in engines.items():
+                engine.generate(requests)
+                runs[key].append(dict(engine.last_metrics))
+        for (variant, compact), measured in runs.items():
+            m = sorted(measured, key=lambda r: r["seconds"])[len(measured) // 2]
+            tps = m["tokens_generated"] / m["seconds"]
+            decode_tps = m["tokens_generated"] / m["decode_seconds"]
+            step_ms = 1000 * m["decode_seconds"] / max(m["decode_steps"], 1)
+            share = tps * flop_per_token / (peak * 1e9)
+            print(
+                f"{variant:<20}{compact:>8.2f}{batch:>6}{tps:>9.1f}{decode_tps:>14.1f}"
+                f"{m['prefill_seconds']:>10.2f}{m['decode_seconds']:>9.2f}{step_ms:>8.1f}{share:>8.1%}"
+                f"{int(m['graph_captures']):>9}",
+                flush=True,
+            )
+    for engine in engines.values():
+        engine.close()
     print(
         f"bf16 peak re-measured after the runs: {measure_peak_gflops(device=args.device):.0f} GFLOP/s "
         "(a large drift means the machine was shared meanwhile)"
