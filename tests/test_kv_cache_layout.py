@@ -104,6 +104,26 @@ def test_transposed_keys_resume_sessions_like_plain_keys(model, tokenizer, promp
         _assert_same(want, got)
 
 
+def test_a_bf16_cache_resumes_sessions_like_an_fp32_one(model, tokenizer, prompts):
+    # Resumed rows are written through an index tensor (index_put, which does not cast dtypes).
+    first = [
+        GenerationRequest(prompts[i], SamplingParams(max_new_tokens=4, seed=i), session=s)
+        for i, s in enumerate("ab")
+    ]
+    first.append(GenerationRequest(prompts[2], SamplingParams(max_new_tokens=20, seed=9)))
+    observation = tokenizer.encode(" The tool says 42.")
+    results = []
+    for cache_dtype in (torch.float32, torch.bfloat16):
+        engine = HFEngine(model, tokenizer, dtype=torch.float32, kv_cache_dtype=cache_dtype)
+        feed = ConversationFeed({0: list(first)}, observation, delay={"a": 0, "b": 1})
+        engine.serve(feed)
+        assert not feed.failed and engine.last_metrics["resumed_requests"] == 2
+        results.append([feed.results[t] for t in sorted(feed.results)])
+    for want, got in zip(*results, strict=True):
+        assert len(got.token_ids) == len(want.token_ids)
+        assert got.behavior_logprobs[0] == pytest.approx(want.behavior_logprobs[0], abs=0.1)
+
+
 def test_the_cpu_default_is_a_transposed_bf16_cache_for_the_bf16_copy(model, tokenizer):
     default = HFEngine(model, tokenizer)  # bf16 matmuls on this CPU
     assert (default.kv_cache_dtype, default.keys_transposed) == (torch.bfloat16, True)

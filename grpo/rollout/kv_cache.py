@@ -111,11 +111,13 @@ class _PreallocatedLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         w = self.window
+        # Index-tensor rows write through index_put, which does not cast: cast here.
+        key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
         if w.write_index is not None:
             key_dim = 3 if self.keys_transposed else 2
             keys = key_states.transpose(-1, -2) if self.keys_transposed else key_states
-            self.keys[w.rows].index_copy_(key_dim, w.write_index, keys.to(self.dtype))
-            self.values[w.rows].index_copy_(2, w.write_index, value_states.to(self.dtype))
+            self.keys[w.rows].index_copy_(key_dim, w.write_index, keys)
+            self.values[w.rows].index_copy_(2, w.write_index, value_states)
             return self._key_columns(w.rows, 0, w.width), self.values[w.rows, :, : w.width]
         end = w.pos + key_states.shape[-2]
         if self.keys_transposed:
