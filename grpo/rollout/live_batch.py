@@ -9,7 +9,9 @@ moves `pos` ahead for everyone: the rows already live skip the columns in betwee
 attended: `allowed` is false there; zeroed, since masked columns are still multiplied by zero
 weights and must be finite). A row's tokens therefore start at column `start` but need not be
 contiguous; its position ids count its own tokens (`positions`), and its random stream its own
-draws (`steps`), so a row samples exactly what it would have sampled alone.
+draws (`steps`), so a row samples exactly what it would have sampled alone. Rows that join
+together may share their prompts' common prefix, prefilled once into the same columns of each
+(`append(shared=...)`); a shorter prompt's rest then starts after a gap of unattended columns.
 
 A finished row whose request names a session (an episode) is *parked*: it stays in the batch,
 its cache row intact, for up to `park_steps` decode steps. When the session's next request
