@@ -333,6 +333,10 @@ def test_collector_continuous_batching_gives_the_turn_batched_trajectories(loop,
         joined.metrics["rollout/engine_prefill_tokens"]
         < batched.metrics["rollout/engine_prefill_tokens"]
     )
+    # Turn-batched first turns of different tasks share their system prompt's prefill; served
+    # ones join a few at a time (here one task's identical prompts per join): nothing to share.
+    assert batched.metrics["rollout/engine_shared_prefix_tokens"] > 0
+    assert joined.metrics["rollout/engine_shared_prefix_tokens"] == 0
 
 
 class SlowEveryToolTurn(GoOnEnvironment):

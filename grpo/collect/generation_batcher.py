@@ -15,7 +15,9 @@ from grpo.collect.timeline import Timeline
 from grpo.rollout.base import GenerationRequest, GenerationResult, RequestFeed, RolloutEngine
 
 _Entry = tuple[GenerationRequest, asyncio.Future, float]
-_ENGINE_TOTALS = ("prefill_tokens", "resumed_requests", "decode_steps", "idle_seconds")
+_ENGINE_TOTALS = (
+    "prefill_tokens", "shared_prefix_tokens", "resumed_requests", "decode_steps", "idle_seconds"
+)
 """Engine counters summed over a collection's calls (HFEngine's `last_metrics`)."""
 
 

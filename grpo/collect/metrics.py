@@ -33,7 +33,8 @@ def collection_metrics(
     - engine_batches / mean_batch_size: engine calls and requests per call; joined_requests:
       requests that joined a running engine call (continuous batching; counted in its size).
     - engine_*: the engine's own counters summed over the calls, where it keeps them (HF):
-      prefill_tokens, resumed_requests (later turns that prefilled only their new tokens),
+      prefill_tokens, shared_prefix_tokens (prefill saved by prompts' common prefixes run
+      once), resumed_requests (later turns that prefilled only their new tokens),
       decode_steps, idle_seconds (a serving engine waiting for parked sessions' next turns,
       counted as tool time when episodes are in their environments, not as generating).
     - parse_failure_rate: turns whose tool-call markup could not be read / turns;
