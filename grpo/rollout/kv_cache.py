@@ -89,6 +89,9 @@ class _PreallocatedLayer(CacheLayerMixin):
             else (self.batch, heads, self.capacity, key_dim)
         )
         self.keys = torch.empty(key_shape, dtype=self.dtype, device=self.device)
+        # Every read and write goes through this [rows, heads, capacity, dim] view of the keys,
+        # whatever their storage layout: the same indexing as the values.
+        self.key_view = self.keys.transpose(-1, -2) if self.keys_transposed else self.keys
         self.values = torch.empty(
             self.batch, heads, self.capacity, value_dim, dtype=self.dtype, device=self.device
         )
@@ -101,11 +104,8 @@ class _PreallocatedLayer(CacheLayerMixin):
         self.pending_zero.clear()
 
     def _key_columns(self, rows, lo: int, end: int) -> torch.Tensor:
-        """Keys of `rows`, columns [lo, end), as [rows, heads, columns, dim] (a view where the
-        storage is transposed)."""
-        if self.keys_transposed:
-            return self.keys[rows, :, :, lo:end].transpose(-1, -2)
-        return self.keys[rows, :, lo:end]
+        """Keys of `rows`, columns [lo, end), as [rows, heads, columns, dim]."""
+        return self.key_view[rows, :, lo:end]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -114,16 +114,11 @@ class _PreallocatedLayer(CacheLayerMixin):
         # Index-tensor rows write through index_put, which does not cast: cast here.
         key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
         if w.write_index is not None:
-            key_dim = 3 if self.keys_transposed else 2
-            keys = key_states.transpose(-1, -2) if self.keys_transposed else key_states
-            self.keys[w.rows].index_copy_(key_dim, w.write_index, keys)
+            self.key_view[w.rows].index_copy_(2, w.write_index, key_states)
             self.values[w.rows].index_copy_(2, w.write_index, value_states)
             return self._key_columns(w.rows, 0, w.width), self.values[w.rows, :, : w.width]
         end = w.pos + key_states.shape[-2]
-        if self.keys_transposed:
-            self.keys[w.rows, :, :, w.pos : end] = key_states.transpose(-1, -2)
-        else:
-            self.keys[w.rows, :, w.pos : end] = key_states
+        self.key_view[w.rows, :, w.pos : end] = key_states
         self.values[w.rows, :, w.pos : end] = value_states
         return self._key_columns(w.rows, w.lo, end), self.values[w.rows, :, w.lo : end]
 
@@ -144,10 +139,7 @@ class _PreallocatedLayer(CacheLayerMixin):
         """Row first + i becomes a copy of row source[i], columns [lo, end)."""
         if self.is_initialized:
             rows = slice(first, first + source.numel())
-            if self.keys_transposed:
-                self.keys[rows, :, :, lo:end] = self.keys[source, :, :, lo:end]
-            else:
-                self.keys[rows, :, lo:end] = self.keys[source, :, lo:end]
+            self.key_view[rows, :, lo:end] = self.key_view[source, :, lo:end]
             self.values[rows, :, lo:end] = self.values[source, :, lo:end]
 
     def zero(self, rows: slice, lo: int, end: int) -> None:

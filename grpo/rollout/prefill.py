@@ -36,7 +36,8 @@ def shared_prefix_length(prompts: list[tuple[int, ...]], min_saved_tokens: int) 
     prefix, at most the shortest prompt's length less one (a prompt's last token runs in its own
     row: its logits give the first sample). 0 when sharing would save fewer than
     `min_saved_tokens` prefill tokens (prefix x (prompts - 1)), or min_saved_tokens is 0: the
-    prefix's own forward and its copies cost about as much as a few dozen tokens of prefill."""
+    prefix costs a forward of its own and the copies (HFEngine's default 64 estimates that; not
+    measured)."""
     if len(prompts) < 2 or min_saved_tokens <= 0:
         return 0
     first = prompts[0]
