@@ -137,6 +137,10 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
             "logprob_mismatch": stats.get("train/logprob_mismatch"),
         })
     engine.close()
+    # Rounded once: the medians below come from the very values the report lists under "steps"
+    # (rounding the raw times for one and the rounded ones for the other could disagree in the
+    # last digit).
+    records = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in records]
     timed = records[1:]
 
     def median(key: str) -> float | None:
@@ -150,7 +154,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
             "ema_s", "weight_push_s")},
         "first_step_s": round(records[0]["step_s"], 3),
         "step_0_logprob_mismatch": records[0]["logprob_mismatch"],
-        "steps": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in records],
+        "steps": records,
         "micro_batch_size": micro_batch_size,
         "skip_zero_advantage": skip_zero_advantage,
     }
