@@ -117,12 +117,30 @@ def _shared_prefix_batch(prefix_len: int = 20, suffix_len: int = 10, rows: int =
     return input_ids, attention_mask
 
 
+def _grouped_batch():
+    """Four rows: a 20-token prefix all share, then two groups (rows 0, 2 and 1, 3) of a further
+    20 shared tokens, then 10 tokens each; row 1 right-padded by 3."""
+    gen = torch.Generator().manual_seed(4)
+    template, tasks = torch.randint(0, 2000, (20,), generator=gen), torch.randint(0, 2000, (2, 20), generator=gen)
+    input_ids = torch.stack([
+        torch.cat([template, tasks[row % 2], torch.randint(0, 2000, (10,), generator=gen)]) for row in range(4)
+    ])  # [4, 50]
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, -3:] = 0
+    return input_ids, attention_mask
+
+
+def _ends(policy, input_ids, attention_mask):
+    return [(s.start, s.end, s.rows.tolist()) for s in policy.prefix_segments(input_ids, attention_mask)]
+
+
 @pytest.mark.parametrize("lora", [False, True])
-def test_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(lora):
+@pytest.mark.parametrize("batch", [_shared_prefix_batch, _grouped_batch])
+def test_shared_prefixes_run_once_with_the_same_logprobs_and_gradients(lora, batch):
     policy = _policy(lora=lora)
-    input_ids, attention_mask = _shared_prefix_batch()
-    assert policy._shareable_prefix(input_ids, attention_mask) == 20
-    weights = torch.arange(29.0).expand(3, 29) * attention_mask[:, 1:]
+    input_ids, attention_mask = batch()
+    assert len(policy.prefix_segments(input_ids, attention_mask)) == (2 if batch is _shared_prefix_batch else 3)
+    weights = torch.arange(float(input_ids.shape[1] - 1)).expand(input_ids.shape[0], -1) * attention_mask[:, 1:]
     results = []
     for share_min in (0, 16):  # 0: the plain full-batch forward
         policy.share_prefix_min = share_min
@@ -137,20 +155,20 @@ def test_shared_prefix_runs_once_with_the_same_logprobs_and_gradients(lora):
         _assert_grad_close(got, want)
 
 
-def test_shareable_prefix_needs_every_row_a_long_enough_prefix_and_no_checkpointing():
+def test_prefix_segments_need_a_long_enough_shared_prefix_and_no_checkpointing():
     policy = _policy()
     input_ids, attention_mask = _shared_prefix_batch(prefix_len=20)
-    assert policy._shareable_prefix(input_ids, attention_mask) == 20
-    assert policy._shareable_prefix(input_ids[:1], attention_mask[:1]) == 0  # one row: nothing to share
+    assert _ends(policy, input_ids, attention_mask) == [(0, 20, [0]), (20, 30, [0, 1, 2])]
+    assert _ends(policy, input_ids[:1], attention_mask[:1]) == [(0, 30, [0])]  # one row: nothing to share
     short_ids, short_mask = _shared_prefix_batch(prefix_len=10)
-    assert policy._shareable_prefix(short_ids, short_mask) == 0  # below share_prefix_min (16)
+    assert _ends(policy, short_ids, short_mask) == [(0, 20, [0, 1, 2])]  # below share_prefix_min (16)
     differs = input_ids.clone()
     differs[2, 17] = (differs[2, 17] + 1) % 2000
-    assert policy._shareable_prefix(differs, attention_mask) == 17
-    same = input_ids[0].expand(3, -1)  # identical rows: one suffix token is kept
-    assert policy._shareable_prefix(same, torch.ones_like(same)) == 29
+    assert _ends(policy, differs, attention_mask) == [(0, 17, [0]), (17, 30, [0, 1, 2])]
+    grouped_ids, grouped_mask = _grouped_batch()
+    assert _ends(policy, grouped_ids, grouped_mask) == [(0, 20, [0]), (20, 40, [0, 1]), (40, 50, [0, 1, 2, 3])]
     checkpointed = _policy(gradient_checkpointing=True)
-    assert checkpointed._shareable_prefix(input_ids, attention_mask) == 0
+    assert _ends(checkpointed, input_ids, attention_mask) == [(0, 30, [0, 1, 2])]
 
 
 def test_value_head_learns_and_reads_position_t():

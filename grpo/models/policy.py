@@ -27,6 +27,7 @@ from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
+from grpo.models.prefix_segments import Segment, plan_segments
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -73,7 +74,8 @@ class PolicyWithValueHead(nn.Module):
         super().__init__()
         self.model = model
         self.share_prefix_min = share_prefix_min
-        """Shortest common prefix of a batch that runs once (see final_hidden_states); 0 = never."""
+        """Shortest shared prefix segment, in columns, that runs once (see final_hidden_states); also
+        what one more decoder call is taken to cost, in tokens; 0 = never share."""
         self.is_lora = is_peft(model)
         self.compute_dtype = compute_dtype
         self.logprob_chunk_size = logprob_chunk_size
@@ -180,18 +182,19 @@ class PolicyWithValueHead(nn.Module):
     ) -> torch.Tensor:
         """[B, T, H] hidden states after the final norm, without applying the LM head.
 
-        When every row starts with the same `share_prefix_min` or more tokens (the system prompt
-        and tool docs of a batch of episodes, a group's prompt), that prefix runs once at batch 1
-        and its KV cache is repeated for the rows' suffixes: the same hidden states and, through
-        autograd, the same gradients, for (B - 1) x prefix fewer tokens of decoder work.
+        Prefixes that rows share (the system prompt and tool docs of every row, a group's prompt)
+        run once: grpo/models/prefix_segments.py plans column segments, each run for one row per
+        distinct prefix, continuing the KV cache of the rows that ran the segment before. The same
+        hidden states and, through autograd, the same gradients as one forward of the whole
+        batch, for fewer tokens of decoder work.
         """
         decoder = self.language_model().get_decoder()
         # Positions count real tokens only, as generate() does, so left padding gives the same
         # positions the rollout engine used.
         position_ids = attention_mask.long().cumsum(-1) - 1  # [B, T]
         position_ids = position_ids.masked_fill(attention_mask == 0, 0)
-        prefix = self._shareable_prefix(input_ids, attention_mask)
-        if prefix == 0:
+        segments = self.prefix_segments(input_ids, attention_mask)
+        if len(segments) == 1:
             out = decoder(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -199,35 +202,28 @@ class PolicyWithValueHead(nn.Module):
                 use_cache=False,
             )
             return out.last_hidden_state  # [B, T, H]
-        batch = input_ids.shape[0]
-        head = decoder(
-            input_ids=input_ids[:1, :prefix],
-            attention_mask=attention_mask[:1, :prefix],
-            position_ids=position_ids[:1, :prefix],
-            use_cache=True,
-        )
-        cache = head.past_key_values
-        cache.batch_repeat_interleave(batch)  # [1, ...] -> [B, ...], differentiable
-        tail = decoder(
-            input_ids=input_ids[:, prefix:],
-            attention_mask=attention_mask,  # [B, T]: the cached prefix plus the suffix
-            position_ids=position_ids[:, prefix:],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        shared = head.last_hidden_state.expand(batch, -1, -1)  # [B, P, H]
-        return torch.cat([shared, tail.last_hidden_state], dim=1)  # [B, T, H]
+        cache, pieces, previous = None, [], None
+        for segment in segments:
+            rows, cols = segment.rows, slice(segment.start, segment.end)
+            if cache is not None:
+                cache.batch_select_indices(previous.owner[rows])  # [k_prev] -> [k], differentiable
+            out = decoder(
+                input_ids=input_ids[rows, cols],
+                attention_mask=attention_mask[rows, : segment.end],  # cached columns and these
+                position_ids=position_ids[rows, cols],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache, previous = out.past_key_values, segment
+            pieces.append(out.last_hidden_state.index_select(0, segment.owner))  # [B, end - start, H]
+        return torch.cat(pieces, dim=1)  # [B, T, H]
 
-    def _shareable_prefix(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
-        """Length of the token prefix that every row shares (0 when too short to pay, or when a
-        KV cache cannot be used: gradient checkpointing turns it off)."""
-        batch, length = input_ids.shape
-        if batch < 2 or self.share_prefix_min <= 0 or is_checkpointing(self.language_model()):
-            return 0
-        same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
-        prefix = int(same.long().cumprod(0).sum())
-        prefix = min(prefix, length - 1)  # at least one suffix token
-        return prefix if prefix >= self.share_prefix_min else 0
+    def prefix_segments(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[Segment]:
+        """The column segments `final_hidden_states` runs (one, [0, T) for every row, when nothing
+        is shared: `share_prefix_min` 0, or gradient checkpointing, which turns the KV cache off)."""
+        if is_checkpointing(self.language_model()):
+            return plan_segments(input_ids, attention_mask, 0)
+        return plan_segments(input_ids, attention_mask, self.share_prefix_min)
 
     def forward(
         self,
