@@ -7,10 +7,13 @@ import asyncio
 import math
 
 import pytest
+import torch
 
 from bench.continuous import measure, parse_args
 from bench.run import headline
 from bench.steps import closeness_reward, standard_step
+from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
+from grpo.models.policy import PolicyWithValueHead
 
 
 @pytest.mark.parametrize(
@@ -97,3 +100,21 @@ def test_the_continuous_batching_comparison_runs_both_modes_on_the_same_work():
     assert report["tool_latency_ms"] == [1.0, 5.0]
     assert headline({"continuous": report})["continuous_batching_speedup"] == report["speedup"]
     assert "continuous_batching_speedup" not in headline({"continuous": {"skipped": "no model"}})
+
+
+def test_the_update_prefix_plans_compared_are_the_previous_and_the_current_one():
+    template, task_a, task_b = list(range(100, 120)), list(range(200, 220)), list(range(300, 320))
+    input_ids = torch.tensor([template + (task_a if row % 2 == 0 else task_b) + list(range(row, row + 10))
+                              for row in range(4)])  # [4, 50]: two groups sharing 40 columns, all 20
+    attention_mask = torch.ones_like(input_ids)
+    plans = {name: [(s.start, s.end, s.rows.tolist()) for s in PLANS[name](input_ids, attention_mask, 16)]
+             for name in PLANS}
+    assert plans == {
+        "segments": [(0, 20, [0]), (20, 40, [0, 1]), (40, 50, [0, 1, 2, 3])],
+        "batch-wide": [(0, 20, [0]), (20, 50, [0, 1, 2, 3])],
+        "none": [(0, 50, [0, 1, 2, 3])],
+    }
+    current = PolicyWithValueHead.prefix_segments
+    with planned_by(batch_wide_segments):
+        assert PolicyWithValueHead.prefix_segments is not current
+    assert PolicyWithValueHead.prefix_segments is current

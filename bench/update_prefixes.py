@@ -1,0 +1,95 @@
+"""The standard step with the update's three ways of running shared prefixes, side by side.
+
+    .venv/bin/python -m bench.update_prefixes                   # 5 rounds of 3 timed steps
+    .venv/bin/python -m bench.update_prefixes --rounds 3 --plans segments batch-wide
+
+Plans (what PolicyWithValueHead.final_hidden_states runs once; grpo/models/prefix_segments.py):
+  segments    the default: every prefix two or more rows share, where that pays (the batch-wide
+              chat template and system prompt once, each group's prompt once per group)
+  batch-wide  only the prefix that every row of the micro-batch shares (the update before
+              prefix segments)
+  none        the whole batch in one forward
+Each round runs `bench.steps.standard_step` once per plan, in turn (a fresh policy each time, the
+same seeded work), so the plans share the host's load; medians over the rounds of each plan's
+median step are printed, with the update split, as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from bench.steps import standard_step
+from grpo.models.policy import PolicyWithValueHead, is_checkpointing
+from grpo.models.prefix_segments import Segment, plan_segments
+
+
+def batch_wide_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, min_tokens: int) -> list[Segment]:
+    """The previous plan: the longest prefix every row shares (real tokens, at most T - 1 columns)
+    once when it is `min_tokens` or longer, then every row; else one segment."""
+    batch, length = input_ids.shape
+    everyone = torch.arange(batch)
+    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
+    prefix = min(int(same.long().cumprod(0).sum()), length - 1)
+    if batch < 2 or min_tokens <= 0 or prefix < min_tokens:
+        return [Segment(0, length, everyone, everyone)]
+    return [Segment(0, prefix, everyone[:1], torch.zeros(batch, dtype=torch.long)),
+            Segment(prefix, length, everyone, everyone)]
+
+
+PLANS = {
+    "segments": plan_segments,
+    "batch-wide": batch_wide_segments,
+    "none": lambda input_ids, attention_mask, min_tokens: plan_segments(input_ids, attention_mask, 0),
+}
+
+
+@contextmanager
+def planned_by(plan) -> Iterator[None]:
+    """Every policy (and reference copy) plans its forward's segments with `plan` meanwhile."""
+    default = PolicyWithValueHead.prefix_segments
+
+    def segments(self, input_ids, attention_mask):
+        checkpointed = is_checkpointing(self.language_model())  # no KV cache: nothing shared
+        return plan(input_ids, attention_mask, 0 if checkpointed else self.share_prefix_min)
+
+    PolicyWithValueHead.prefix_segments = segments
+    try:
+        yield
+    finally:
+        PolicyWithValueHead.prefix_segments = default
+
+
+def compare(plans: list[str], rounds: int, steps: int, threads: int) -> dict:
+    runs: dict[str, list[dict]] = {name: [] for name in plans}
+    for _ in range(rounds):
+        for name in plans:
+            with planned_by(PLANS[name]):
+                runs[name].append(standard_step(steps=steps, threads=threads, skip_zero_advantage=False))
+
+    def median(name: str, key: str) -> float:
+        values = [r["standard_step_median_s"] if key == "step_s" else r["split_median_s"][key] for r in runs[name]]
+        return round(statistics.median(values), 3)
+
+    keys = ("step_s", "rollout_s", "update_s", "reference_s", "forward_backward_s")
+    return {name: {key: median(name, key) for key in keys} for name in plans}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--plans", nargs="+", choices=sorted(PLANS), default=["segments", "batch-wide", "none"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="timed standard steps per run (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    print(json.dumps(compare(args.plans, args.rounds, args.steps, args.threads), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
