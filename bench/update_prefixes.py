@@ -29,9 +29,11 @@ from grpo.models.policy import PolicyWithValueHead, is_checkpointing
 from grpo.models.prefix_segments import Segment, plan_segments
 
 
-def batch_wide_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, min_tokens: int) -> list[Segment]:
+def batch_wide_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, min_tokens: int,
+                        call_tokens: int = 0) -> list[Segment]:
     """The previous plan: the longest prefix every row shares (real tokens, at most T - 1 columns)
-    once when it is `min_tokens` or longer, then every row; else one segment."""
+    once when it is `min_tokens` or longer, then every row; else one segment (`call_tokens` is
+    not weighed: the previous plan did not)."""
     batch, length = input_ids.shape
     everyone = torch.arange(batch)
     same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
@@ -45,7 +47,7 @@ def batch_wide_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, m
 PLANS = {
     "segments": plan_segments,
     "batch-wide": batch_wide_segments,
-    "none": lambda input_ids, attention_mask, min_tokens: plan_segments(input_ids, attention_mask, 0),
+    "none": lambda input_ids, attention_mask, min_tokens, call_tokens: plan_segments(input_ids, attention_mask, 0, 0),
 }
 
 
@@ -55,8 +57,9 @@ def planned_by(plan) -> Iterator[None]:
     default = PolicyWithValueHead.prefix_segments
 
     def segments(self, input_ids, attention_mask):
-        checkpointed = is_checkpointing(self.language_model())  # no KV cache: nothing shared
-        return plan(input_ids, attention_mask, 0 if checkpointed else self.share_prefix_min)
+        if is_checkpointing(self.language_model()):  # no KV cache: nothing shared
+            return plan(input_ids, attention_mask, 0, 0)
+        return plan(input_ids, attention_mask, self.share_prefix_min, self.segment_cost(input_ids))
 
     PolicyWithValueHead.prefix_segments = segments
     try:

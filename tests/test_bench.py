@@ -107,7 +107,7 @@ def test_the_update_prefix_plans_compared_are_the_previous_and_the_current_one()
     input_ids = torch.tensor([template + (task_a if row % 2 == 0 else task_b) + list(range(row, row + 10))
                               for row in range(4)])  # [4, 50]: two groups sharing 40 columns, all 20
     attention_mask = torch.ones_like(input_ids)
-    plans = {name: [(s.start, s.end, s.rows.tolist()) for s in PLANS[name](input_ids, attention_mask, 16)]
+    plans = {name: [(s.start, s.end, s.rows.tolist()) for s in PLANS[name](input_ids, attention_mask, 16, 16)]
              for name in PLANS}
     assert plans == {
         "segments": [(0, 20, [0]), (20, 40, [0, 1]), (40, 50, [0, 1, 2, 3])],

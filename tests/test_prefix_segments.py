@@ -13,11 +13,11 @@ def _ids(*parts_per_row: list[list[int]]) -> torch.Tensor:
     return torch.tensor([list(itertools.chain.from_iterable(parts)) for parts in parts_per_row])
 
 
-def _plan(input_ids, attention_mask=None, min_tokens=16):
+def _plan(input_ids, attention_mask=None, min_tokens=16, call_tokens=16):
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     return [(s.start, s.end, s.rows.tolist(), s.owner.tolist())
-            for s in plan_segments(input_ids, attention_mask, min_tokens)]
+            for s in plan_segments(input_ids, attention_mask, min_tokens, call_tokens)]
 
 
 TEMPLATE = list(range(100, 120))  # 20 tokens every row starts with
@@ -49,6 +49,16 @@ def test_a_batch_wide_prefix_then_each_groups_prompt_run_once():
         (20, 40, [0, 1], [0, 1, 0, 1]),
         (40, 50, [0, 1, 2, 3], [0, 1, 2, 3]),
     ]
+
+
+def test_the_cut_weighs_token_rows_against_what_each_segment_costs():
+    input_ids = _ids([TEMPLATE, TASK_A, _tail(0)], [TEMPLATE, TASK_B, _tail(1)],
+                     [TEMPLATE, TASK_A, _tail(2)], [TEMPLATE, TASK_B, _tail(3)])  # [4, 50]
+    # A segment costing 30: both groups' whole prompts [0, 40) twice (80 + 30), then every row
+    # (40 + 30) = 180 beats the three segments (190), the template alone (200) and no cut (230).
+    assert [s[:3] for s in _plan(input_ids, call_tokens=30)] == [(0, 40, [0, 1]), (40, 50, [0, 1, 2, 3])]
+    # Costing 100: no cut (300) beats every other (320 at best).
+    assert [s[:3] for s in _plan(input_ids, call_tokens=100)] == [(0, 50, [0, 1, 2, 3])]
 
 
 def test_a_shared_prefix_shorter_than_min_tokens_is_not_cut():

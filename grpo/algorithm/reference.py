@@ -192,6 +192,7 @@ class FullCopyEMAReference(EMAReference):
             compute_dtype=policy.compute_dtype,
             logprob_chunk_size=policy.logprob_chunk_size,
             share_prefix_min=policy.share_prefix_min,
+            segment_call_tokens=policy.segment_call_tokens,
         )
         self.model.eval()
         self._names = _averaged_names(model, trainable_only=False)

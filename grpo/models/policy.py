@@ -27,7 +27,7 @@ from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
-from grpo.models.prefix_segments import Segment, plan_segments
+from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -70,12 +70,16 @@ class PolicyWithValueHead(nn.Module):
         logprob_chunk_size: int = DEFAULT_CHUNK_SIZE,
         tokenizer=None,
         share_prefix_min: int = 16,
+        segment_call_tokens: int | None = None,
     ):
         super().__init__()
         self.model = model
         self.share_prefix_min = share_prefix_min
-        """Shortest shared prefix segment, in columns, that runs once (see final_hidden_states); also
-        what one more decoder call is taken to cost, in tokens; 0 = never share."""
+        """Shortest shared prefix segment, in columns, that runs once (see final_hidden_states); 0 =
+        never share."""
+        self.segment_call_tokens = segment_call_tokens
+        """What one more segment costs, in token-rows; None: the device type's SEGMENT_CALL_TOKENS
+        (grpo/models/prefix_segments.py), with or without gradients as the forward runs."""
         self.is_lora = is_peft(model)
         self.compute_dtype = compute_dtype
         self.logprob_chunk_size = logprob_chunk_size
@@ -222,8 +226,17 @@ class PolicyWithValueHead(nn.Module):
         """The column segments `final_hidden_states` runs (one, [0, T) for every row, when nothing
         is shared: `share_prefix_min` 0, or gradient checkpointing, which turns the KV cache off)."""
         if is_checkpointing(self.language_model()):
-            return plan_segments(input_ids, attention_mask, 0)
-        return plan_segments(input_ids, attention_mask, self.share_prefix_min)
+            return plan_segments(input_ids, attention_mask, 0, 0)
+        return plan_segments(input_ids, attention_mask, self.share_prefix_min, self.segment_cost(input_ids))
+
+    def segment_cost(self, input_ids: torch.Tensor) -> int:
+        """What one more segment of a forward over `input_ids` costs, in token-rows:
+        `segment_call_tokens`, or the device type's default with or without gradients."""
+        if self.segment_call_tokens is not None:
+            return self.segment_call_tokens
+        # Another accelerator: the CUDA estimate (launch-bound calls).
+        with_grad, without = SEGMENT_CALL_TOKENS.get(input_ids.device.type, SEGMENT_CALL_TOKENS["cuda"])
+        return with_grad if torch.is_grad_enabled() else without
 
     def forward(
         self,
