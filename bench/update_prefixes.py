@@ -35,12 +35,12 @@ def batch_wide_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, m
     once when it is `min_tokens` or longer, then every row; else one segment (`call_tokens` is
     not weighed: the previous plan did not)."""
     batch, length = input_ids.shape
-    everyone = torch.arange(batch)
+    everyone = torch.arange(batch, device=input_ids.device)
     same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
     prefix = min(int(same.long().cumprod(0).sum()), length - 1)
     if batch < 2 or min_tokens <= 0 or prefix < min_tokens:
         return [Segment(0, length, everyone, everyone)]
-    return [Segment(0, prefix, everyone[:1], torch.zeros(batch, dtype=torch.long)),
+    return [Segment(0, prefix, everyone[:1], torch.zeros(batch, dtype=torch.long, device=input_ids.device)),
             Segment(prefix, length, everyone, everyone)]
 
 
