@@ -175,6 +175,14 @@ def test_prefix_segments_need_a_long_enough_shared_prefix_and_no_checkpointing()
     assert _ends(checkpointed, input_ids, attention_mask) == [(0, 30, [0, 1, 2])]
 
 
+def test_negative_sharing_settings_are_refused():
+    model = _policy().model
+    with pytest.raises(ValueError, match="segment_call_tokens \\(-1\\)"):
+        PolicyWithValueHead(model, segment_call_tokens=-1)
+    with pytest.raises(ValueError, match="share_prefix_min \\(-2\\)"):
+        PolicyWithValueHead(model, share_prefix_min=-2)
+
+
 def test_a_segment_costs_more_with_gradients_by_default():
     """On a CPU a segment costs 128 token-rows with gradients, 64 without (SEGMENT_CALL_TOKENS):
     four rows sharing 30 columns save 90 token-rows by running them once."""

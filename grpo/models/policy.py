@@ -73,6 +73,11 @@ class PolicyWithValueHead(nn.Module):
         segment_call_tokens: int | None = None,
     ):
         super().__init__()
+        if share_prefix_min < 0 or (segment_call_tokens is not None and segment_call_tokens < 0):
+            raise ValueError(
+                f"share_prefix_min ({share_prefix_min}) and segment_call_tokens ({segment_call_tokens}) "
+                "must be >= 0 (share_prefix_min 0: never share a prefix)"
+            )
         self.model = model
         self.share_prefix_min = share_prefix_min
         """Shortest shared prefix segment, in columns, that runs once (see final_hidden_states); 0 =
