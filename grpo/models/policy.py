@@ -223,8 +223,10 @@ class PolicyWithValueHead(nn.Module):
                 past_key_values=cache,
                 use_cache=True,
             )
-            cache, previous = out.past_key_values, segment
-            pieces.append(out.last_hidden_state.index_select(0, segment.owner))  # [B, end - start, H]
+            cache, previous, hidden = out.past_key_values, segment, out.last_hidden_state
+            if len(rows) < len(segment.owner):  # each row's copy of its prefix's states
+                hidden = hidden.index_select(0, segment.owner)
+            pieces.append(hidden)  # [B, end - start, H]
         return torch.cat(pieces, dim=1)  # [B, T, H]
 
     def prefix_segments(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[Segment]:
