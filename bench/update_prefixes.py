@@ -24,8 +24,8 @@ from contextlib import contextmanager
 
 import torch
 
+import grpo.models.policy as policy_module
 from bench.steps import standard_step
-from grpo.models.policy import PolicyWithValueHead, is_checkpointing
 from grpo.models.prefix_segments import Segment, plan_segments
 
 
@@ -53,19 +53,14 @@ PLANS = {
 
 @contextmanager
 def planned_by(plan) -> Iterator[None]:
-    """Every policy (and reference copy) plans its forward's segments with `plan` meanwhile."""
-    default = PolicyWithValueHead.prefix_segments
-
-    def segments(self, input_ids, attention_mask):
-        if is_checkpointing(self.language_model()):  # no KV cache: nothing shared
-            return plan(input_ids, attention_mask, 0, 0)
-        return plan(input_ids, attention_mask, self.share_prefix_min, self.segment_cost(input_ids))
-
-    PolicyWithValueHead.prefix_segments = segments
+    """Every policy (and reference copy) plans its forward's segments with `plan` meanwhile: the
+    policy module's `plan_segments`, which `PolicyWithValueHead.prefix_segments` calls, is swapped."""
+    default = policy_module.plan_segments
+    policy_module.plan_segments = plan
     try:
         yield
     finally:
-        PolicyWithValueHead.prefix_segments = default
+        policy_module.plan_segments = default
 
 
 def compare(plans: list[str], rounds: int, steps: int, threads: int) -> dict:

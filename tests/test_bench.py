@@ -13,6 +13,7 @@ from bench.continuous import measure, parse_args
 from bench.run import headline
 from bench.steps import closeness_reward, standard_step
 from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
+from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 
 
@@ -114,7 +115,10 @@ def test_the_update_prefix_plans_compared_are_the_previous_and_the_current_one()
         "batch-wide": [(0, 20, [0]), (20, 50, [0, 1, 2, 3])],
         "none": [(0, 50, [0, 1, 2, 3])],
     }
-    current = PolicyWithValueHead.prefix_segments
+    policy = PolicyWithValueHead.from_config(ModelConfig(name_or_path="tiny-random"), LoraConfig(enabled=False),
+                                             "cpu")[0]
+    policy.segment_call_tokens = 16
+    ends = lambda: [(s.start, s.end) for s in policy.prefix_segments(input_ids, attention_mask)]
     with planned_by(batch_wide_segments):
-        assert PolicyWithValueHead.prefix_segments is not current
-    assert PolicyWithValueHead.prefix_segments is current
+        assert ends() == [(0, 20), (20, 50)]
+    assert ends() == [(0, 20), (20, 40), (40, 50)]
