@@ -93,11 +93,9 @@ def plan_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, min_tok
     ends = [0, *cuts, length]
     best: dict[int, tuple[int, int]] = {0: (0, 0)}
     came_from: dict[int, int] = {}
-    for end in ends[1:]:
+    for index, end in enumerate(ends[1:], start=1):
         rows_run = batch if end == length else distinct(end)
-        for start in ends:
-            if start >= end or start not in best:
-                continue
+        for start in ends[:index]:  # every earlier end is reachable: from 0 at least
             if end != length and end - start < min_tokens:
                 continue
             cost, count = best[start]
