@@ -1,5 +1,6 @@
 """make bench's parts: the standard work's graded reward, the report's headline figures, and the
-wiring of the standard step and of the continuous-batching comparison on the tiny model."""
+wiring of the standard step, of the continuous-batching comparison and of the segment-cost
+measurement on the tiny model."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 from bench.continuous import measure, parse_args
 from bench.run import headline
+from bench.segment_cost import column_cuts
+from bench.segment_cost import measure as segment_cost
 from bench.steps import closeness_reward, standard_step
 from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
 from grpo.models.config import LoraConfig, ModelConfig
@@ -122,3 +125,24 @@ def test_the_update_prefix_plans_compared_are_the_previous_and_the_current_one()
     with planned_by(batch_wide_segments):
         assert ends() == [(0, 20), (20, 50)]
     assert ends() == [(0, 20), (20, 40), (40, 50)]
+
+
+def test_segment_cost_cuts_every_row_into_equal_column_segments_and_reports_both_modes():
+    input_ids = torch.zeros(3, 10, dtype=torch.long)
+    plan = column_cuts(3)(input_ids, torch.ones_like(input_ids))
+    assert [(s.start, s.end, s.rows.tolist(), s.owner.tolist()) for s in plan] == [
+        (0, 2, [0, 1, 2], [0, 1, 2]), (2, 5, [0, 1, 2], [0, 1, 2]),
+        (5, 7, [0, 1, 2], [0, 1, 2]), (7, 10, [0, 1, 2], [0, 1, 2])]
+    assert [(s.start, s.end) for s in column_cuts(0)(input_ids, input_ids)] == [(0, 10)]
+    policy = PolicyWithValueHead.from_config(ModelConfig(name_or_path="tiny-random"), LoraConfig(enabled=False),
+                                             "cpu")[0]
+    seen = []
+    original = policy.prefix_segments
+    policy.prefix_segments = lambda ids, mask: seen.append(len(original(ids, mask))) or original(ids, mask)
+    report = segment_cost(policy, batch=2, length=12, cuts=2, rounds=1)
+    assert set(seen) == {1, 3}  # the one-segment pass and the cut one, each with and without grad
+    assert (report["batch"], report["length"], report["cuts"]) == (2, 12, 2)
+    for mode in ("grad", "no_grad"):
+        numbers = report[mode]
+        assert numbers["one_segment_s"] > 0 and numbers["cut_s"] > 0
+        assert numbers["per_segment_s"] == pytest.approx((numbers["cut_s"] - numbers["one_segment_s"]) / 2, abs=1e-4)
