@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Every GPU figure of the speed targets in one device call (the device budget is ~15 minutes a
+# session, boot included), each piece under its own time limit, everything written under $OUT.
+#
+# Here, with registry access, after `bash ../shared/gpu/pack.sh`:
+#     bash bench/gpu_session.sh pack
+#   adds .gpu-carry/trl: TRL 1.16 and the packages it needs that a GPU machine with torch,
+#   transformers, accelerate and pyarrow may lack (~15 MB), so the standard step runs side by side
+#   with TRL there too.
+# On the GPU machine: call 1 `bash .gpu-carry/scripts/boot.sh`, carrying .gpu-carry/wheels, m1 and
+# scripts; call 2 at once (the machine is recycled after ~30 s idle), carrying .gpu-carry/m2,
+# .gpu-carry/scripts and .gpu-carry/trl (~60 MB, within the 64 MiB a transfer takes):
+#     bash .gpu-carry/scripts/finish.sh && bash bench/gpu_session.sh run
+#   with the run tool's timeout_s at 600. BUDGET_S (default 560) is the whole run's wall time:
+#   each piece gets at most its cap and never more than what is left; the CUDA tests get the rest.
+# Results: $OUT/<piece>.log and $OUT/<piece>/report.json, and a summary printed last.
+set -uo pipefail
+MODE=${1:-}
+CARRY=.gpu-carry
+[ -f pyproject.toml ] || { echo "run from the project root"; exit 2; }
+
+if [ "$MODE" = pack ]; then
+  [ -d "$CARRY/scripts" ] || { echo "run bash ../shared/gpu/pack.sh first"; exit 2; }
+  rm -rf "$CARRY/trl" "$CARRY/tmp-trl"; mkdir -p "$CARRY/trl" "$CARRY/tmp-trl"
+  python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$CARRY/tmp-trl" \
+    "trl==1.16.0" datasets || exit 1
+  # The closure includes torch, CUDA libraries, transformers...: keep only what a GPU machine with
+  # torch, transformers, accelerate and pyarrow may lack; `run` lets pip pick what is missing.
+  for w in "$CARRY"/tmp-trl/*.whl; do
+    case "$(basename "$w" | tr 'A-Z' 'a-z')" in
+      trl-*|datasets-*|dill-*|multiprocess-*|xxhash-*|fsspec-*|pandas-*|python_dateutil-*|tzdata-*) mv "$w" "$CARRY/trl/" ;;
+    esac
+  done
+  rm -rf "$CARRY/tmp-trl"
+  du -sh "$CARRY/trl"; ls "$CARRY/trl"
+  exit 0
+fi
+[ "$MODE" = run ] || { echo "usage: bash bench/gpu_session.sh pack|run"; exit 2; }
+
+OUT=${OUT:-/tmp/gpu-session}
+mkdir -p "$OUT"
+DEADLINE=$(( $(date +%s) + ${BUDGET_S:-560} ))
+PY=python3
+
+# piece NAME CAP_S COMMAND...: runs COMMAND for at most min(CAP_S, time left - 10 s), output in
+# $OUT/NAME.log; says how it ended.
+piece() {
+  local name=$1 cap=$2; shift 2
+  local left=$(( DEADLINE - $(date +%s) - 10 ))
+  local limit=$(( cap < left ? cap : left ))
+  if [ "$limit" -lt 20 ]; then echo "[gpu-session] $name: skipped, ${left} s left"; return; fi
+  local start=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "[gpu-session] $name: exit $rc after $(( $(date +%s) - start )) s (limit $limit s)"
+}
+
+if [ -d "$CARRY/trl" ]; then
+  # pip resolves TRL against what the machine has and the carried wheels only: what is installed
+  # and fits stays; if a requirement cannot be met (say, an older pyarrow than datasets needs) it
+  # says which in trl_install.log, and the TRL comparison is reported as skipped.
+  $PY -m pip install -q --disable-pip-version-check --no-index --find-links "$CARRY/trl" "trl==1.16.0" \
+    > "$OUT/trl_install.log" 2>&1 || echo "[gpu-session] TRL not installed: see $OUT/trl_install.log"
+fi
+{ nvidia-smi; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  $PY -c "import trl, datasets; print('trl', trl.__version__, 'datasets', datasets.__version__)" 2>&1 | tail -1
+} > "$OUT/env.log" 2>&1
+tail -2 "$OUT/env.log"
+
+DEVICE=${DEVICE:-cuda}  # cpu only to try this script out on a machine without a GPU
+B="$PY -m bench.run --device $DEVICE"
+piece calculator512 170 $B --sections calculator512 --out "$OUT/calculator512"
+piece generation 120 $B --sections peak generation --out "$OUT/generation"
+piece standard_trl 150 $B --sections standard trl --out "$OUT/standard_trl"
+piece segment_cost 80 $PY -m bench.segment_cost --device "$DEVICE" --shapes 16x96 64x384 --rounds 3
+piece training 40 $B --sections training --out "$OUT/training"
+piece cuda_tests 400 $PY -m pytest -q -rs -p no:cacheprovider tests/test_rollout_hf.py \
+  tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
+
+$PY - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def report(name):
+    path = out / name / "report.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+c512, gen, std = report("calculator512"), report("generation"), report("standard_trl")
+print("[gpu-session] summary")
+print("  512-episode calculator step, median s:", c512.get("calculator512_step_s"), "(target <= 5)")
+g = gen.get("generation", {})
+print("  generated tok/s at batch 16/64/256/512:", [g.get(f"b{b}_tokens_per_s") for b in (16, 64, 256, 512)],
+      "(target >= 20000 at 512)")
+print("  standard step s:", std.get("standard_step_median_s"), " TRL s:",
+      std.get("trl", {}).get("trl_step_median_s", std.get("trl", {}).get("skipped")),
+      " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4)")
+log = out / "segment_cost.log"
+if log.is_file():
+    text = log.read_text()
+    try:
+        cost = json.loads(text[text.index("{"):])
+        print("  segment cost, token-rows (grad, no grad):",
+              [(r["batch"], r["length"], r["grad"]["per_segment_token_rows"], r["no_grad"]["per_segment_token_rows"])
+               for r in cost["results"]])
+    except ValueError:
+        print("  segment cost: unreadable, see segment_cost.log")
+tests = out / "cuda_tests.log"
+if tests.is_file():
+    print("  CUDA tests:", (tests.read_text().strip().splitlines() or ["(no output)"])[-1])
+EOF
