@@ -10,7 +10,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.models.config import LoraConfig, ModelConfig
-from grpo.models.devices import DeviceUnavailable, autocast_context, compute_dtype, resolve_device
+from grpo.models.devices import (
+    DeviceUnavailable,
+    autocast_context,
+    compute_dtype,
+    memory_metrics,
+    resolve_device,
+)
 from grpo.models.export import VALUE_HEAD_FILE, load_value_head, save_pretrained
 from grpo.models.policy import PolicyWithValueHead, is_checkpointing
 
@@ -402,6 +408,17 @@ def test_resolve_device_and_dtypes():
     assert isinstance(autocast_context(cpu, torch.float32), contextlib.nullcontext)
     with autocast_context(cpu, torch.bfloat16):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="no /proc: resident memory is not reported")
+def test_memory_metrics_follow_this_process_resident_memory():
+    cpu = torch.device("cpu")
+    before = memory_metrics(cpu)
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, every page written
+    after = memory_metrics(cpu)
+    assert set(after) == {"memory/rss_mib_max"}  # nothing CUDA on a CPU device
+    assert after["memory/rss_mib_max"] - before["memory/rss_mib_max"] == pytest.approx(64, abs=4)
+    del block
 
 
 def test_auto_dtype_follows_cpu_flags(monkeypatch):

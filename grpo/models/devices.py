@@ -5,6 +5,8 @@
   without bf16) and on CPUs with AVX-512 BF16 or AMX (where bf16 matmuls run ~4x faster than
   fp32), bf16 on MPS with macOS 14+ (else fp32: `mps_compute_dtype`), fp32 otherwise.
 - `autocast_context(device, dtype)`: `torch.autocast` for reduced precision, a no-op for fp32.
+- `memory_metrics(device)`: this process's resident memory and, on CUDA, its peak allocation
+  since the last call (every training step's `memory/*` metrics).
 
 Weights stay in their own dtype (`model.weights_dtype`); autocast only changes the precision of
 the matmuls, so the optimizer updates full-precision master weights. fp16 compute (GPUs without
@@ -147,3 +149,21 @@ def autocast_context(device: torch.device, dtype: torch.dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """This process's memory for a step's metrics, in MiB. `memory/rss_mib_max`: resident now
+    (Linux /proc; not reported elsewhere); `memory/cuda_peak_mib_max` (CUDA): the most tensors
+    held at once since the previous call, whose peak counter it then resets. `_max` makes a
+    data-parallel run report its largest rank (grpo/distributed/parallel.py `combine_metrics`)."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/statm") as statm:
+            resident_pages = int(statm.read().split()[1])
+        out["memory/rss_mib_max"] = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    if device.type == "cuda":
+        out["memory/cuda_peak_mib_max"] = torch.cuda.max_memory_allocated(device) / 2**20
+        torch.cuda.reset_peak_memory_stats(device)
+    return out

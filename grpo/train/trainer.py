@@ -29,7 +29,7 @@ from grpo.algorithm.update import (
 from grpo.collect.collector import TrajectoryCollector
 from grpo.collect.episode import task_id_of
 from grpo.config import RunConfig, save_config
-from grpo.models.devices import resolve_device
+from grpo.models.devices import memory_metrics, resolve_device
 from grpo.models.export import save_pretrained
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
@@ -276,6 +276,7 @@ class GRPOTrainer:
             "time/rollout_s": t_rollout,
             "time/step_s": time.time() - t0,
             "train/lr": self.scheduler.get_last_lr()[0],
+            **memory_metrics(self.device),
         }
         metrics = self._reduce_metrics(metrics)
         tools.reset_metrics()
