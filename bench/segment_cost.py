@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 from itertools import pairwise
 
 import torch
 
+from bench.generation import best_seconds
 from bench.update_prefixes import planned_by
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
@@ -45,20 +45,10 @@ def column_cuts(cuts: int) -> Callable:
     return plan
 
 
-def _timer(device: torch.device) -> Callable[[], float]:
-    def now() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    return now
-
-
 def measure(policy: PolicyWithValueHead, batch: int, length: int, cuts: int, rounds: int) -> dict:
     """Medians over `rounds` of each plan's forward+backward and no-grad forward seconds, and the
     extra segments' cost per segment."""
     device = policy.device
-    now = _timer(device)
     gen = torch.Generator().manual_seed(0)
     vocab = policy.language_model().get_input_embeddings().num_embeddings
     ids = torch.randint(0, vocab, (batch, length), generator=gen).to(device)
@@ -66,24 +56,22 @@ def measure(policy: PolicyWithValueHead, batch: int, length: int, cuts: int, rou
     positions = torch.zeros(batch, length - 1, dtype=torch.bool, device=device)
     positions[:, length // 2:] = True
 
-    def forward_backward() -> float:
-        start = now()
+    def forward_backward() -> None:
         policy(ids, mask, positions=positions).logprobs.sum().backward()
         policy.zero_grad(set_to_none=True)
-        return now() - start
 
-    def forward() -> float:
-        start = now()
+    def forward() -> None:
         with torch.no_grad():
             policy(ids, mask, positions=positions)
-        return now() - start
 
     plans = {"one": column_cuts(0), "cut": column_cuts(cuts)}
     times: dict[str, dict[str, list[float]]] = {name: {"grad": [], "no_grad": []} for name in plans}
     for round_ in range(rounds + 1):  # round 0 warms up
         for name, plan in plans.items():
             with planned_by(plan):
-                grad, no_grad = forward_backward(), forward()
+                # One timed run each (best of 1; on CUDA timed with events).
+                grad = best_seconds(forward_backward, 1, device.type)
+                no_grad = best_seconds(forward, 1, device.type)
             if round_:
                 times[name]["grad"].append(grad)
                 times[name]["no_grad"].append(no_grad)
