@@ -1,11 +1,15 @@
-"""The standard step with the update's three ways of running shared prefixes, side by side.
+"""The standard step with the update's ways of running shared prefixes and padding, side by side.
 
     .venv/bin/python -m bench.update_prefixes                   # 5 rounds of 3 timed steps
-    .venv/bin/python -m bench.update_prefixes --rounds 3 --plans segments batch-wide
+    .venv/bin/python -m bench.update_prefixes --rounds 3 --plans packed segments
 
-Plans (what PolicyWithValueHead.final_hidden_states runs once; grpo/models/prefix_segments.py):
-  segments    the default: every prefix two or more rows share, where that pays (the batch-wide
-              chat template and system prompt once, each group's prompt once per group)
+Plans (how PolicyWithValueHead.final_hidden_states runs a micro-batch):
+  packed      the default: the micro-batch packed as a prefix tree (every distinct prefix once, no
+              padding: grpo/models/prefix_tree.py) where that is estimated cheaper than the
+              segment plan, else the segment plan
+  segments    the segment plan alone (grpo/models/prefix_segments.py): every prefix two or more
+              rows share, where that pays (the batch-wide chat template and system prompt once,
+              each group's prompt once per group); padding runs
   batch-wide  only the prefix that every row of the micro-batch shares (the update before
               prefix segments)
   none        the whole batch in one forward
@@ -45,6 +49,7 @@ def batch_wide_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, m
 
 
 PLANS = {
+    "packed": None,  # the policy's own choice: see planned_by
     "segments": plan_segments,
     "batch-wide": batch_wide_segments,
     "none": lambda input_ids, attention_mask, min_tokens, call_tokens: plan_segments(input_ids, attention_mask, 0, 0),
@@ -53,14 +58,20 @@ PLANS = {
 
 @contextmanager
 def planned_by(plan) -> Iterator[None]:
-    """Every policy (and reference copy) plans its forward's segments with `plan` meanwhile: the
-    policy module's `plan_segments`, which `PolicyWithValueHead.prefix_segments` calls, is swapped."""
-    default = policy_module.plan_segments
+    """Every policy (and reference copy) plans its forward's segments with `plan` meanwhile and
+    never packs: the policy module's `plan_segments`, which `PolicyWithValueHead.prefix_segments`
+    calls, is swapped, and its `plan_packing` finds no packing. `plan` None: nothing is swapped
+    (the policy's own choice, packing included)."""
+    if plan is None:
+        yield
+        return
+    defaults = policy_module.plan_segments, policy_module.plan_packing
     policy_module.plan_segments = plan
+    policy_module.plan_packing = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        policy_module.plan_segments = default
+        policy_module.plan_segments, policy_module.plan_packing = defaults
 
 
 def compare(plans: list[str], rounds: int, steps: int, threads: int) -> dict:
@@ -80,7 +91,7 @@ def compare(plans: list[str], rounds: int, steps: int, threads: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--plans", nargs="+", choices=sorted(PLANS), default=["segments", "batch-wide", "none"])
+    parser.add_argument("--plans", nargs="+", choices=sorted(PLANS), default=["packed", "segments", "none"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="timed standard steps per run (after one warm-up)")
     parser.add_argument("--threads", type=int, default=2)

@@ -18,6 +18,7 @@ from bench.steps import closeness_reward, standard_step
 from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
+from grpo.models.prefix_tree import PackedRows
 
 
 @pytest.mark.parametrize(
@@ -112,7 +113,7 @@ def test_the_update_prefix_plans_compared_are_the_previous_and_the_current_one()
                               for row in range(4)])  # [4, 50]: two groups sharing 40 columns, all 20
     attention_mask = torch.ones_like(input_ids)
     plans = {name: [(s.start, s.end, s.rows.tolist()) for s in PLANS[name](input_ids, attention_mask, 16, 16)]
-             for name in PLANS}
+             for name in PLANS if name != "packed"}
     assert plans == {
         "segments": [(0, 20, [0]), (20, 40, [0, 1]), (40, 50, [0, 1, 2, 3])],
         "batch-wide": [(0, 20, [0]), (20, 50, [0, 1, 2, 3])],
@@ -124,7 +125,11 @@ def test_the_update_prefix_plans_compared_are_the_previous_and_the_current_one()
     ends = lambda: [(s.start, s.end) for s in policy.prefix_segments(input_ids, attention_mask)]
     with planned_by(batch_wide_segments):
         assert ends() == [(0, 20), (20, 50)]
+        assert isinstance(policy.forward_layout(input_ids, attention_mask), list)  # never packed
     assert ends() == [(0, 20), (20, 40), (40, 50)]
+    policy.segment_call_tokens = None  # the CPU's 128 token-rows a segment: packing pays here
+    with planned_by(PLANS["packed"]):
+        assert isinstance(policy.forward_layout(input_ids, attention_mask), PackedRows)
 
 
 def test_segment_cost_cuts_every_row_into_equal_column_segments_and_reports_both_modes():

@@ -147,6 +147,7 @@ def _ends(policy, input_ids, attention_mask):
 @pytest.mark.parametrize("batch", [_shared_prefix_batch, _grouped_batch])
 def test_shared_prefixes_run_once_with_the_same_logprobs_and_gradients(lora, batch):
     policy = _policy(lora=lora)
+    policy.packing = False  # the segment path (tests/test_prefix_tree.py checks the packed one)
     input_ids, attention_mask = batch()
     policy.segment_call_tokens = 16
     assert len(policy.prefix_segments(input_ids, attention_mask)) == (2 if batch is _shared_prefix_batch else 3)

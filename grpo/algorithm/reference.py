@@ -193,6 +193,7 @@ class FullCopyEMAReference(EMAReference):
             logprob_chunk_size=policy.logprob_chunk_size,
             share_prefix_min=policy.share_prefix_min,
             segment_call_tokens=policy.segment_call_tokens,
+            packing=policy.packing,
         )
         self.model.eval()
         self._names = _averaged_names(model, trainable_only=False)

@@ -27,6 +27,11 @@ class ModelConfig(Section):
     """Attention kernel of the trained policy (rollout engines choose their own). `auto`: `eager`
     on CPU, where its backward ran 1.2-1.4x faster than SDPA's on sequences under ~200 tokens and
     as fast on longer ones (`python -m bench.run`), `sdpa` elsewhere."""
+    packing: bool = True
+    """Let the update's forwards pack a micro-batch as a prefix tree (every distinct prefix once,
+    no padding; grpo/models/prefix_tree.py) where that is estimated cheaper than running shared
+    prefixes as column segments; the same log-probs and gradients either way. Models whose layers
+    cannot take a tree mask (sliding windows, attention other than eager/SDPA) never pack."""
     load_in_4bit: bool = False
     """QLoRA: 4-bit base weights through bitsandbytes (CUDA only; needs `lora.enabled`)."""
     value_head: bool = True

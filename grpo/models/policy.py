@@ -28,6 +28,17 @@ from grpo.models.devices import autocast_context, check_weights_dtype, compute_d
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
 from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
+from grpo.models.prefix_tree import (
+    PACK_MAX_TOKENS,
+    PAIR_COST_FACTOR,
+    PackedRows,
+    attention_pair_ratio,
+    pack_rows,
+    plan_packing,
+    real_tokens,
+    segments_cost,
+    supports_tree_mask,
+)
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -71,6 +82,7 @@ class PolicyWithValueHead(nn.Module):
         tokenizer=None,
         share_prefix_min: int = 16,
         segment_call_tokens: int | None = None,
+        packing: bool = True,
     ):
         super().__init__()
         if share_prefix_min < 0 or (segment_call_tokens is not None and segment_call_tokens < 0):
@@ -85,6 +97,9 @@ class PolicyWithValueHead(nn.Module):
         self.segment_call_tokens = segment_call_tokens
         """What one more segment costs, in token-rows; None: the device type's SEGMENT_CALL_TOKENS
         (grpo/models/prefix_segments.py), with or without gradients as the forward runs."""
+        self.packing = packing
+        """Whether a forward may pack its batch as a prefix tree where that is estimated to pay
+        (grpo/models/prefix_tree.py; see forward_layout)."""
         self.is_lora = is_peft(model)
         self.compute_dtype = compute_dtype
         self.logprob_chunk_size = logprob_chunk_size
@@ -156,6 +171,7 @@ class PolicyWithValueHead(nn.Module):
             value_head=model_cfg.value_head,
             compute_dtype=autocast_dtype,
             tokenizer=tokenizer,
+            packing=model_cfg.packing,
         )
         policy.train()
         return policy, tokenizer
@@ -191,18 +207,33 @@ class PolicyWithValueHead(nn.Module):
     ) -> torch.Tensor:
         """[B, T, H] hidden states after the final norm, without applying the LM head.
 
-        Prefixes that rows share (the system prompt and tool docs of every row, a group's prompt)
-        run once: grpo/models/prefix_segments.py plans column segments, each run for one row per
-        distinct prefix, continuing the KV cache of the rows that ran the segment before. The same
-        hidden states and, through autograd, the same gradients as one forward of the whole
-        batch, for fewer tokens of decoder work.
+        Rows' shared prefixes (the system prompt and tool docs of every row, a group's prompt) and
+        padding are not run as such: `forward_layout` packs the batch as a prefix tree (every
+        distinct prefix once, no padding: grpo/models/prefix_tree.py) or plans column segments,
+        each run for one row per distinct prefix, continuing the KV cache of the rows that ran the
+        segment before (grpo/models/prefix_segments.py), whichever is estimated cheaper. Either
+        way the same hidden states and, through autograd, the same gradients as one forward of
+        the whole batch, for less decoder work. Padded columns read zeros when packed.
         """
         decoder = self.language_model().get_decoder()
+        layout = self.forward_layout(input_ids, attention_mask)
+        if isinstance(layout, PackedRows):
+            if decoder.config._attn_implementation == "sdpa":
+                mask = layout.allowed
+            else:  # eager adds the mask to its scores, in the dtype of the states
+                mask = layout.additive_mask(decoder.get_input_embeddings().weight.dtype)
+            out = decoder(
+                input_ids=layout.input_ids,
+                attention_mask=mask,
+                position_ids=layout.position_ids,
+                use_cache=False,
+            )
+            return layout.unpack(out.last_hidden_state)  # [B, T, H]
         # Positions count real tokens only, as generate() does, so left padding gives the same
         # positions the rollout engine used.
         position_ids = attention_mask.long().cumsum(-1) - 1  # [B, T]
         position_ids = position_ids.masked_fill(attention_mask == 0, 0)
-        segments = self.prefix_segments(input_ids, attention_mask)
+        segments = layout
         if len(segments) == 1:
             out = decoder(
                 input_ids=input_ids,
@@ -228,6 +259,33 @@ class PolicyWithValueHead(nn.Module):
                 hidden = hidden.index_select(0, segment.owner)
             pieces.append(hidden)  # [B, end - start, H]
         return torch.cat(pieces, dim=1)  # [B, T, H]
+
+    def forward_layout(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> list[Segment] | PackedRows:
+        """How `final_hidden_states` runs this batch: packed as a prefix tree when `packing` is on,
+        the model can take a tree mask and the estimate (decoder rows, attention pairs, calls; all
+        in token-rows) is below the segment plan's; else the segment plan."""
+        segments = self.prefix_segments(input_ids, attention_mask)
+        pair_cost = self.pair_cost() if self.packing else None
+        if pair_cost is None:
+            return segments
+        call_tokens = self.segment_cost(input_ids)
+        sequences = real_tokens(input_ids, attention_mask)
+        max_tokens = PACK_MAX_TOKENS.get(input_ids.device.type, PACK_MAX_TOKENS["cuda"])
+        plan = plan_packing(sequences, max_tokens, pair_cost, call_tokens)
+        if plan is None or plan.cost >= segments_cost(segments, pair_cost, call_tokens):
+            return segments
+        return pack_rows(input_ids, attention_mask, plan.bins, sequences)
+
+    def pair_cost(self) -> float | None:
+        """What one query-key pair of packed attention costs, in token-rows (the model's FLOP
+        ratio times the device's PAIR_COST_FACTOR); None when this model cannot be packed."""
+        config = self.language_model().config
+        ratio = attention_pair_ratio(config)
+        if ratio is None or supports_tree_mask(config) is not None:
+            return None
+        return ratio * PAIR_COST_FACTOR.get(self.device.type, PAIR_COST_FACTOR["cuda"])
 
     def prefix_segments(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[Segment]:
         """The column segments `final_hidden_states` runs (one, [0, T) for every row, when nothing
