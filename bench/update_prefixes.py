@@ -60,18 +60,18 @@ PLANS = {
 def planned_by(plan) -> Iterator[None]:
     """Every policy (and reference copy) plans its forward's segments with `plan` meanwhile and
     never packs: the policy module's `plan_segments`, which `PolicyWithValueHead.prefix_segments`
-    calls, is swapped, and its `plan_packing` finds no packing. `plan` None: nothing is swapped
+    calls, is swapped, and its `pack_if_cheaper` never packs. `plan` None: nothing is swapped
     (the policy's own choice, packing included)."""
     if plan is None:
         yield
         return
-    defaults = policy_module.plan_segments, policy_module.plan_packing
+    defaults = policy_module.plan_segments, policy_module.pack_if_cheaper
     policy_module.plan_segments = plan
-    policy_module.plan_packing = lambda *args, **kwargs: None
+    policy_module.pack_if_cheaper = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        policy_module.plan_segments, policy_module.plan_packing = defaults
+        policy_module.plan_segments, policy_module.pack_if_cheaper = defaults
 
 
 def compare(plans: list[str], rounds: int, steps: int, threads: int) -> dict:

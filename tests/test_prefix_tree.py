@@ -11,6 +11,7 @@ from grpo.models.prefix_tree import (
     attention_pair_ratio,
     pack_rows,
     packed_cost,
+    pair_cost,
     plan_packing,
     real_tokens,
     segments_cost,
@@ -96,6 +97,7 @@ def test_pair_ratio_and_which_models_take_a_tree_mask():
     layer = hidden * head_dim * (2 * heads + 2 * kv) + 3 * hidden * inner
     assert attention_pair_ratio(config) == pytest.approx(2 * heads * head_dim / layer)
     assert supports_tree_mask(config) is None
+    assert pair_cost(config, "cpu") == pytest.approx(2.0 * 2 * heads * head_dim / layer)  # PAIR_COST_FACTOR
     sliding = config.__class__(**{**config.to_dict(), "sliding_window": 8})
     sliding._attn_implementation = "eager"
     assert supports_tree_mask(sliding) == "a sliding attention window"
@@ -151,7 +153,7 @@ def test_layout_falls_back_to_segments_when_packing_is_off_does_not_pay_or_canno
     # Two unrelated full rows: packing saves nothing and adds attention pairs.
     assert isinstance(policy.forward_layout(distinct, torch.ones_like(distinct)), list)
     policy.language_model().config._attn_implementation = "flex_attention"
-    assert policy.pair_cost() is None
+    assert pair_cost(policy.language_model().config, "cpu") is None
     assert isinstance(policy.forward_layout(input_ids, attention_mask), list)
 
 

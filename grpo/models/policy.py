@@ -28,17 +28,7 @@ from grpo.models.devices import autocast_context, check_weights_dtype, compute_d
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
 from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
-from grpo.models.prefix_tree import (
-    PACK_MAX_TOKENS,
-    PAIR_COST_FACTOR,
-    PackedRows,
-    attention_pair_ratio,
-    pack_rows,
-    plan_packing,
-    real_tokens,
-    segments_cost,
-    supports_tree_mask,
-)
+from grpo.models.prefix_tree import PackedRows, pack_if_cheaper, pair_cost
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -265,27 +255,14 @@ class PolicyWithValueHead(nn.Module):
     ) -> list[Segment] | PackedRows:
         """How `final_hidden_states` runs this batch: packed as a prefix tree when `packing` is on,
         the model can take a tree mask and the estimate (decoder rows, attention pairs, calls; all
-        in token-rows) is below the segment plan's; else the segment plan."""
+        in token-rows) is below the segment plan's (grpo/models/prefix_tree.py); else the segment
+        plan."""
         segments = self.prefix_segments(input_ids, attention_mask)
-        pair_cost = self.pair_cost() if self.packing else None
-        if pair_cost is None:
+        per_pair = pair_cost(self.language_model().config, self.device.type) if self.packing else None
+        if per_pair is None:
             return segments
-        call_tokens = self.segment_cost(input_ids)
-        sequences = real_tokens(input_ids, attention_mask)
-        max_tokens = PACK_MAX_TOKENS.get(input_ids.device.type, PACK_MAX_TOKENS["cuda"])
-        plan = plan_packing(sequences, max_tokens, pair_cost, call_tokens)
-        if plan is None or plan.cost >= segments_cost(segments, pair_cost, call_tokens):
-            return segments
-        return pack_rows(input_ids, attention_mask, plan.bins, sequences)
-
-    def pair_cost(self) -> float | None:
-        """What one query-key pair of packed attention costs, in token-rows (the model's FLOP
-        ratio times the device's PAIR_COST_FACTOR); None when this model cannot be packed."""
-        config = self.language_model().config
-        ratio = attention_pair_ratio(config)
-        if ratio is None or supports_tree_mask(config) is not None:
-            return None
-        return ratio * PAIR_COST_FACTOR.get(self.device.type, PAIR_COST_FACTOR["cuda"])
+        packed = pack_if_cheaper(input_ids, attention_mask, segments, per_pair, self.segment_cost(input_ids))
+        return segments if packed is None else packed
 
     def prefix_segments(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[Segment]:
         """The column segments `final_hidden_states` runs (one, [0, T) for every row, when nothing

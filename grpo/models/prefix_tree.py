@@ -33,7 +33,9 @@ PACK_MAX_TOKENS = {"cpu": 512, "cuda": 4096, "mps": 1024}
 attention, forward+backward) the extra attention of one packed row of B unrelated 128-token rows
 cost 3.9e-4 token-rows per added query-key pair at 256 nodes, 6.6e-4 at 512 and 1.25e-3 at 1,024
 (its [N, N] score matrices outgrow the caches); SDPA's 4.0-5.7e-4 at every size, but its call
-costs more below ~500 nodes. The CUDA and MPS caps are estimates (not measured)."""
+costs more below ~500 nodes. The standard step's forward+backward with the cap at 384 / 512 /
+1,024 (medians of 3 rounds of 3 steps, alternating): 3.12 / 2.74 / 3.25 s. The CUDA and MPS caps
+are estimates (not measured)."""
 
 PAIR_COST_FACTOR = {"cpu": 2.0, "cuda": 2.0, "mps": 2.0}
 """What one query-key pair of packed attention costs relative to its FLOPs, per device type: on the
@@ -241,3 +243,24 @@ def supports_tree_mask(config) -> str | None:
     if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
         return "a sliding attention window"
     return None
+
+
+def pair_cost(config, device_type: str) -> float | None:
+    """What one query-key pair of packed attention costs on `device_type`, in token-rows (the
+    model's FLOP ratio times PAIR_COST_FACTOR); None when the model cannot be packed."""
+    ratio = attention_pair_ratio(config)
+    if ratio is None or supports_tree_mask(config) is not None:
+        return None
+    return ratio * PAIR_COST_FACTOR.get(device_type, PAIR_COST_FACTOR["cuda"])
+
+
+def pack_if_cheaper(input_ids: torch.Tensor, attention_mask: torch.Tensor, segments,
+                    per_pair: float, call_tokens: float) -> PackedRows | None:
+    """The batch packed in its cheapest bins (PACK_MAX_TOKENS nodes at most, for the device of
+    `input_ids`) when that is estimated cheaper than running `segments`, else None."""
+    sequences = real_tokens(input_ids, attention_mask)
+    max_tokens = PACK_MAX_TOKENS.get(input_ids.device.type, PACK_MAX_TOKENS["cuda"])
+    plan = plan_packing(sequences, max_tokens, per_pair, call_tokens)
+    if plan is None or plan.cost >= segments_cost(segments, per_pair, call_tokens):
+        return None
+    return pack_rows(input_ids, attention_mask, plan.bins, sequences)
