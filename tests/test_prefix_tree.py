@@ -98,6 +98,7 @@ def test_pair_ratio_and_which_models_take_a_tree_mask():
     assert attention_pair_ratio(config) == pytest.approx(2 * heads * head_dim / layer)
     assert supports_tree_mask(config) is None
     assert pair_cost(config, "cpu") == pytest.approx(2.0 * 2 * heads * head_dim / layer)  # PAIR_COST_FACTOR
+    assert pair_cost(config, "cuda") is None and pair_cost(config, "mps") is None  # not measured there
     sliding = config.__class__(**{**config.to_dict(), "sliding_window": 8})
     sliding._attn_implementation = "eager"
     assert supports_tree_mask(sliding) == "a sliding attention window"

@@ -30,8 +30,9 @@ class ModelConfig(Section):
     packing: bool = True
     """Let the update's forwards pack a micro-batch as a prefix tree (every distinct prefix once,
     no padding; grpo/models/prefix_tree.py) where that is estimated cheaper than running shared
-    prefixes as column segments; the same log-probs and gradients either way. Models whose layers
-    cannot take a tree mask (sliding windows, attention other than eager/SDPA) never pack."""
+    prefixes as column segments; the same log-probs and gradients either way. Only on a CPU (the
+    only device it is measured on); models whose layers cannot take a tree mask (sliding windows,
+    attention other than eager/SDPA) never pack."""
     load_in_4bit: bool = False
     """QLoRA: 4-bit base weights through bitsandbytes (CUDA only; needs `lora.enabled`)."""
     value_head: bool = True

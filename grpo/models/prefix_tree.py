@@ -28,19 +28,21 @@ from dataclasses import dataclass
 
 import torch
 
-PACK_MAX_TOKENS = {"cpu": 512, "cuda": 4096, "mps": 1024}
-"""Most nodes in one packed row, per device type. On the 2-core CPU (SmolLM2-135M, eager
-attention, forward+backward) the extra attention of one packed row of B unrelated 128-token rows
-cost 3.9e-4 token-rows per added query-key pair at 256 nodes, 6.6e-4 at 512 and 1.25e-3 at 1,024
-(its [N, N] score matrices outgrow the caches); SDPA's 4.0-5.7e-4 at every size, but its call
-costs more below ~500 nodes. The standard step's forward+backward with the cap at 384 / 512 /
-1,024 (medians of 3 rounds of 3 steps, alternating): 3.12 / 2.74 / 3.25 s. The CUDA and MPS caps
-are estimates (not measured)."""
+PACK_MAX_TOKENS = {"cpu": 512}
+"""Most nodes in one packed row, per device type; a device type not listed never packs. On the
+2-core CPU (SmolLM2-135M, eager attention, forward+backward) the extra attention of one packed row
+of B unrelated 128-token rows cost 3.9e-4 token-rows per added query-key pair at 256 nodes, 6.6e-4
+at 512 and 1.25e-3 at 1,024 (its [N, N] score matrices outgrow the caches); SDPA's 4.0-5.7e-4 at
+every size, but its call costs more below ~500 nodes. The standard step's forward+backward with
+the cap at 384 / 512 / 1,024 (medians of 3 rounds of 3 steps, alternating): 3.12 / 2.74 / 3.25 s.
+CUDA and MPS are not listed: a masked SDPA call there cannot use the flash kernel and may fall
+back to one that keeps every [N, N] score matrix for the backward, and no GPU has measured it
+(a varlen flash kernel, block-diagonal rows without the tree, would be the CUDA route)."""
 
-PAIR_COST_FACTOR = {"cpu": 2.0, "cuda": 2.0, "mps": 2.0}
+PAIR_COST_FACTOR = {"cpu": 2.0}
 """What one query-key pair of packed attention costs relative to its FLOPs, per device type: on the
 CPU 4.0-6.6e-4 token-rows per pair up to 512 nodes (above) against SmolLM2's FLOP ratio 3.26e-4,
-i.e. 1.2-2.0x. The CUDA and MPS values are estimates (not measured)."""
+i.e. 1.2-2.0x."""
 
 
 @dataclass(frozen=True)
@@ -247,11 +249,12 @@ def supports_tree_mask(config) -> str | None:
 
 def pair_cost(config, device_type: str) -> float | None:
     """What one query-key pair of packed attention costs on `device_type`, in token-rows (the
-    model's FLOP ratio times PAIR_COST_FACTOR); None when the model cannot be packed."""
+    model's FLOP ratio times PAIR_COST_FACTOR); None when the model cannot be packed, or not on
+    this device type (not in PACK_MAX_TOKENS)."""
     ratio = attention_pair_ratio(config)
-    if ratio is None or supports_tree_mask(config) is not None:
+    if ratio is None or supports_tree_mask(config) is not None or device_type not in PACK_MAX_TOKENS:
         return None
-    return ratio * PAIR_COST_FACTOR.get(device_type, PAIR_COST_FACTOR["cuda"])
+    return ratio * PAIR_COST_FACTOR[device_type]
 
 
 def pack_if_cheaper(input_ids: torch.Tensor, attention_mask: torch.Tensor, segments,
@@ -259,7 +262,7 @@ def pack_if_cheaper(input_ids: torch.Tensor, attention_mask: torch.Tensor, segme
     """The batch packed in its cheapest bins (PACK_MAX_TOKENS nodes at most, for the device of
     `input_ids`) when that is estimated cheaper than running `segments`, else None."""
     sequences = real_tokens(input_ids, attention_mask)
-    max_tokens = PACK_MAX_TOKENS.get(input_ids.device.type, PACK_MAX_TOKENS["cuda"])
+    max_tokens = PACK_MAX_TOKENS[input_ids.device.type]
     plan = plan_packing(sequences, max_tokens, per_pair, call_tokens)
     if plan is None or plan.cost >= segments_cost(segments, per_pair, call_tokens):
         return None
