@@ -123,39 +123,47 @@ def plan_packing(sequences: list[list[int]], max_tokens: int, pair_cost: float,
                  call_tokens: float) -> PackingPlan | None:
     """The cheapest packing of the rows into bins of consecutive rows in trie order, each of at
     most `max_tokens` nodes (a longer row gets a bin of its own); None when there is no token.
-    Bin capacities from the longest row up to `max_tokens` are tried (greedy fill for each)."""
+    For each number of bins P, the narrowest width that P bins reach (a bisection over the
+    width, filling bins greedily) is priced with `packed_cost`."""
     order, common = trie_order(sequences)
-    if not any(sequences):
+    rows = [(row, shared) for row, shared in zip(order, common) if sequences[row]]
+    if not rows:
         return None
-    longest = max(len(s) for s in sequences)
-    capacities = sorted({longest, max(longest, max_tokens),
-                         *(c for c in _geometric(longest, max_tokens) if c >= longest)})
-    best: PackingPlan | None = None
-    for capacity in capacities:
+
+    def fill(width: int) -> tuple[list[list[int]], list[int]]:
         bins, nodes = [[]], [0]
-        for row, shared in zip(order, common):
-            length = len(sequences[row])
-            if not length:
-                continue
-            added = length - (shared if bins[-1] else 0)
-            if bins[-1] and nodes[-1] + added > capacity:
+        for row, shared in rows:
+            added = len(sequences[row]) - (shared if bins[-1] else 0)
+            if bins[-1] and nodes[-1] + added > width:
                 bins.append([])
                 nodes.append(0)
-                added = length
+                added = len(sequences[row])
             bins[-1].append(row)
             nodes[-1] += added
+        return bins, nodes
+
+    longest = max(len(sequences[row]) for row, _ in rows)
+    cap = max(max_tokens, longest)
+    best: PackingPlan | None = None
+    narrowest = cap + 1
+    for count in range(len(fill(cap)[0]), len(rows) + 1):
+        low, high = longest, narrowest - 1  # more bins are never wider than fewer
+        while low < high:  # the narrowest width that fills at most `count` bins
+            middle = (low + high) // 2
+            if len(fill(middle)[0]) <= count:
+                high = middle
+            else:
+                low = middle + 1
+        if low == narrowest:
+            continue
+        narrowest = low
+        bins, nodes = fill(low)
         cost = packed_cost(nodes, pair_cost, call_tokens)
         if best is None or cost < best.cost:
             best = PackingPlan(bins, nodes, cost)
+        if low == longest:
+            break
     return best
-
-
-def _geometric(low: int, high: int, step: float = 1.25) -> list[int]:
-    values, value = [], float(max(low, 1))
-    while value < high:
-        values.append(int(value))
-        value *= step
-    return values
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, bins: list[list[int]],
