@@ -13,8 +13,9 @@ gradients: tests/test_prefix_tree.py checks both against the plain forward.
 
 What it costs: a bin's attention compares every node with every other one ([N, N] pairs, most of
 them masked off) where the rows' own attention would compare each row with itself. So a micro-batch
-is packed only when the estimate says it pays (`plan_packing`, compared with the segment plan of
-grpo/models/prefix_segments.py by the policy), in bins of at most `max_tokens` nodes, and a bin's
+is packed only when the estimate says it pays (`pack_if_cheaper`: the cheapest bins of
+`plan_packing` against the segment plan of grpo/models/prefix_segments.py), in bins of at most
+PACK_MAX_TOKENS nodes (a CPU only, so far), and a bin's
 attention is priced at `pair_cost` token-rows per query-key pair: the attention FLOPs of a pair
 over a token's matmul FLOPs (`attention_pair_ratio`, from the model's shape) times what the
 device's attention kernel makes of them (PAIR_COST_FACTOR).
@@ -103,8 +104,9 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def trie_order(sequences: list[list[int]]) -> tuple[list[int], list[int]]:
     """(rows in lexicographic order of their sequences, each one's common prefix with the row
-    before it in that order). In that order a row shares its longest prefix with any earlier row
-    with the one right before it, so a run of rows has sum(lengths) - sum(common prefixes) nodes."""
+    before it in that order). In that order the longest prefix a row shares with any earlier row
+    is the one it shares with the row right before it, so a run of rows has sum(lengths) -
+    sum(common prefixes) nodes."""
     order = sorted(range(len(sequences)), key=lambda row: sequences[row])
     common = [0] + [_common_prefix(sequences[a], sequences[b]) for a, b in itertools.pairwise(order)]
     return order, common
