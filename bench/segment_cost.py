@@ -48,7 +48,6 @@ def column_cuts(cuts: int) -> Callable:
 def measure(policy: PolicyWithValueHead, batch: int, length: int, cuts: int, rounds: int) -> dict:
     """Medians over `rounds` of each plan's forward+backward and no-grad forward seconds, and the
     extra segments' cost per segment."""
-    policy.packing = False  # segments, not a packed prefix tree (grpo/models/prefix_tree.py)
     device = policy.device
     gen = torch.Generator().manual_seed(0)
     vocab = policy.language_model().get_input_embeddings().num_embeddings

@@ -176,7 +176,9 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, bins: list[
     if sequences is None:
         sequences = real_tokens(input_ids, attention_mask)
     device = input_ids.device
-    width = max(1, max((_trie_size([sequences[r] for r in rows]) for rows in bins), default=1))
+    orders = [trie_order([sequences[r] for r in rows]) for rows in bins]  # each bin sorted once
+    sizes = [sum(len(sequences[r]) for r in rows) - sum(common) for rows, (_, common) in zip(bins, orders)]
+    width = max(1, max(sizes, default=1))
     count = len(bins)
     tokens = torch.zeros(count, width, dtype=torch.long)
     positions = torch.zeros(count, width, dtype=torch.long)
@@ -184,8 +186,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, bins: list[
     index = torch.full(input_ids.shape, count * width, dtype=torch.long)  # [B, T]
     columns = attention_mask.bool().cpu()
     lower = torch.ones(1, 1, dtype=torch.bool)
-    for b, rows in enumerate(bins):
-        order, common = trie_order([sequences[r] for r in rows])
+    for b, (rows, (order, common)) in enumerate(zip(bins, orders)):
         path = torch.zeros(0, dtype=torch.long)  # node ids of the previous row's path
         size = 0
         for position_in_bin, shared in zip(order, common):
@@ -210,11 +211,6 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, bins: list[
         allowed=allowed.unsqueeze(1).to(device),
         index=index.to(device),
     )
-
-
-def _trie_size(sequences: list[list[int]]) -> int:
-    _, common = trie_order(sequences)
-    return sum(len(s) for s in sequences) - sum(common)
 
 
 def segments_cost(segments, pair_cost: float, call_tokens: float) -> float:
