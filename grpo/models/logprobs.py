@@ -12,10 +12,18 @@ forward's log-sum-exp; entropy, a head with a bias or adapters, or a callable ru
 Logits are divided by the sampling temperature (the rollout samples from softmax(logits / T)), and
 the softmax is taken in fp32 even under bf16 autocast (the head's matmul itself runs in the autocast
 dtype, as it does in the rollout engines, then its output is upcast).
+
+On a CPU the plain-weight head writes its [C, V] logits (both dtypes), its weight in the compute
+dtype (without gradients) and its weight gradient in the compute dtype into buffers this thread
+keeps between calls (`_Scratch`): glibc maps every block over 32 MiB fresh and the kernel faults
+it in page by page, which cost ~0.75 ms per MB, several hundred ms a standard step. CUDA's caching
+allocator already reuses its memory, so there every call allocates as before.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable
 
 import torch
@@ -36,6 +44,58 @@ def _upcast(logits: torch.Tensor) -> torch.Tensor:
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     # Skipping the division at T = 1 saves a pass over [C, V] in the forward and the recompute.
     return logits if temperature == 1.0 else logits / temperature
+
+
+class _Scratch(threading.local):
+    """Named CPU buffers that outlive a call, one set per thread, each grown to the largest request
+    (a [512, 49k] fp32 chunk is ~100 MB). A buffer is only ever used within one forward or one
+    backward and never saved for a later one, nor returned."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if device.type != "cpu":
+            return torch.empty(shape, dtype=dtype, device=device)
+        numel = math.prod(shape)
+        buffer = self.buffers.get((name, dtype))
+        if buffer is None or buffer.numel() < numel:
+            buffer = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
+        return buffer[:numel].view(shape)
+
+
+_SCRATCH = _Scratch()
+
+
+def _fused_logits(h: torch.Tensor, low: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The chunk's logits h @ low.T / T, upcast to fp32 (fp64 stays), in scratch buffers: the
+    same numbers as `_scaled(_upcast(F.linear(h, low)), temperature)`. Autocast must be off."""
+    shape = (h.shape[0], low.shape[0])
+    logits = torch.mm(h, low.t(), out=_SCRATCH.take("logits_low", shape, low.dtype, h.device))  # [C, V]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = _SCRATCH.take("logits", shape, torch.float32, h.device).copy_(logits)  # [C, V] fp32
+    return logits if temperature == 1.0 else logits.div_(temperature)
+
+
+def _fused_chunk_logprobs(
+    h: torch.Tensor, low: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(h @ low.T / T)[targets] and the log-sum-exp, per row (autocast off)."""
+    logits = _fused_logits(h, low, temperature)  # [C, V]
+    picked = logits.gather(-1, targets[:, None]).squeeze(-1)  # [C]
+    log_norm = _log_sum_exp_(logits)  # [C]; the logits are spent
+    return picked - log_norm, log_norm
+
+
+def _log_sum_exp_(logits: torch.Tensor) -> torch.Tensor:
+    """torch.logsumexp(logits, -1), the same steps in the same order (so the same bits), with the
+    exponentials written over `logits` instead of a new [C, V] tensor (torch's own allocates one)."""
+    if logits.device.type != "cpu":
+        return torch.logsumexp(logits, dim=-1)
+    maxes = logits.amax(dim=-1, keepdim=True)  # [C, 1]
+    maxes_squeezed = maxes.squeeze(-1)  # [C], a view: the fill below reaches `maxes` too
+    maxes_squeezed.masked_fill_(maxes_squeezed.abs() == float("inf"), 0)
+    return logits.sub_(maxes).exp_().sum(dim=-1).log_().add_(maxes_squeezed)  # [C]
 
 
 def _head_fn(lm_head: Head) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -84,9 +144,7 @@ class _FusedLinearLogprob(torch.autograd.Function):
     def forward(ctx, hidden, weight, low, targets, temperature):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             h = hidden.to(low.dtype)  # [C, H]
-            logits = _scaled(_upcast(F.linear(h, low)), temperature)  # [C, V] fp32
-            log_norm = torch.logsumexp(logits, dim=-1)  # [C]
-            out = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm  # [C]
+            out, log_norm = _fused_chunk_logprobs(h, low, targets, temperature)  # [C], [C]
         ctx.save_for_backward(h, low, targets, log_norm)
         ctx.temperature = temperature
         ctx.dtypes = (hidden.dtype, weight.dtype)
@@ -97,17 +155,25 @@ class _FusedLinearLogprob(torch.autograd.Function):
         h, low, targets, log_norm = ctx.saved_tensors
         temperature = ctx.temperature
         with torch.autocast(device_type=h.device.type, enabled=False):
-            logits = _scaled(_upcast(F.linear(h, low)), temperature)  # [C, V] fp32
+            logits = _fused_logits(h, low, temperature)  # [C, V] fp32, a scratch buffer
             grad = grad.to(logits.dtype)
             # d out / d z = onehot(target) - softmax(z): softmax in place of the logits.
             grad_z = logits.sub_(log_norm[:, None]).exp_().mul_(-grad[:, None])  # [C, V]
             grad_z.scatter_add_(-1, targets[:, None], grad[:, None])
             if temperature != 1.0:
                 grad_z = grad_z.div_(temperature)
-            grad_logits = grad_z.to(low.dtype)  # as autocast's backward casts it
+            grad_logits = grad_z  # cast to the compute dtype as autocast's backward casts it:
+            if grad_z.dtype != low.dtype:  # into the (consumed) low-precision logits' buffer
+                grad_logits = _SCRATCH.take("logits_low", grad_z.shape, low.dtype, h.device).copy_(grad_z)
             hidden_dtype, weight_dtype = ctx.dtypes
             grad_hidden = (grad_logits @ low).to(hidden_dtype) if ctx.needs_input_grad[0] else None  # [C, H]
-            grad_weight = (grad_logits.T @ h).to(weight_dtype) if ctx.needs_input_grad[1] else None  # [V, H]
+            grad_weight = None
+            if ctx.needs_input_grad[1]:
+                # The [V, H] product in the compute dtype is a scratch buffer only when the
+                # parameter's dtype differs (then `.to` returns a new tensor for autograd to keep).
+                out = (_SCRATCH.take("grad_weight_low", tuple(low.shape), low.dtype, h.device)
+                       if weight_dtype != low.dtype else None)
+                grad_weight = torch.mm(grad_logits.t(), h, out=out).to(weight_dtype)  # [V, H]
         return grad_hidden, grad_weight, None, None, None
 
 
@@ -174,9 +240,13 @@ def token_logprobs_and_entropy(
     head = _head_fn(lm_head)
     fn = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
     use_checkpoint = _needs_grad(hidden, lm_head)
-    weight = _plain_weight(lm_head) if use_checkpoint and not with_entropy else None
-    if weight is not None:
-        low = weight.detach().to(_compute_dtype(hidden, weight))  # one cast for every chunk
+    weight = _plain_weight(lm_head) if not with_entropy else None
+    if weight is not None:  # one cast for every chunk
+        dtype = _compute_dtype(hidden, weight)
+        if use_checkpoint or weight.dtype == dtype:  # saved for the backward: a tensor of its own
+            low = weight.detach().to(dtype)
+        else:
+            low = _SCRATCH.take("weight_low", tuple(weight.shape), dtype, weight.device).copy_(weight)
 
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, flat_hidden.shape[0], chunk_size):
@@ -186,8 +256,11 @@ def token_logprobs_and_entropy(
             head,
             temperature,
         )
-        if weight is not None:
+        if weight is not None and use_checkpoint:
             out = _FusedLinearLogprob.apply(args[0], weight, low, args[1], temperature)
+        elif weight is not None:
+            with torch.autocast(device_type=hidden.device.type, enabled=False):
+                out, _ = _fused_chunk_logprobs(args[0].to(low.dtype), low, args[1], temperature)
         elif use_checkpoint:
             out = checkpoint(fn, *args, use_reentrant=False)
         else:

@@ -1,0 +1,137 @@
+"""The LM head's scratch buffers (grpo/models/logprobs.py `_Scratch`): on a CPU its [C, V] logits,
+its low-precision weight (no grad) and its weight gradient in the compute dtype reuse buffers kept
+between calls; the numbers stay exactly those of a fresh allocation, and nothing a caller holds
+(outputs, gradients, tensors saved for a later backward) is ever one of those buffers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo.models.logprobs import _SCRATCH, _Scratch, token_logprobs_and_entropy
+
+B, T, H, V = 3, 7, 16, 50
+
+
+def _inputs(seed: int, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, H, generator=gen).to(dtype).requires_grad_(True)
+    weight = (torch.randn(V, H, generator=gen) * 0.5).to(dtype).requires_grad_(True)
+    targets = torch.randint(0, V, (B, T), generator=gen)
+    return hidden, weight, targets
+
+
+def _buffer_ptrs() -> set[int]:
+    return {b.data_ptr() for b in _SCRATCH.buffers.values()}
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_no_grad_plain_head_equals_the_autocast_module_head(temperature):
+    """The reference's path: a bias-free nn.Linear head under bf16 autocast without gradients runs
+    the fused forward on a scratch copy of its weight; the numbers are those of autocast's own
+    F.linear, upcast, as a callable head computes them."""
+    hidden, weight, targets = _inputs(1)
+    head = torch.nn.Linear(H, V, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got, _ = token_logprobs_and_entropy(hidden, head, targets, temperature=temperature, chunk_size=8)
+        want, _ = token_logprobs_and_entropy(hidden, lambda h: F.linear(h, head.weight), targets,
+                                             temperature=temperature, chunk_size=8)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert ("weight_low", torch.bfloat16) in _SCRATCH.buffers
+
+
+def _alone(seed: int):
+    """log-probs and both gradients of one call with nothing else in flight."""
+    hidden, weight, targets = _inputs(seed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=8)
+    logprobs.sum().backward()
+    return logprobs.detach(), hidden.grad, weight.grad
+
+
+def test_interleaved_calls_share_buffers_without_touching_each_other():
+    want_a, want_b = _alone(2), _alone(3)
+    ptrs = _buffer_ptrs()
+    (ha, wa, ta), (hb, wb, tb) = _inputs(2), _inputs(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp_a, _ = token_logprobs_and_entropy(ha, wa, ta, chunk_size=8)
+        lp_b, _ = token_logprobs_and_entropy(hb, wb, tb, chunk_size=8)  # same buffers again
+    assert _buffer_ptrs() == ptrs  # reused, not reallocated
+    lp_a.sum().backward()  # a's backward after b's forward
+    lp_b.sum().backward()
+    for got, want in ((lp_a.detach(), want_a[0]), (ha.grad, want_a[1]), (wa.grad, want_a[2]),
+                      (lp_b.detach(), want_b[0]), (hb.grad, want_b[1]), (wb.grad, want_b[2])):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype, autocast", [(torch.float32, True), (torch.bfloat16, False)])
+def test_the_weight_gradient_is_never_a_scratch_buffer(dtype, autocast):
+    """fp32 weights under bf16 autocast (the product is a scratch buffer, its fp32 copy is not) and
+    bf16 weights without autocast (no copy: the product itself is new): two backward passes
+    accumulate to exactly twice one."""
+    hidden, weight, targets = _inputs(4, dtype)
+    for step in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=8)
+        logprobs.sum().backward()
+        if step == 0:
+            once = weight.grad.clone()
+            assert weight.grad.data_ptr() not in _buffer_ptrs()
+    assert weight.grad.dtype == dtype
+    torch.testing.assert_close(weight.grad, 2 * once, atol=0, rtol=0)
+
+
+def test_each_thread_has_its_own_buffers():
+    want = _alone(5)
+    _alone(6)
+    ptrs, seen, results = _buffer_ptrs(), [], []
+    both_done = threading.Barrier(2)
+
+    def run():
+        results.append(_alone(5))
+        seen.append(_buffer_ptrs())
+        both_done.wait(timeout=60)  # both threads (and their buffers) alive while compared
+
+    workers = [threading.Thread(target=run) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert _buffer_ptrs() == ptrs and all(s and not s & ptrs for s in seen) and not seen[0] & seen[1]
+    for got in results:
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_buffers_grow_to_the_largest_request_and_stay_on_the_cpu():
+    scratch = _Scratch()
+    small = scratch.take("x", (2, 3), torch.float32, torch.device("cpu"))
+    large = scratch.take("x", (4, 4), torch.float32, torch.device("cpu"))
+    again = scratch.take("x", (1, 2), torch.float32, torch.device("cpu"))
+    assert small.shape == (2, 3) and large.shape == (4, 4) and again.shape == (1, 2)
+    assert large.data_ptr() != small.data_ptr() and again.data_ptr() == large.data_ptr()
+    assert scratch.take("x", (3,), torch.bfloat16, torch.device("cpu")).data_ptr() != large.data_ptr()
+    meta = scratch.take("y", (8, 8), torch.float32, torch.device("meta"))  # CUDA's allocator caches
+    assert meta.device.type == "meta" and ("y", torch.float32) not in scratch.buffers
+
+
+def test_log_sum_exp_in_place_is_torch_logsumexp_bit_for_bit():
+    from grpo.models.logprobs import _log_sum_exp_
+
+    logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(7)) * 20
+    logits[1] = float("-inf")  # an all -inf row: -inf, as torch's
+    logits[2, :5] = float("-inf")
+    logits[3, 9] = float("inf")  # a +inf entry: +inf
+    logits[4, 0] = float("nan")
+    want = torch.logsumexp(logits, dim=-1)
+    got = _log_sum_exp_(logits.clone())
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[~got.isnan()], want[~want.isnan()])
+    assert got[1] == float("-inf") and got[3] == float("inf") and got[4].isnan()
+    bf16_logits = torch.randn(4, 49152, generator=torch.Generator().manual_seed(8)).bfloat16().float()
+    assert torch.equal(_log_sum_exp_(bf16_logits.clone()), torch.logsumexp(bf16_logits, dim=-1))
