@@ -16,8 +16,9 @@ dtype, as it does in the rollout engines, then its output is upcast).
 On a CPU the plain-weight head writes its [C, V] logits (both dtypes), its weight in the compute
 dtype (without gradients) and its weight gradient in the compute dtype into buffers this thread
 keeps between calls (`_Scratch`): glibc maps every block over 32 MiB fresh and the kernel faults
-it in page by page, which cost ~0.75 ms per MB, several hundred ms a standard step. CUDA's caching
-allocator already reuses its memory, so there every call allocates as before.
+it in page by page (a standard update on this project's CPU: 324k minor faults before, 99k after,
+and 4.48 -> 4.01 s; README). CUDA's caching allocator already reuses its memory, so there every
+call allocates as before.
 """
 
 from __future__ import annotations
