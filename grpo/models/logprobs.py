@@ -37,9 +37,12 @@ DEFAULT_CHUNK_SIZE = 512
 Head = torch.Tensor | torch.nn.Module | Callable[[torch.Tensor], torch.Tensor]
 
 
+_UPCAST_DTYPES = (torch.float16, torch.bfloat16)
+"""Logits in these dtypes get their softmax in fp32; fp32 and fp64 (exactness tests) stay."""
+
+
 def _upcast(logits: torch.Tensor) -> torch.Tensor:
-    # fp16/bf16 -> fp32; fp64 (used by exactness tests) stays fp64.
-    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    return logits.float() if logits.dtype in _UPCAST_DTYPES else logits
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -73,7 +76,7 @@ def _fused_logits(h: torch.Tensor, low: torch.Tensor, temperature: float) -> tor
     same numbers as `_scaled(_upcast(F.linear(h, low)), temperature)`. Autocast must be off."""
     shape = (h.shape[0], low.shape[0])
     logits = torch.mm(h, low.t(), out=_SCRATCH.take("logits_low", shape, low.dtype, h.device))  # [C, V]
-    if logits.dtype in (torch.float16, torch.bfloat16):
+    if logits.dtype in _UPCAST_DTYPES:  # `_upcast`, into a buffer
         logits = _SCRATCH.take("logits", shape, torch.float32, h.device).copy_(logits)  # [C, V] fp32
     return logits if temperature == 1.0 else logits.div_(temperature)
 
