@@ -134,13 +134,13 @@ class LiveBatch:
         the waiting request does not extend, and the longest-parked rows while the new requests
         would find no free row."""
         sessions = {j.request.session for j in waiting if j.request.session}
+        parked_rows = self.parked_by_session()
         new_rows = 0
         for joiner in waiting:
-            if self.returning(joiner, set()) is None:
+            if self.returning(joiner, set(), parked_rows) is None:
                 new_rows += 1
-                for row in self.rows:
-                    if row.parked_at is not None and row.session == joiner.request.session:
-                        row.parked_at = None  # its session moved on without it
+                for b in parked_rows.pop(joiner.request.session, ()):
+                    self.rows[b].parked_at = None  # its session moved on without it
         parked = sorted(
             (r for r in self.rows if r.parked_at is not None and r.session not in sessions),
             key=lambda r: r.parked_at,
@@ -149,13 +149,27 @@ class LiveBatch:
         for row in parked[: max(0, new_rows - free)]:
             row.parked_at = None
 
-    def returning(self, joiner: Joiner, taken: set[int]) -> int | None:
-        """The parked row whose cached tokens the joiner's prompt extends (not in `taken`)."""
+    def parked_by_session(self) -> dict[str, list[int]]:
+        """The parked rows of each session, in row order (what `returning` looks through: one
+        pass over the rows instead of one per waiting request)."""
+        out: dict[str, list[int]] = {}
+        for b, row in enumerate(self.rows):
+            if row.parked_at is not None and row.session:
+                out.setdefault(row.session, []).append(b)
+        return out
+
+    def returning(self, joiner: Joiner, taken: set[int],
+                  parked_rows: dict[str, list[int]] | None = None) -> int | None:
+        """The parked row whose cached tokens the joiner's prompt extends (not in `taken`).
+        `parked_rows`: `parked_by_session()` of the rows as they are now (built here if None)."""
         if not joiner.request.session:
             return None
-        for b, row in enumerate(self.rows):
-            if row.parked_at is None or row.session != joiner.request.session or b in taken:
+        if parked_rows is None:
+            parked_rows = self.parked_by_session()
+        for b in parked_rows.get(joiner.request.session, ()):
+            if b in taken:
                 continue
+            row = self.rows[b]
             prompt = joiner.prompt
             if (
                 len(prompt) > row.cached
@@ -187,8 +201,9 @@ class LiveBatch:
         taken: set[int] = set()
         pos = self.pos if self.rows else 0
         last_end, longest_delta, budget = 0, 0, self.remaining()
+        parked_rows = self.parked_by_session()
         for joiner in waiting:
-            b = self.returning(joiner, taken)
+            b = self.returning(joiner, taken, parked_rows)
             if b is None:
                 need_pos = max(pos, len(joiner.prompt))
                 fits_rows = len(self.rows) + len(new) < self.max_rows
