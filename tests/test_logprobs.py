@@ -209,14 +209,22 @@ def test_fused_path_is_exact_in_fp64(temperature, as_module):
     torch.testing.assert_close(head_grad, ref_weight.grad, atol=1e-10, rtol=1e-10)
 
 
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_fused_path_equals_the_checkpointed_path_under_bf16_autocast(temperature):
-    """Same bf16 matmuls, same fp32 softmax, same casts of the gradient: the same numbers."""
-    hidden, weight, targets = _inputs(seed=6)
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_fused_path_equals_the_checkpointed_path_under_bf16_autocast(temperature, device):
+    """Same bf16 matmuls, same fp32 softmax, same casts of the gradient: the same numbers (on a
+    CPU through the reused buffers and the in-place log-sum-exp, on CUDA through fresh tensors and
+    torch.logsumexp)."""
+    hidden, weight, targets = (t.detach().to(device) for t in _inputs(seed=6))
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
     ref_hidden = hidden.detach().clone().requires_grad_(True)
     ref_weight = weight.detach().clone().requires_grad_(True)
-    w = torch.randn(B, T, generator=torch.Generator().manual_seed(3))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    w = torch.randn(B, T, generator=torch.Generator().manual_seed(3)).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
         logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, temperature=temperature, chunk_size=8)
         ref_logprobs, _ = _fallback(ref_hidden, ref_weight, targets, temperature=temperature, chunk_size=8)
     assert logprobs.dtype == torch.float32
@@ -230,7 +238,7 @@ def test_fused_path_equals_the_checkpointed_path_under_bf16_autocast(temperature
     probs = torch.softmax((hb @ wb.T).float() / temperature, dim=-1)  # [N, V]
     g = w.reshape(-1)  # [N]
     grad_z = (torch.nn.functional.one_hot(targets.reshape(-1), V) - probs) * g[:, None] / temperature
-    expected = torch.zeros(V, H)
+    expected = torch.zeros(V, H, device=device)
     for start in range(0, B * T, 8):
         expected += (grad_z[start:start + 8].bfloat16().T @ hb[start:start + 8]).float()
     assert weight.grad.dtype == torch.float32
