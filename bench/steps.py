@@ -198,6 +198,9 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
     last = rows[-1]
     return {
         "multi_turn_step_s": last["step_s"],
+        # the last step's engine, rollout and timing metrics as the trainer logged them
+        "last_step_metrics": {key: round(value, 4) for key, value in metrics[-1].items()
+                              if key.startswith(("time/", "rollout/", "memory/")) and isinstance(value, (int, float))},
         "share_generating": round(last["generate_s"] / last["step_s"], 3),
         "share_waiting_on_tools": round(last["tool_wait_s"] / last["step_s"], 3),
         "share_updating": round(last["update_s"] / last["step_s"], 3),
