@@ -8,7 +8,12 @@ import random
 
 import torch
 
-from grpo.algorithm.batching import DEFAULT_OVERHEAD_TOKENS, micro_batch_rows, micro_batches
+from grpo.algorithm.batching import (
+    DEFAULT_OVERHEAD_TOKENS,
+    micro_batch_rows,
+    micro_batches,
+    scatter,
+)
 from grpo.trajectory import Trajectory
 
 LENGTHS = {0: 50, 1: 10, 2: 30, 3: 10, 4: 200, 5: 40}
@@ -100,3 +105,17 @@ def test_micro_batches_take_the_device_default_overhead():
     # a larger overhead keeps them together
     (mb,) = micro_batches(trajs, [0, 1, 2], size=8, pad_id=0, device=torch.device("cpu"), overhead_tokens=800)  # 2000 < 2024
     assert mb.input_ids.shape == (3, 400)
+
+
+def test_scatter_places_each_rows_values_on_its_target_positions():
+    trajs = [Trajectory(task_id="t", group_id="g", token_ids=list(range(n)), loss_mask=[0] + [1] * (n - 1),
+                        behavior_logprobs=[0.0] * n, prompt_length=1, reward=0.0)
+             for n in (3, 5, 4)]
+    (mb,) = micro_batches(trajs, [0, 1, 2], size=8, pad_id=0, device="cpu", overhead_tokens=HUGE)
+    assert mb.index.tolist() == [0, 2, 1]  # length-sorted; targets are [3, 5] wide
+    per_row = {0: torch.tensor([1.0, 2.0]),  # 2 targets
+               1: torch.tensor([3.0, 4.0, 5.0, 6.0, 7.0]),  # longer than the targets: cut to 4
+               2: torch.tensor([8.0, 9.0, 10.0], dtype=torch.float64)}  # another dtype: cast
+    out = scatter(per_row, mb)
+    assert out.dtype == torch.float32
+    assert out.tolist() == [[1.0, 2.0, 0.0, 0.0], [8.0, 9.0, 10.0, 0.0], [3.0, 4.0, 5.0, 6.0]]
