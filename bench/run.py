@@ -330,11 +330,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="outputs/bench", help="directory for report.json")
     parser.add_argument("--no-skip", action="store_true",
                         help="standard step: train every sequence (no zero-advantage skipping)")
+    parser.add_argument("--no-cudnn-attention", action="store_true",
+                        help="CUDA: keep scaled_dot_product_attention off its cuDNN kernels (which "
+                             "build a plan per new shape) for the whole run, to compare")
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     sections = args.sections or [s for s in (SECTIONS if device == "cuda" else CPU_SECTIONS)
                                  if s != "trl" or trl_available()]
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     report = run(sections, args.steps, args.threads, args.tool_calls, not args.no_skip, device)
+    report["machine"]["cudnn_attention"] = torch.backends.cuda.cudnn_sdp_enabled()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))

@@ -151,3 +151,19 @@ def test_segment_cost_cuts_every_row_into_equal_column_segments_and_reports_both
         numbers = report[mode]
         assert numbers["one_segment_s"] > 0 and numbers["cut_s"] > 0
         assert numbers["per_segment_s"] == pytest.approx((numbers["cut_s"] - numbers["one_segment_s"]) / 2, abs=1e-4)
+
+
+def test_no_cudnn_attention_turns_the_cudnn_kernels_off_for_the_run_and_says_so(tmp_path):
+    import json
+
+    from bench.run import main
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        assert main(["--device", "cpu", "--sections", "peak", "--no-cudnn-attention", "--out", str(tmp_path)]) == 0
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert json.loads((tmp_path / "report.json").read_text())["machine"]["cudnn_attention"] is False
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+    assert main(["--device", "cpu", "--sections", "peak", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "report.json").read_text())["machine"]["cudnn_attention"] is True
