@@ -13,7 +13,8 @@
 #     bash .gpu-carry/scripts/finish.sh && bash bench/gpu_session.sh run
 #   with the run tool's timeout_s at 600. BUDGET_S (default 560) is the whole run's wall time:
 #   each piece gets at most its cap and never more than what is left.
-# Results: $OUT/<piece>.log and $OUT/<piece>/report.json, and a summary printed last.
+# Results: <piece>.log and <piece>/report.json, archived as $OUT/gpu-session.tgz at the end (a
+# device call returns at most 8 files), and a summary printed last.
 set -uo pipefail
 MODE=${1:-}
 CARRY=.gpu-carry
