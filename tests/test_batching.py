@@ -112,7 +112,7 @@ def test_scatter_places_each_rows_values_on_its_target_positions():
                         behavior_logprobs=[0.0] * n, prompt_length=1, reward=0.0)
              for n in (3, 5, 4)]
     (mb,) = micro_batches(trajs, [0, 1, 2], size=8, pad_id=0, device="cpu", overhead_tokens=HUGE)
-    assert mb.index.tolist() == [0, 2, 1]  # length-sorted; targets are [3, 5] wide
+    assert mb.index.tolist() == [0, 2, 1]  # length-sorted; the targets are [3, 4]
     per_row = {0: torch.tensor([1.0, 2.0]),  # 2 targets
                1: torch.tensor([3.0, 4.0, 5.0, 6.0, 7.0]),  # longer than the targets: cut to 4
                2: torch.tensor([8.0, 9.0, 10.0], dtype=torch.float64)}  # another dtype: cast

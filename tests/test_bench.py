@@ -5,13 +5,14 @@ measurement on the tiny model."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import pytest
 import torch
 
 from bench.continuous import measure, parse_args
-from bench.run import headline
+from bench.run import headline, main
 from bench.segment_cost import column_cuts
 from bench.segment_cost import measure as segment_cost
 from bench.steps import closeness_reward, standard_step
@@ -154,10 +155,6 @@ def test_segment_cost_cuts_every_row_into_equal_column_segments_and_reports_both
 
 
 def test_no_cudnn_attention_turns_the_cudnn_kernels_off_for_the_run_and_says_so(tmp_path):
-    import json
-
-    from bench.run import main
-
     assert torch.backends.cuda.cudnn_sdp_enabled()
     try:
         assert main(["--device", "cpu", "--sections", "peak", "--no-cudnn-attention", "--out", str(tmp_path)]) == 0
