@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import mmap
 from pathlib import Path
 
 import pytest
@@ -413,13 +414,18 @@ def test_resolve_device_and_dtypes():
 
 @pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="no /proc: resident memory is not reported")
 def test_memory_metrics_follow_this_process_resident_memory():
+    # A fresh anonymous mapping, not a tensor: the allocator may hand a tensor pages this process
+    # already holds (freed by an earlier test), and then resident memory does not move.
     cpu = torch.device("cpu")
+    size = 64 * 2**20
+    page = mmap.PAGESIZE
     before = memory_metrics(cpu)
-    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, every page written
-    after = memory_metrics(cpu)
+    with mmap.mmap(-1, size) as block:
+        for offset in range(0, size, page):  # touch every page so it becomes resident
+            block[offset] = 1
+        after = memory_metrics(cpu)
     assert set(after) == {"memory/rss_mib_max"}  # nothing CUDA on a CPU device
     assert after["memory/rss_mib_max"] - before["memory/rss_mib_max"] == pytest.approx(64, abs=4)
-    del block
 
 
 def test_auto_dtype_follows_cpu_flags(monkeypatch):
