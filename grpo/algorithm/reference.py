@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from grpo.algorithm.config import ReferenceConfig
+from grpo.models.common_prefix import CommonPrefix
 from grpo.models.peft_weights import is_4bit_tensor
 from grpo.models.policy import PolicyWithValueHead
 
@@ -83,9 +84,12 @@ class EMAReference(ABC):
         attention_mask: torch.Tensor,
         temperature: float = 1.0,
         positions: torch.Tensor | None = None,
+        prefix: CommonPrefix | None = None,
     ) -> torch.Tensor:
         """[B, T-1] log-probs of input_ids[:, 1:] under the reference (no grad); with
-        `positions` ([B, T-1] bool) only those are computed, the rest read 0."""
+        `positions` ([B, T-1] bool) only those are computed, the rest read 0. `prefix`: the
+        pass's common prefix, run under the reference's weights (one instance for the reference
+        alone; PolicyWithValueHead.common_prefix)."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -141,13 +145,14 @@ class LoraEMAReference(EMAReference):
         return {f"model.{name}": tensor for name, tensor in self.ema.items()}
 
     @torch.no_grad()
-    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0, positions=None) -> torch.Tensor:
+    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0, positions=None,
+                     prefix=None) -> torch.Tensor:
         with _eval_mode(self.policy):
             out = torch.func.functional_call(
                 self.policy,
                 self.reference_parameters(),
                 (input_ids, attention_mask),
-                {"temperature": temperature, "positions": positions},
+                {"temperature": temperature, "positions": positions, "prefix": prefix},
                 strict=False,
             )
         return out.logprobs  # [B, T-1]
@@ -221,10 +226,11 @@ class FullCopyEMAReference(EMAReference):
                 self._resident = False
 
     @torch.no_grad()
-    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0, positions=None) -> torch.Tensor:
+    def ref_logprobs(self, input_ids, attention_mask, temperature: float = 1.0, positions=None,
+                     prefix=None) -> torch.Tensor:
         with self.scoring_on(input_ids.device):
             return self.model(
-                input_ids, attention_mask, temperature=temperature, positions=positions
+                input_ids, attention_mask, temperature=temperature, positions=positions, prefix=prefix
             ).logprobs  # [B, T-1]
 
     def state_dict(self) -> dict[str, torch.Tensor]:

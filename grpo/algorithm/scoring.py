@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.algorithm.batching import micro_batches
+from grpo.models.common_prefix import CommonPrefix
 from grpo.trajectory import Trajectory
 
 
@@ -61,18 +62,22 @@ def _score_rows(policy, reference, trajectories, rows, scores: Scores, *, want_o
                 micro_batch_size, micro_batch_tokens, overhead_tokens, pad_token_id, temperature,
                 seconds) -> None:
     device = next(policy.parameters()).device
-    for mb in micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device, micro_batch_tokens,
-                            overhead_tokens):
+    batches = micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device, micro_batch_tokens,
+                            overhead_tokens)
+    # Each model runs the prefix all rows share once for the pass (its own weights: two prefixes).
+    old_prefix = common_prefix_for(policy, trajectories, rows, len(batches))
+    ref_prefix = common_prefix_for(policy, trajectories, rows, len(batches))
+    for mb in batches:
         start = time.perf_counter()
         out = None
         if want_old or want_values:
             out = policy(mb.input_ids, mb.attention_mask, temperature=temperature,
-                         with_values=want_values, positions=mb.loss_mask)
+                         with_values=want_values, positions=mb.loss_mask, prefix=old_prefix)
         mid = time.perf_counter()
         ref_lp = None
         if reference is not None:
             ref_lp = reference.ref_logprobs(mb.input_ids, mb.attention_mask, temperature=temperature,
-                                            positions=mb.loss_mask)
+                                            positions=mb.loss_mask, prefix=ref_prefix)
         seconds["old_logprobs_s"] += mid - start
         seconds["reference_s"] += time.perf_counter() - mid
         for r, i in enumerate(mb.index.tolist()):
@@ -83,6 +88,17 @@ def _score_rows(policy, reference, trajectories, rows, scores: Scores, *, want_o
                 scores.values[i] = out.values[r, :n].float()
             if ref_lp is not None:
                 scores.ref[i] = ref_lp[r, :n].float()
+
+
+def common_prefix_for(policy, trajectories: Sequence[Trajectory], rows: list[int],
+                      micro_batch_count: int) -> CommonPrefix | None:
+    """The prefix every row of a pass over `micro_batch_count` micro-batches shares, to run once
+    (grpo/models/common_prefix.py); None for a single micro-batch (its own segment plan shares
+    it already) and for policies that do not take one (data-parallel wrappers)."""
+    make = getattr(policy, "common_prefix", None)
+    if micro_batch_count < 2 or make is None:
+        return None
+    return make([trajectories[i].token_ids for i in rows])
 
 
 def sampled_diffs(trajectories: Sequence[Trajectory], trainer_logprobs: dict[int, torch.Tensor]) -> list[torch.Tensor]:

@@ -40,10 +40,12 @@ from grpo.algorithm.scoring import (
     LogprobMismatchError,
     Scores,
     check_step0,
+    common_prefix_for,
     mismatch_stats,
     sampled_diffs,
     score,
 )
+from grpo.models.common_prefix import CommonPrefix
 from grpo.models.devices import needs_grad_scaler
 from grpo.trajectory import Trajectory
 
@@ -308,15 +310,24 @@ def _minibatch_step(policy, optimizer, scheduler, scaler, trajectories, rows, de
     device = next(policy.parameters()).device
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    for mb in micro_batches(trajectories, rows, settings.schedule.micro_batch_size, settings.pad_token_id, device,
+    batches = micro_batches(trajectories, rows, settings.schedule.micro_batch_size, settings.pad_token_id, device,
                             max_tokens=settings.schedule.micro_batch_tokens,
-                            overhead_tokens=settings.schedule.micro_batch_overhead_tokens):
-        inputs = _loss_inputs(policy, mb, scores, advantages, returns, settings, totals)
+                            overhead_tokens=settings.schedule.micro_batch_overhead_tokens)
+    # The prefix every row shares runs once for the minibatch; the last micro-batch's backward
+    # also carries the gradient the others left on it (grpo/models/common_prefix.py).
+    prefix = common_prefix_for(policy, trajectories, rows, len(batches))
+    for index, mb in enumerate(batches):
+        last = index == len(batches) - 1
+        if prefix is not None and last:
+            prefix.finish()
+        inputs = _loss_inputs(policy, mb, scores, advantages, returns, settings, totals, prefix)
         loss, metrics = compute_policy_loss(inputs, settings.loss, denominator)
         if not torch.isfinite(loss):
             optimizer.zero_grad(set_to_none=True)
             raise NonFiniteLossError(f"non-finite loss {float(loss.detach())}")
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        backward = scaler.scale(loss) if scaler is not None else loss
+        carried = prefix.carried_loss() if prefix is not None and last else None
+        (backward if carried is None else backward + carried).backward()
         totals.add(metrics, inputs)
     if scaler is not None:
         scaler.unscale_(optimizer)
@@ -344,12 +355,12 @@ def _minibatch_step(policy, optimizer, scheduler, scaler, trajectories, rows, de
 
 
 def _loss_inputs(policy, mb: MicroBatch, scores: Scores, advantages, returns, settings: UpdateSettings,
-                 totals: _Totals) -> LossInputs:
+                 totals: _Totals, prefix: CommonPrefix | None = None) -> LossInputs:
     """The training forward of one micro-batch and the named tensors the loss takes."""
     values_on = settings.uses_values
     entropy_on = settings.loss.entropy_coef > 0
     out = policy(mb.input_ids, mb.attention_mask, temperature=settings.temperature,
-                 with_entropy=entropy_on, with_values=values_on, positions=mb.loss_mask)
+                 with_entropy=entropy_on, with_values=values_on, positions=mb.loss_mask, prefix=prefix)
     policy_lp = out.logprobs.float()  # [b, L-1]
     if scores.old:
         old_lp = scatter(scores.old, mb)

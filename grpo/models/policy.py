@@ -15,6 +15,7 @@ directories.
 from __future__ import annotations
 
 from collections import OrderedDict, namedtuple
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ from peft import get_peft_model, prepare_model_for_kbit_training
 from torch import nn
 from transformers import BitsAndBytesConfig
 
+from grpo.models.common_prefix import CommonPrefix
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
@@ -193,7 +195,7 @@ class PolicyWithValueHead(nn.Module):
     # ----- forward ----------------------------------------------------------------------------
 
     def final_hidden_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: CommonPrefix | None = None
     ) -> torch.Tensor:
         """[B, T, H] hidden states after the final norm, without applying the LM head.
 
@@ -204,8 +206,25 @@ class PolicyWithValueHead(nn.Module):
         segment before (grpo/models/prefix_segments.py), whichever is estimated cheaper. Either
         way the same hidden states and, through autograd, the same gradients as one forward of
         the whole batch, for less decoder work. Padded columns read zeros when packed.
+
+        `prefix` (grpo/models/common_prefix.py): columns every row of the pass starts with, run
+        once for the pass; this forward plans segments over the later columns only, continuing
+        the prefix's cache.
         """
         decoder = self.language_model().get_decoder()
+        # Positions count real tokens only, as generate() does, so left padding gives the same
+        # positions the rollout engine used.
+        position_ids = attention_mask.long().cumsum(-1) - 1  # [B, T]
+        position_ids = position_ids.masked_fill(attention_mask == 0, 0)
+        if prefix is not None and self.can_share_prefix():
+            prefix.check(input_ids, attention_mask)
+            start = len(prefix)
+            hidden, cache = prefix.states(decoder)  # [1, P, H]
+            segments = [Segment(s.start + start, s.end + start, s.rows, s.owner)
+                        for s in self.prefix_segments(input_ids[:, start:], attention_mask[:, start:])]
+            cache.batch_repeat_interleave(len(segments[0].rows))
+            pieces = self._run_segments(decoder, input_ids, attention_mask, position_ids, segments, cache)
+            return torch.cat([hidden.expand(input_ids.shape[0], -1, -1), pieces], dim=1)  # [B, T, H]
         layout = self.forward_layout(input_ids, attention_mask)
         if isinstance(layout, PackedRows):
             if decoder.config._attn_implementation == "sdpa":
@@ -219,10 +238,6 @@ class PolicyWithValueHead(nn.Module):
                 use_cache=False,
             )
             return layout.unpack(out.last_hidden_state)  # [B, T, H]
-        # Positions count real tokens only, as generate() does, so left padding gives the same
-        # positions the rollout engine used.
-        position_ids = attention_mask.long().cumsum(-1) - 1  # [B, T]
-        position_ids = position_ids.masked_fill(attention_mask == 0, 0)
         segments = layout
         if len(segments) == 1:
             out = decoder(
@@ -232,10 +247,17 @@ class PolicyWithValueHead(nn.Module):
                 use_cache=False,
             )
             return out.last_hidden_state  # [B, T, H]
-        cache, pieces, previous = None, [], None
+        return self._run_segments(decoder, input_ids, attention_mask, position_ids, segments)
+
+    @staticmethod
+    def _run_segments(decoder, input_ids, attention_mask, position_ids, segments: list[Segment],
+                      cache=None) -> torch.Tensor:
+        """[B, segments' columns, H]: the segments in order, each continuing the KV cache of the
+        rows that ran the one before (the first continues `cache`, sized to its rows, if given)."""
+        pieces, previous = [], None
         for segment in segments:
             rows, cols = segment.rows, slice(segment.start, segment.end)
-            if cache is not None:
+            if previous is not None:
                 cache.batch_select_indices(previous.owner[rows])  # [k_prev] -> [k], differentiable
             out = decoder(
                 input_ids=input_ids[rows, cols],
@@ -267,9 +289,19 @@ class PolicyWithValueHead(nn.Module):
     def prefix_segments(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[Segment]:
         """The column segments `final_hidden_states` runs (one, [0, T) for every row, when nothing
         is shared: `share_prefix_min` 0, or gradient checkpointing, which turns the KV cache off)."""
-        if is_checkpointing(self.language_model()):
+        if not self.can_share_prefix():
             return plan_segments(input_ids, attention_mask, 0, 0)
         return plan_segments(input_ids, attention_mask, self.share_prefix_min, self.segment_cost(input_ids))
+
+    def can_share_prefix(self) -> bool:
+        """Whether forwards may continue a shared prefix's KV cache (not with gradient
+        checkpointing, which turns the cache off, nor with `share_prefix_min` 0)."""
+        return self.share_prefix_min > 0 and not is_checkpointing(self.language_model())
+
+    def common_prefix(self, sequences: Sequence[Sequence[int]]) -> CommonPrefix | None:
+        """The prefix a pass over `sequences` (token lists) runs once for all its micro-batches
+        (grpo/models/common_prefix.py); None where prefixes are not shared."""
+        return CommonPrefix.of(sequences, self.share_prefix_min) if self.can_share_prefix() else None
 
     def segment_cost(self, input_ids: torch.Tensor) -> int:
         """What one more segment of a forward over `input_ids` costs, in token-rows:
@@ -289,19 +321,21 @@ class PolicyWithValueHead(nn.Module):
         with_entropy: bool = False,
         with_values: bool = False,
         positions: torch.Tensor | None = None,
+        prefix: CommonPrefix | None = None,
     ) -> PolicyOutput:
         """Log-probs of input_ids[:, 1:] under softmax(logits / temperature); see PolicyOutput.
 
         `positions` ([B, T-1] bool, optional): the target positions whose log-probs (and entropy)
         are wanted, e.g. the loss mask. The LM head and the softmax over the vocabulary then run on
         those rows only (the decoder still runs on every token); other positions read 0.
+        `prefix`: the pass's common prefix (`common_prefix`; see final_hidden_states).
         """
         if with_values and self.value_head is None:
             raise ValueError(
                 "with_values=True but this policy has no value head (model.value_head: false)"
             )
         with autocast_context(self.device, self.compute_dtype):
-            hidden = self.final_hidden_states(input_ids, attention_mask)  # [B, T, H]
+            hidden = self.final_hidden_states(input_ids, attention_mask, prefix)  # [B, T, H]
             head_hidden, targets = hidden[:, :-1], input_ids[:, 1:]  # [B, T-1, H], [B, T-1]
             if positions is not None:
                 if positions.shape != targets.shape:
