@@ -35,6 +35,8 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
         return 0
     first, length = sequences[0], min(len(s) for s in sequences)
     for other in sequences[1:]:
+        if list(other[:length]) == list(first[:length]):  # the usual case, compared in C
+            continue
         n = 0
         while n < length and other[n] == first[n]:
             n += 1
