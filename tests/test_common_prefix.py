@@ -24,6 +24,7 @@ def test_common_prefix_length_and_the_prefix_a_pass_shares():
     assert common_prefix_length([[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 4]]) == 3
     assert common_prefix_length([[7, 1], [8, 1]]) == 0
     assert common_prefix_length([]) == 0
+    assert common_prefix_length([(1, 2, 3), [1, 2, 4]]) == 2  # a tuple and a list: compared by token
     assert CommonPrefix.of([[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 4]], min_tokens=2).token_ids.tolist() == [1, 2, 3]
     # Every row keeps a column of its own: identical rows share all but their last token.
     assert CommonPrefix.of([[1, 2, 3], [1, 2, 3]], min_tokens=2).token_ids.tolist() == [1, 2]
@@ -31,6 +32,11 @@ def test_common_prefix_length_and_the_prefix_a_pass_shares():
     assert CommonPrefix.of([[1, 2, 3], [1, 2, 3]], min_tokens=0) is None  # 0: never share
     with pytest.raises(ValueError, match="at least one token"):
         CommonPrefix([])
+    used = CommonPrefix([4, 5])
+    used._finishing = True
+    other = used.fresh()  # another model's: the same tokens, nothing computed
+    assert other is not used and other.token_ids.tolist() == [4, 5]
+    assert other._live is None and other._leaves is None and not other._finishing
 
 
 def test_a_batch_that_does_not_start_with_the_prefix_is_refused():

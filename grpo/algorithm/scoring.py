@@ -66,7 +66,7 @@ def _score_rows(policy, reference, trajectories, rows, scores: Scores, *, want_o
                             overhead_tokens)
     # Each model runs the prefix all rows share once for the pass (its own weights: two prefixes).
     old_prefix = common_prefix_for(policy, trajectories, rows, len(batches))
-    ref_prefix = common_prefix_for(policy, trajectories, rows, len(batches)) if reference is not None else None
+    ref_prefix = old_prefix.fresh() if old_prefix is not None and reference is not None else None
     for mb in batches:
         start = time.perf_counter()
         out = None

@@ -30,17 +30,17 @@ from transformers import DynamicCache
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    """How many leading tokens every sequence shares."""
+    """How many leading tokens every sequence shares (lists and tuples alike; the rollout
+    engine's shared-prefix prefill uses it too, grpo/rollout/prefill.py)."""
     if not sequences:
         return 0
     first, length = sequences[0], min(len(s) for s in sequences)
     for other in sequences[1:]:
-        if list(other[:length]) == list(first[:length]):  # the usual case, compared in C
+        if other[:length] == first[:length]:  # the usual case, compared in C
             continue
-        n = 0
-        while n < length and other[n] == first[n]:
-            n += 1
-        length = n
+        length = next((i for i in range(length) if other[i] != first[i]), length)  # a list vs a tuple
+        if length == 0:
+            break
     return length
 
 
@@ -64,7 +64,11 @@ class CommonPrefix:
         if min_tokens <= 0 or not sequences:
             return None
         length = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
-        return cls(sequences[0][:length]) if length >= max(min_tokens, 1) else None
+        return cls(sequences[0][:length]) if length >= min_tokens else None
+
+    def fresh(self) -> CommonPrefix:
+        """The same prefix with no state yet: for another model's forwards."""
+        return CommonPrefix(self.token_ids.tolist())
 
     def __len__(self) -> int:
         return int(self.token_ids.numel())

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from grpo.models.common_prefix import common_prefix_length
+
 
 def prefill_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
     """[start, end) ranges over prompts sorted longest first: each holds at least one prompt and
@@ -40,14 +42,8 @@ def shared_prefix_length(prompts: list[tuple[int, ...]], min_saved_tokens: int) 
     measured)."""
     if len(prompts) < 2 or min_saved_tokens <= 0:
         return 0
-    first = prompts[0]
-    shared = min(len(p) for p in prompts) - 1
-    for prompt in prompts[1:]:
-        if prompt[:shared] != first[:shared]:  # the common case (all equal) costs one comparison
-            shared = next(i for i in range(shared) if prompt[i] != first[i])
-        if shared == 0:
-            return 0
-    return shared if shared * (len(prompts) - 1) >= min_saved_tokens else 0
+    shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+    return shared if shared > 0 and shared * (len(prompts) - 1) >= min_saved_tokens else 0
 
 
 def left_padded(
