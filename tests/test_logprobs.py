@@ -266,3 +266,52 @@ def test_only_a_plain_unpartitioned_weight_head_is_fused():
     partitioned = torch.nn.Linear(H, V, bias=False)
     partitioned.weight.ds_id = 7  # what DeepSpeed ZeRO-3 marks its partitioned parameters with
     assert _plain_weight(partitioned) is None
+
+
+class _CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.mm.out):
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _bf16_fused_run(keep_logits_bytes: int, temperature: float = 0.7):
+    """Log-probs, gradients, the [C, V] tensors saved for backward and the backward's matmuls of
+    the fused head under bf16 autocast, chunks of 8 (N = 21: chunks 8, 8, 5)."""
+    hidden, weight, targets = _inputs(seed=7)
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, temperature=temperature,
+                                                 chunk_size=8, keep_logits_bytes=keep_logits_bytes)
+    counter = _CountMatmuls()
+    with counter:
+        (torch.arange(B * T, dtype=torch.float32).view(B, T).sin() * logprobs).sum().backward()
+    logits_saved = [s for s in saved if s[0][-1] == V and s[0][0] != V]
+    return logprobs, hidden.grad, weight.grad, logits_saved, counter.calls
+
+
+def test_fused_head_keeps_small_logits_with_the_same_bits_and_no_recompute():
+    kept = _bf16_fused_run(keep_logits_bytes=B * T * V * 2)  # exactly the budget: kept
+    recomputed = _bf16_fused_run(keep_logits_bytes=B * T * V * 2 - 1)  # one byte over: recomputed
+    for a, b in zip(kept[:3], recomputed[:3]):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert kept[3] == [((8, V), torch.bfloat16), ((8, V), torch.bfloat16), ((5, V), torch.bfloat16)]
+    assert recomputed[3] == []
+    # Per chunk the backward runs grad_hidden and grad_weight; recomputing adds the logits again.
+    assert (kept[4], recomputed[4]) == (2 * 3, 3 * 3)
+
+
+def test_fp32_head_never_keeps_its_logits():
+    """Without autocast the forward's log-sum-exp spends the fp32 logits in place: nothing to keep."""
+    hidden, weight, targets = _inputs()
+    saved_shapes, logprobs, _ = _saved_shapes(hidden, weight, targets, keep_logits_bytes=10**9)
+    assert all(shape == (V, H) or V not in shape for shape in saved_shapes)

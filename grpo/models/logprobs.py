@@ -7,7 +7,9 @@ inputs: the backward recomputes one chunk's logits at a time. Peak memory is O(c
 instead of O(B * T * V). Log-probs of a plain weight head (the usual tied or untied LM head) run
 through `_FusedLinearLogprob`, whose backward forms the softmax gradient in place from the
 forward's log-sum-exp; entropy, a head with a bias or adapters, or a callable run each chunk under
-`torch.utils.checkpoint` instead.
+`torch.utils.checkpoint` instead. Where the positions' low-precision logits are small (at most
+KEEP_LOGITS_BYTES for the whole call), the fused path keeps them from the forward instead of
+recomputing them in the backward.
 
 Logits are divided by the sampling temperature (the rollout samples from softmax(logits / T)), and
 the softmax is taken in fp32 even under bf16 autocast (the head's matmul itself runs in the autocast
@@ -33,6 +35,14 @@ from torch.utils.checkpoint import checkpoint
 
 DEFAULT_CHUNK_SIZE = 512
 """Rows (positions) per chunk: 512 x 49k-vocabulary fp32 logits is ~100 MB."""
+
+KEEP_LOGITS_BYTES = 256 * 2**20
+"""The fused head keeps its low-precision (bf16/fp16) logits for the backward, instead of
+recomputing them there, when every chunk's together take at most this many bytes: the recompute is
+the head's largest matmul again. On the 2-core CPU (SmolLM2-135M, 49k vocabulary, bf16 autocast)
+that matmul is ~70 ms per 512-position chunk, and the standard step's 768 positions keep 75 MB;
+a GPU micro-batch of 512 rows (tens of thousands of positions) stays above the budget and
+recomputes, as fp32 heads always do (their forward spends its logits on the log-sum-exp)."""
 
 Head = torch.Tensor | torch.nn.Module | Callable[[torch.Tensor], torch.Tensor]
 
@@ -71,23 +81,30 @@ class _Scratch(threading.local):
 _SCRATCH = _Scratch()
 
 
-def _fused_logits(h: torch.Tensor, low: torch.Tensor, temperature: float) -> torch.Tensor:
+def _fused_logits(
+    h: torch.Tensor, low: torch.Tensor, temperature: float, kept: torch.Tensor | None = None
+) -> torch.Tensor:
     """The chunk's logits h @ low.T / T, upcast to fp32 (fp64 stays), in scratch buffers: the
-    same numbers as `_scaled(_upcast(F.linear(h, low)), temperature)`. Autocast must be off."""
+    same numbers as `_scaled(_upcast(F.linear(h, low)), temperature)`. `kept`: the product h @
+    low.T, already computed (low-precision). Autocast must be off."""
     shape = (h.shape[0], low.shape[0])
-    logits = torch.mm(h, low.t(), out=_SCRATCH.take("logits_low", shape, low.dtype, h.device))  # [C, V]
+    logits = kept
+    if logits is None:
+        logits = torch.mm(h, low.t(), out=_SCRATCH.take("logits_low", shape, low.dtype, h.device))  # [C, V]
     if logits.dtype in _UPCAST_DTYPES:  # `_upcast`, into a buffer
         logits = _SCRATCH.take("logits", shape, torch.float32, h.device).copy_(logits)  # [C, V] fp32
     return logits if temperature == 1.0 else logits.div_(temperature)
 
 
 def _fused_chunk_logprobs(
-    h: torch.Tensor, low: torch.Tensor, targets: torch.Tensor, temperature: float
+    h: torch.Tensor, low: torch.Tensor, targets: torch.Tensor, temperature: float,
+    kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(h @ low.T / T)[targets] and the log-sum-exp, per row (autocast off)."""
-    logits = _fused_logits(h, low, temperature)  # [C, V]
+    """log softmax(h @ low.T / T)[targets] and the log-sum-exp, per row (autocast off).
+    `kept`: see `_fused_logits`."""
+    logits = _fused_logits(h, low, temperature, kept)  # [C, V]
     picked = logits.gather(-1, targets[:, None]).squeeze(-1)  # [C]
-    log_norm = _log_sum_exp_(logits)  # [C]; the logits are spent
+    log_norm = _log_sum_exp_(logits)  # [C]; the logits are spent (never `kept`: upcast first)
     return picked - log_norm, log_norm
 
 
@@ -134,7 +151,8 @@ def _chunk_logprobs_entropy(
 
 class _FusedLinearLogprob(torch.autograd.Function):
     """log softmax(hidden @ weight.T / T)[targets] for one chunk, whose backward recomputes the
-    chunk's logits once and forms d/dlogits = (onehot(target) - softmax) / T directly: the same
+    chunk's logits once (or, with `keep`, reads the low-precision product the forward kept: the
+    same bits) and forms d/dlogits = (onehot(target) - softmax) / T directly: the same
     numbers the checkpointed path gets from autograd (the log-sum-exp's backward exp(z - lse),
     the gather's scatter, the division by T), without recomputing the log-sum-exp, zero-filling
     a [C, V] gradient for the gather or keeping a second [C, V] buffer.
@@ -145,21 +163,22 @@ class _FusedLinearLogprob(torch.autograd.Function):
     softmax in fp32, as in `_chunk_logprobs`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, low, targets, temperature):
+    def forward(ctx, hidden, weight, low, targets, temperature, keep):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             h = hidden.to(low.dtype)  # [C, H]
-            out, log_norm = _fused_chunk_logprobs(h, low, targets, temperature)  # [C], [C]
-        ctx.save_for_backward(h, low, targets, log_norm)
+            kept = torch.mm(h, low.t()) if keep else None  # [C, V], a tensor of its own
+            out, log_norm = _fused_chunk_logprobs(h, low, targets, temperature, kept)  # [C], [C]
+        ctx.save_for_backward(h, low, targets, log_norm, kept)
         ctx.temperature = temperature
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        h, low, targets, log_norm = ctx.saved_tensors
+        h, low, targets, log_norm, kept = ctx.saved_tensors
         temperature = ctx.temperature
         with torch.autocast(device_type=h.device.type, enabled=False):
-            logits = _fused_logits(h, low, temperature)  # [C, V] fp32, a scratch buffer
+            logits = _fused_logits(h, low, temperature, kept)  # [C, V] fp32, a scratch buffer
             grad = grad.to(logits.dtype)
             # d out / d z = onehot(target) - softmax(z): softmax in place of the logits.
             grad_z = logits.sub_(log_norm[:, None]).exp_().mul_(-grad[:, None])  # [C, V]
@@ -178,7 +197,7 @@ class _FusedLinearLogprob(torch.autograd.Function):
                 out = (_SCRATCH.take("grad_weight_low", tuple(low.shape), low.dtype, h.device)
                        if weight_dtype != low.dtype else None)
                 grad_weight = torch.mm(grad_logits.t(), h, out=out).to(weight_dtype)  # [V, H]
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def _plain_weight(lm_head: Head) -> torch.Tensor | None:
@@ -221,6 +240,7 @@ def token_logprobs_and_entropy(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     with_entropy: bool = False,
+    keep_logits_bytes: int = KEEP_LOGITS_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(lm_head(hidden) / temperature)[targets] and optionally the entropy, per position.
 
@@ -228,6 +248,8 @@ def token_logprobs_and_entropy(
     lm_head: the output projection: its weight [V, H], or a module / callable mapping [*, H] to
         [*, V] (e.g. `model.get_output_embeddings()`, LoRA-wrapped or not).
     targets: [B, T] token ids whose log-probs are wanted (position t predicts targets[:, t]).
+    keep_logits_bytes: the fused head keeps its low-precision logits for the backward when all of
+        them take at most this many bytes (KEEP_LOGITS_BYTES; 0: always recompute).
     Returns (logprobs [B, T], entropy [B, T] or None), fp32 (fp64 for fp64 inputs).
     """
     if temperature <= 0:
@@ -251,6 +273,9 @@ def token_logprobs_and_entropy(
             low = weight.detach().to(dtype)
         else:
             low = _SCRATCH.take("weight_low", tuple(weight.shape), dtype, weight.device).copy_(weight)
+        # The forward's logits survive its log-sum-exp only when it upcasts them (bf16, fp16).
+        keep = (use_checkpoint and low.dtype in _UPCAST_DTYPES
+                and flat_hidden.shape[0] * low.shape[0] * low.element_size() <= keep_logits_bytes)
 
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, flat_hidden.shape[0], chunk_size):
@@ -261,7 +286,7 @@ def token_logprobs_and_entropy(
             temperature,
         )
         if weight is not None and use_checkpoint:
-            out = _FusedLinearLogprob.apply(args[0], weight, low, args[1], temperature)
+            out = _FusedLinearLogprob.apply(args[0], weight, low, args[1], temperature, keep)
         elif weight is not None:
             with torch.autocast(device_type=hidden.device.type, enabled=False):
                 out, _ = _fused_chunk_logprobs(args[0].to(low.dtype), low, args[1], temperature)
