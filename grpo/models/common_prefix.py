@@ -28,6 +28,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from grpo.models.cache_argument import output_cache
+
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     """How many leading tokens every sequence shares (lists and tuples alike; the rollout
@@ -107,7 +109,7 @@ class CommonPrefix:
             ids = self.token_ids.to(decoder.device).unsqueeze(0)  # [1, P]
             out = decoder(input_ids=ids, attention_mask=torch.ones_like(ids),
                           position_ids=torch.arange(len(self), device=ids.device).unsqueeze(0), use_cache=True)
-            layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            layers = [(layer.keys, layer.values) for layer in output_cache(out).layers]
             self._live = (out.last_hidden_state, [t for pair in layers for t in pair])
         hidden, kv = self._live
         if hidden.requires_grad and not self._finishing:

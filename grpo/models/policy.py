@@ -24,6 +24,7 @@ from peft import get_peft_model, prepare_model_for_kbit_training
 from torch import nn
 from transformers import BitsAndBytesConfig
 
+from grpo.models.cache_argument import cache_keyword, output_cache
 from grpo.models.common_prefix import CommonPrefix
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
@@ -263,10 +264,10 @@ class PolicyWithValueHead(nn.Module):
                 input_ids=input_ids[rows, cols],
                 attention_mask=attention_mask[rows, : segment.end],  # cached columns and these
                 position_ids=position_ids[rows, cols],
-                past_key_values=cache,
+                **{cache_keyword(decoder): cache},
                 use_cache=True,
             )
-            cache, previous, hidden = out.past_key_values, segment, out.last_hidden_state
+            cache, previous, hidden = output_cache(out), segment, out.last_hidden_state
             if len(rows) < len(segment.owner):  # each row's copy of its prefix's states
                 hidden = hidden.index_select(0, segment.owner)
             pieces.append(hidden)  # [B, end - start, H]

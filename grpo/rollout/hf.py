@@ -8,7 +8,7 @@ collector while it decodes (continuous batching):
    prompts are prefilled in length-sorted, left-padded chunks (grpo/rollout/prefill.py) into a
    preallocated KV cache (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out
    to every sample.
-2. A decode loop written over the model's own forward (`past_key_values`, an explicit 4-D
+2. A decode loop written over the model's own forward (its KV-cache argument, an explicit 4-D
    attention mask and per-row position ids, so left padding gives the same result as unpadded
    sampling) samples one token per live row and step (grpo/rollout/sampling.py). The engine's copy
    attends for decode steps with grpo/rollout/decode_attention.py (two small batched matmuls per
@@ -52,6 +52,7 @@ from typing import get_args
 import torch
 from torch import nn
 
+from grpo.models.cache_argument import cache_keyword
 from grpo.models.peft_weights import base_model_of, language_model_of
 from grpo.rollout.base import (
     GenerationRequest,
@@ -191,6 +192,7 @@ class HFEngine(RolloutEngine):
         else:
             self.model = lm
         self._mask_kind = self._attention_mask_kind()
+        self._cache_keyword = cache_keyword(self.model)
         self.kv_cache_dtype = self._cache_dtype(
             kv_cache_dtype, dtype, copy_weights, decode_attention
         )
@@ -331,7 +333,7 @@ class HFEngine(RolloutEngine):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
+            **{self._cache_keyword: cache},
             use_cache=True,
             logits_to_keep=1,
         )
