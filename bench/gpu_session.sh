@@ -80,6 +80,9 @@ piece calculator512 150 $B --sections calculator512 --out "$OUT/calculator512"
 piece calculator512_nocudnn 150 $B --no-cudnn-attention --sections calculator512 --out "$OUT/calculator512_nocudnn"
 piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
 piece generation 90 $B --sections peak generation --out "$OUT/generation"
+# Where a graph decode step goes: the replay, the eager sampler, the host's bookkeeping.
+piece decode_profile 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
+  --out "$OUT/decode_profile/report.json"
 piece cuda_tests 150 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf.py tests/test_logprobs.py \
   tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
 piece segment_cost 80 $PY -m bench.segment_cost --device "$DEVICE" --shapes 16x96 64x384 --rounds 3
@@ -107,6 +110,9 @@ print("  generated tok/s at batch 16/64/256/512:", [g.get(f"b{b}_tokens_per_s") 
 print("  standard step s:", std.get("standard_step_median_s"), " TRL s:",
       std.get("trl", {}).get("trl_step_median_s", std.get("trl", {}).get("skipped")),
       " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4)")
+for row in report("decode_profile").get("results", []):
+    print(f"  decode step at batch {row['rows']}, ms: plain {row['plain_ms_per_step']}, attributed",
+          row["attributed_ms_per_step"], "per step:", row["per_step"])
 log = out / "segment_cost.log"
 if log.is_file():
     text = log.read_text()

@@ -164,3 +164,25 @@ def test_no_cudnn_attention_turns_the_cudnn_kernels_off_for_the_run_and_says_so(
         torch.backends.cuda.enable_cudnn_sdp(True)
     assert main(["--device", "cpu", "--sections", "peak", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "report.json").read_text())["machine"]["cudnn_attention"] is True
+
+
+def test_decode_profile_splits_the_step_and_leaves_the_engine_as_it_was(varied_tiny_model, tokenizer):
+    from bench.decode_profile import profile_batch
+    from grpo.rollout.base import GenerationRequest, SamplingParams
+    from grpo.rollout.hf import HFEngine
+    from grpo.rollout.live_batch import LiveBatch
+
+    engine = HFEngine(varied_tiny_model, tokenizer, dtype=None)
+    sample, decode_step = LiveBatch.sample, engine._loop._decode_step
+    requests = [GenerationRequest([5, 6, 7 + i], SamplingParams(max_new_tokens=5, seed=i)) for i in range(3)]
+    report = profile_batch(engine, requests, top=3)
+    assert (report["rows"], report["decode_steps"]) == (3, 4)  # 5 tokens: the prefill samples the first
+    parts = report["attributed_ms_per_step"]
+    assert set(parts) == {"forward", "sample", "rest"} and parts["forward"] > 0 and parts["sample"] > 0
+    assert report["plain_ms_per_step"] > 0 and report["per_step"]["top-level aten calls"] > 0
+    assert "Name" in report["top"][1] and len(report["top"]) == 3 + 5  # 3 rows, rules, header, total
+    # The timing wrappers are gone: the class's sampler and the loop's own decode step again.
+    assert LiveBatch.sample is sample and "_decode_step" not in vars(engine._loop)
+    assert engine._loop._decode_step == decode_step
+    before = [r.token_ids for r in engine.generate(requests)]
+    assert before == [r.token_ids for r in HFEngine(varied_tiny_model, tokenizer, dtype=None).generate(requests)]
