@@ -255,7 +255,7 @@ class PolicyWithValueHead(nn.Module):
                       cache=None) -> torch.Tensor:
         """[B, segments' columns, H]: the segments in order, each continuing the KV cache of the
         rows that ran the one before (the first continues `cache`, sized to its rows, if given)."""
-        pieces, previous = [], None
+        pieces, previous, keyword = [], None, cache_keyword(decoder)
         for segment in segments:
             rows, cols = segment.rows, slice(segment.start, segment.end)
             if previous is not None:
@@ -264,7 +264,7 @@ class PolicyWithValueHead(nn.Module):
                 input_ids=input_ids[rows, cols],
                 attention_mask=attention_mask[rows, : segment.end],  # cached columns and these
                 position_ids=position_ids[rows, cols],
-                **{cache_keyword(decoder): cache},
+                **{keyword: cache},
                 use_cache=True,
             )
             cache, previous, hidden = output_cache(out), segment, out.last_hidden_state
