@@ -14,7 +14,7 @@ from grpo.algorithm.config import ReferenceConfig
 from grpo.algorithm.reference import make_reference
 from grpo.algorithm.scoring import common_prefix_for, score
 from grpo.algorithm.update import train_step
-from grpo.models.common_prefix import CommonPrefix, common_prefix_length
+from grpo.models.common_prefix import CommonPrefix, common_prefix_length, leading_prefix_length
 from grpo.trajectory import Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,6 +25,10 @@ def test_common_prefix_length_and_the_prefix_a_pass_shares():
     assert common_prefix_length([[7, 1], [8, 1]]) == 0
     assert common_prefix_length([]) == 0
     assert common_prefix_length([(1, 2, 3), [1, 2, 4]]) == 2  # a tuple and a list: compared by token
+    assert leading_prefix_length([[1, 2, 3, 4, 5], [1, 2, 3, 9]]) == 3
+    assert leading_prefix_length([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the shorter one keeps its last token
+    assert leading_prefix_length([[1, 2], []]) == 0
+    assert leading_prefix_length([]) == 0
     assert CommonPrefix.of([[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 2, 3, 4]], min_tokens=2).token_ids.tolist() == [1, 2, 3]
     # Every row keeps a column of its own: identical rows share all but their last token.
     assert CommonPrefix.of([[1, 2, 3], [1, 2, 3]], min_tokens=2).token_ids.tolist() == [1, 2]

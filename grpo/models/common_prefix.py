@@ -32,8 +32,7 @@ from grpo.models.cache_argument import output_cache
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    """How many leading tokens every sequence shares (lists and tuples alike; the rollout
-    engine's shared-prefix prefill uses it too, grpo/rollout/prefill.py)."""
+    """How many leading tokens every sequence shares (lists and tuples alike)."""
     if not sequences:
         return 0
     first, length = sequences[0], min(len(s) for s in sequences)
@@ -44,6 +43,16 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
         if length == 0:
             break
     return length
+
+
+def leading_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """The common prefix that still leaves every sequence at least one token of its own (whose
+    forward gives that sequence's next-token logits or its own states): at most the shortest
+    length less one. 0 for no sequences. The pass-wide prefix here and the rollout engine's
+    shared-prefix prefill (grpo/rollout/prefill.py) both take this rule."""
+    if not sequences:
+        return 0
+    return max(0, min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1))
 
 
 class CommonPrefix:
@@ -65,7 +74,7 @@ class CommonPrefix:
         None when that is shorter than `min_tokens` (or `min_tokens` <= 0: never share)."""
         if min_tokens <= 0 or not sequences:
             return None
-        length = min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)
+        length = leading_prefix_length(sequences)
         return cls(sequences[0][:length]) if length >= min_tokens else None
 
     def fresh(self) -> CommonPrefix:

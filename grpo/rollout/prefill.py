@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.models.common_prefix import common_prefix_length
+from grpo.models.common_prefix import leading_prefix_length
 
 
 def prefill_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
@@ -42,7 +42,7 @@ def shared_prefix_length(prompts: list[tuple[int, ...]], min_saved_tokens: int) 
     measured)."""
     if len(prompts) < 2 or min_saved_tokens <= 0:
         return 0
-    shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+    shared = leading_prefix_length(prompts)
     return shared if shared > 0 and shared * (len(prompts) - 1) >= min_saved_tokens else 0
 
 
