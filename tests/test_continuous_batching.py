@@ -299,9 +299,9 @@ def _slow_steps(engine, seconds: float):
     """Each forward of `engine` takes at least `seconds` (a bigger model on a slower device)."""
     real_forward = engine._forward
 
-    def forward(*args):
+    def forward(*args, **kwargs):
         time.sleep(seconds)
-        return real_forward(*args)
+        return real_forward(*args, **kwargs)
 
     engine._forward = forward
 
@@ -381,11 +381,11 @@ def test_an_engine_failure_mid_serve_fails_the_waiting_episodes_and_they_retry(
     engine = HFEngine(tiny_model, tokenizer, dtype=torch.float32)
     real_forward, calls = engine._forward, []
 
-    def failing_forward(*args):
+    def failing_forward(*args, **kwargs):
         calls.append(1)
         if len(calls) == 5:
             raise RuntimeError("device lost")
-        return real_forward(*args)
+        return real_forward(*args, **kwargs)
 
     engine._forward = failing_forward
     retried = _go_on_collector(engine, tokenizer)

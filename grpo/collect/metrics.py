@@ -34,8 +34,10 @@ def collection_metrics(
       requests that joined a running engine call (continuous batching; counted in its size).
     - engine_*: the engine's own counters summed over the calls, where it keeps them (HF):
       prefill_tokens, shared_prefix_tokens (prefill saved by prompts' common prefixes run
-      once), resumed_requests (later turns that prefilled only their new tokens),
-      decode_steps, idle_seconds (a serving engine waiting for parked sessions' next turns,
+      once), kept_prefix_tokens (prefill saved by a batch's kept prefix, written into rows
+      that join with it), resumed_requests (later turns that prefilled only their new tokens),
+      decode_steps, prefix_attention_steps (decode steps that attended the kept prefix once for
+      all the rows holding it), idle_seconds (a serving engine waiting for parked sessions' next turns,
       counted as tool time when episodes are in their environments, not as generating).
     - parse_failure_rate: turns whose tool-call markup could not be read / turns;
       tool_error_rate: tool calls that returned an error / tool calls.

@@ -17,6 +17,7 @@ import time
 import torch
 
 from grpo.rollout.base import GenerationResult, RequestFeed
+from grpo.rollout.kept_prefix import adopt, decode_window
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.live_batch import Joiner, LiveBatch
 from grpo.rollout.prefill import left_padded, prefill_chunks, shared_prefix_length
@@ -187,8 +188,25 @@ class DecodeLoop:
         return {j.ticket for j in new} | {j.ticket for _, j in returning}
 
     def _add_rows(self, batch: LiveBatch, joiners: list[Joiner], metrics: dict) -> None:
-        """Prefill `joiners` into the rows after the batch's, each prompt ending at pos - 1 (a
-        prefix all their prompts share prefilled once: `_prefill_shared`)."""
+        """Prefill `joiners` into the rows after the batch's, each prompt ending at pos - 1.
+        Those whose prompts start with the batch's kept prefix get it written, not prefilled;
+        the others' prompts are prefilled (a prefix they all share once: `_prefill_shared`).
+        (grpo/rollout/kept_prefix.py: when a batch keeps a prefix, and from which rows.)"""
+        adopt(batch, sorted({j.prompt for j in joiners}), self.engine.prefix_attention_min_tokens)
+        kept = batch.cache.prefix_tokens
+        holders = [
+            j for j in joiners if kept and len(j.prompt) > len(kept) and j.prompt[: len(kept)] == kept
+        ]
+        tickets = {j.ticket for j in holders}
+        others = [j for j in joiners if j.ticket not in tickets]
+        for group, with_kept in ((holders, True), (others, False)):
+            if group:
+                self._add_group(batch, group, metrics, with_kept=with_kept)
+
+    def _add_group(
+        self, batch: LiveBatch, joiners: list[Joiner], metrics: dict, *, with_kept: bool
+    ) -> None:
+        """`_add_rows` for joiners that all start with the kept prefix (`with_kept`) or not."""
         # Unique prompts, longest first; the rows of one prompt adjacent.
         groups: dict[tuple[int, ...], list[Joiner]] = {}
         for joiner in joiners:
@@ -200,17 +218,36 @@ class DecodeLoop:
             device=self.engine.device,
         )  # [n]: each row's prompt
         first, pos = len(batch.rows), batch.pos
-        batch.cache.zero(slice(first, first + len(ordered)), 0, pos)
-        shared = shared_prefix_length(prompts, self.engine.shared_prefix_min_tokens)
-        if shared:
-            prompt_logits = self._prefill_shared(prompts, shared, batch.cache, pos, first)
+        cache = batch.cache
+        cache.zero(slice(first, first + len(ordered)), 0, pos)
+        saved = 0
+        if with_kept:
+            shared, holds = len(cache.prefix_tokens), True
+            prompt_logits = self._prefill_shared(prompts, shared, cache, pos, first, kept=True)
+            metrics["kept_prefix_tokens"] += float(shared * len(prompts))
         else:
-            prompt_logits = self._prefill(prompts, batch.cache, pos, first)  # [U, V]
+            shared = shared_prefix_length(prompts, self.engine.shared_prefix_min_tokens)
+            holds = bool(shared) and self._keeps_prefix(batch) and (
+                shared >= self.engine.prefix_attention_min_tokens
+            )
+            if shared:
+                prompt_logits = self._prefill_shared(prompts, shared, cache, pos, first)
+                metrics["prefill_tokens"] += float(shared)
+                saved = shared * (len(prompts) - 1)
+            else:
+                prompt_logits = self._prefill(prompts, cache, pos, first)  # [U, V]
+            if holds:
+                cache.keep_prefix(prompts[0][:shared], first, pos - len(prompts[0]))
         if len(ordered) > len(prompts):  # fan each prompt out to its samples
-            batch.cache.copy_rows(source + first, pos - len(prompts[0]), pos, first=first)
-        batch.append(ordered, prompt_logits[source], shared=shared)
-        metrics["prefill_tokens"] += float(shared + sum(len(p) - shared for p in prompts))
-        metrics["shared_prefix_tokens"] += float(shared * (len(prompts) - 1))
+            cache.copy_rows(source + first, pos - len(prompts[0]), pos, first=first)
+        batch.append(ordered, prompt_logits[source], shared=shared, holds_prefix=holds)
+        metrics["prefill_tokens"] += float(sum(len(p) - shared for p in prompts))
+        metrics["shared_prefix_tokens"] += float(saved)
+
+    def _keeps_prefix(self, batch: LiveBatch) -> bool:
+        """May `batch` keep a new prefix? Where the engine keeps any (HFEngine
+        `prefix_attention_min_tokens`), while no row holds the one kept before."""
+        return self.engine.prefix_attention_min_tokens > 0 and not any(batch.holds_prefix)
 
     def _resume(self, batch: LiveBatch, returning: list[tuple[int, Joiner]], metrics) -> None:
         """Prefill the new tokens of parked sessions' next turns into their own rows, in chunks
@@ -290,14 +327,14 @@ class DecodeLoop:
         if self.engine._static is not None:
             logits = self.engine._static.step(tokens, batch.positions, pos, batch.allowed)
         else:
-            lo = min(batch.starts)
+            # [B, 1, 1, columns]: the kept prefix's P columns first where rows attend it once
+            lo, allowed, shared = decode_window(batch, self.engine.prefix_attention_min_cells)
             batch.cache.set_window(slice(0, len(batch.rows)), lo=lo, pos=pos)
-            mask = self.engine._mask(
-                batch.allowed[:, None, None, lo : pos + 1]
-            )  # [B, 1, 1, pos+1-lo]
             logits = self.engine._forward(
-                tokens.unsqueeze(1), mask, batch.positions.unsqueeze(1), batch.cache
+                tokens.unsqueeze(1), self.engine._mask(allowed), batch.positions.unsqueeze(1),
+                batch.cache, shared_prefix=batch.cache.prefix if shared else None,
             )  # [B, V]
+            metrics["prefix_attention_steps"] += shared
         batch.advance(logits, fed)
         metrics["decode_forward_seconds"] += time.perf_counter() - started
         metrics["decode_steps"] += 1
@@ -328,14 +365,20 @@ class DecodeLoop:
         cache: PreallocatedCache,
         pos: int,
         first: int,
+        *,
+        kept: bool = False,
     ) -> torch.Tensor:
         """As `_prefill`, for prompts whose first `shared` tokens are the same: those run once,
         in row `first`, at columns [lo, lo + shared) (lo = pos - the longest prompt's length), and
         are copied to the other rows' same columns; then each prompt's rest is prefilled after
         them, right-aligned to end at pos - 1 (a shorter prompt leaves a gap of unattended
-        columns between the two: grpo/rollout/live_batch.py `LiveBatch.append`)."""
+        columns between the two: grpo/rollout/live_batch.py `LiveBatch.append`). `kept`: the
+        shared tokens are the cache's kept prefix, written instead of prefilled."""
         lo = pos - len(prompts[0])
-        self._prefill([prompts[0][:shared]], cache, lo + shared, first)
+        if kept:
+            cache.write_prefix(slice(first, first + 1), lo)
+        else:
+            self._prefill([prompts[0][:shared]], cache, lo + shared, first)
         if len(prompts) > 1:
             source = torch.full((len(prompts) - 1,), first, device=self.engine.device)
             cache.copy_rows(source, lo, lo + shared, first=first + 1)
@@ -374,9 +417,13 @@ _METRICS = (
     "joins",
     "joined_requests",
     "resumed_requests",
+    "kept_prefix_tokens",
+    "prefix_attention_steps",
     "idle_seconds",
     "graph_captures",
 )
 """What `HFEngine.last_metrics` reports about its last call (plus seconds, tokens_per_second).
 `prefill_tokens` counts the tokens prefill forwards ran; `shared_prefix_tokens` those a shared
-prefix saved (it ran once instead of once per distinct prompt)."""
+prefix saved (it ran once instead of once per distinct prompt); `kept_prefix_tokens` those a
+batch's kept prefix saved (written into joining rows instead of prefilled); and
+`prefix_attention_steps` the decode steps that attended the kept prefix once for all rows."""

@@ -117,6 +117,15 @@ class HFEngine(RolloutEngine):
     shared_prefix_min_tokens: distinct prompts that join together prefill the prefix they all
         start with once, where that saves at least this many prefill tokens (0: never;
         grpo/rollout/prefill.py `shared_prefix_length`).
+    prefix_attention_min_tokens: a batch keeps a shared prefix of at least this many tokens
+        once (kv_cache.py `keep_prefix`): decode steps attend to it once for all the rows that
+        start with it, and rows that join later with it are not prefilled with it again
+        (decode_attention.py; 0: never). Dynamic decode with the engine's own weight copy and
+        grouped decode attention only.
+    prefix_attention_min_cells: a decode step attends the kept prefix once where that reads at
+        least this many fewer cache cells (rows x columns) from the rows; below, its fixed cost
+        is more than the copies it saves (SmolLM2-135M on this project's 2-core CPU: break-even
+        near 4,096, e.g. 16 rows x 256 columns or 64 x 64; README, "Performance").
     """
 
     joins_running_batches = True
@@ -140,6 +149,8 @@ class HFEngine(RolloutEngine):
         continuous_batching: bool = True,
         join_columns: int = 512,
         shared_prefix_min_tokens: int = 64,
+        prefix_attention_min_tokens: int = 64,
+        prefix_attention_min_cells: int = 6144,
         kv_cache_dtype: torch.dtype | str | None = "auto",
         keys_transposed: bool | None = None,
         park_steps: int = 64,
@@ -174,6 +185,19 @@ class HFEngine(RolloutEngine):
                 f"shared_prefix_min_tokens must be >= 0, got {shared_prefix_min_tokens}"
             )
         self.shared_prefix_min_tokens = shared_prefix_min_tokens
+        if prefix_attention_min_tokens < 0:
+            raise ValueError(
+                f"prefix_attention_min_tokens must be >= 0, got {prefix_attention_min_tokens}"
+            )
+        if prefix_attention_min_cells < 1:
+            raise ValueError(
+                f"prefix_attention_min_cells must be >= 1, got {prefix_attention_min_cells}"
+            )
+        self.prefix_attention_min_cells = prefix_attention_min_cells
+        grouped_copy = copy_weights and decode_attention == "grouped"
+        self.prefix_attention_min_tokens = (
+            prefix_attention_min_tokens if grouped_copy and decode_mode == "dynamic" else 0
+        )
         if park_steps < 0 or park_wait_s < 0:
             raise ValueError(
                 f"park_steps and park_wait_s must be >= 0, got {park_steps}, {park_wait_s}"
@@ -327,8 +351,12 @@ class HFEngine(RolloutEngine):
         finally:
             self.model.train(was_training)
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """Logits of the last position: [n, V] (the model's output dtype; the sampler upcasts)."""
+    def _forward(
+        self, input_ids, attention_mask, position_ids, cache, shared_prefix=None
+    ) -> torch.Tensor:
+        """Logits of the last position: [n, V] (the model's output dtype; the sampler upcasts).
+        `shared_prefix`: a decode step's kept prefix (decode_attention.py `PrefixAttention`)."""
+        extra = {} if shared_prefix is None else {"shared_prefix": shared_prefix}
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -336,6 +364,7 @@ class HFEngine(RolloutEngine):
             **{self._cache_keyword: cache},
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
         return out.logits[:, -1]
 

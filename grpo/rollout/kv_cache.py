@@ -23,6 +23,13 @@ after them move up) and fans a prefilled prompt out to the rows sharing it; `zer
 that a row attends but never writes finite (the columns left of a joining prompt, and the gap a
 longer joining prompt opens in the other rows).
 
+A cache may keep one shared prefix (`keep_prefix`): the keys and values of a prompt prefix that
+its rows start with (a multi-turn batch's system prompt and tool docs), copied once out of the row
+that prefilled it into contiguous tensors. Decode steps attend to it once for all the rows that
+hold it (grpo/rollout/decode_attention.py `PrefixAttention`), and rows that join later with
+prompts starting with it get it written into their columns (`write_prefix`) instead of
+prefilling it again: bit for bit the keys and values the first rows hold.
+
 Static windows (`set_static`) serve fixed-shape decode steps (grpo/rollout/decode_graphs.py): the
 column written is a device tensor instead of a Python int, and the forward attends over a fixed
 number of columns [0, width) (the caller masks those not yet written), so one step's kernels do
@@ -37,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from grpo.rollout.decode_attention import PrefixAttention
 
 
 @dataclass
@@ -142,6 +151,27 @@ class _PreallocatedLayer(CacheLayerMixin):
             self.key_view[rows, :, lo:end] = self.key_view[source, :, lo:end]
             self.values[rows, :, lo:end] = self.values[source, :, lo:end]
 
+    def prefix_of(self, row: int, lo: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row `row`'s columns [lo, end) as contiguous keys [heads, dim, n] and values [heads,
+        n, dim] (the layouts the shared-prefix products read)."""
+        keys = self.key_view[row, :, lo:end].transpose(-1, -2).contiguous()
+        return keys, self.values[row, :, lo:end].contiguous()
+
+    def equals(self, row: int, lo: int, keys: torch.Tensor, values: torch.Tensor) -> bool:
+        """Are row `row`'s columns [lo, lo + n) keys [heads, dim, n] and values [heads, n, dim],
+        bit for bit?"""
+        end = lo + values.shape[1]
+        return torch.equal(self.key_view[row, :, lo:end], keys.transpose(-1, -2)) and torch.equal(
+            self.values[row, :, lo:end], values
+        )
+
+    def write(self, rows: slice, lo: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Columns [lo, lo + n) of every row in `rows` become keys [heads, dim, n] and values
+        [heads, n, dim]."""
+        end = lo + values.shape[1]
+        self.key_view[rows, :, lo:end] = keys.transpose(-1, -2)
+        self.values[rows, :, lo:end] = values
+
     def zero(self, rows: slice, lo: int, end: int) -> None:
         """Zero columns [lo, end) of `rows` (now, or when the buffers are made)."""
         if not self.is_initialized:
@@ -168,6 +198,10 @@ class PreallocatedCache(Cache):
         keys_transposed: bool = False,
     ) -> None:
         self.window = CacheWindow(rows=slice(0, batch), lo=0, pos=0)
+        self.prefix_tokens: tuple[int, ...] = ()
+        """The kept shared prefix's tokens (empty: none kept)."""
+        self.prefix: PrefixAttention | None = None
+        """Its keys and values, per layer."""
         super().__init__(
             layers=[
                 _PreallocatedLayer(
@@ -202,3 +236,24 @@ class PreallocatedCache(Cache):
     def zero(self, rows: slice, lo: int, end: int) -> None:
         for layer in self.layers:
             layer.zero(rows, lo, end)
+
+    def keep_prefix(self, tokens: tuple[int, ...], row: int, lo: int) -> None:
+        """Keep the prefix `tokens`, prefilled into row `row`'s columns [lo, lo + len(tokens)),
+        as the cache's shared prefix (replacing any kept before)."""
+        end = lo + len(tokens)
+        self.prefix = PrefixAttention([layer.prefix_of(row, lo, end) for layer in self.layers])
+        self.prefix_tokens = tuple(tokens)
+
+    def holds_prefix(self, row: int, lo: int) -> bool:
+        """Are row `row`'s columns [lo, lo + P) the kept prefix, bit for bit?"""
+        return self.prefix is not None and all(
+            layer.equals(row, lo, keys, values)
+            for layer, (keys, values) in zip(self.layers, self.prefix.layers)
+        )
+
+    def write_prefix(self, rows: slice, lo: int) -> None:
+        """Columns [lo, lo + P) of `rows` become the kept prefix (its P tokens' keys and values)."""
+        if self.prefix is None:
+            raise RuntimeError("write_prefix: this cache keeps no shared prefix")
+        for layer, (keys, values) in zip(self.layers, self.prefix.layers):
+            layer.write(rows, lo, keys, values)

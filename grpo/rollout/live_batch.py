@@ -82,6 +82,8 @@ class LiveBatch:
         """The cache column the next decode forward writes (the same for every row)."""
         self.starts: list[int] = []
         """Row b's first column (its prompt's first token), on the host."""
+        self.holds_prefix: list[bool] = []
+        """Row b's columns [start, start + P) hold the cache's kept prefix (`cache.prefix`)."""
         empty_long = torch.zeros(0, dtype=torch.long, device=device)
         self.positions = empty_long  # [B] position id of the token the next forward feeds
         self.steps = empty_long  # [B] tokens drawn so far: the index into the row's stream
@@ -231,19 +233,23 @@ class LiveBatch:
             self.cache.zero(slice(0, len(self.rows)), self.pos, pos)
         self.pos = pos
 
-    def append(self, joiners: list[Joiner], logits: torch.Tensor, shared: int = 0) -> None:
+    def append(
+        self, joiners: list[Joiner], logits: torch.Tensor, shared: int = 0, holds_prefix=False
+    ) -> None:
         """Rows for `joiners` (already prefilled, in this order, into the rows after the live ones,
         each prompt ending at column pos - 1) with their first-token logits [n, V].
 
         `shared` > 0: their prompts' first `shared` tokens were prefilled once and copied
         (grpo/rollout/prefill.py); they sit in the same columns [lo, lo + shared) of every row,
         lo = pos - the longest prompt's length, and each prompt's rest ends at pos - 1, so a
-        shorter prompt's row has a gap of never-attended columns in between."""
+        shorter prompt's row has a gap of never-attended columns in between. `holds_prefix`:
+        those first columns begin with the cache's kept prefix (kv_cache.py `keep_prefix`)."""
         first = len(self.rows)
         lo = self.pos - max(len(j.prompt) for j in joiners)
         starts = [lo if shared else self.pos - len(j.prompt) for j in joiners]
         self.rows += [self._sequence(j) for j in joiners]
         self.starts += starts
+        self.holds_prefix += [holds_prefix] * len(joiners)
         n = len(joiners)
         lengths = torch.tensor([len(j.prompt) for j in joiners], device=self.device)
         self.positions = torch.cat([self.positions, lengths])
@@ -363,6 +369,7 @@ class LiveBatch:
             self.pos = 0  # nothing live: the next rows start from column 0 again
         self.rows = [self.rows[i] for i in keep_list]
         self.starts = [self.starts[i] for i in keep_list]
+        self.holds_prefix = [self.holds_prefix[i] for i in keep_list]
         for name in ("positions", "steps", "keys", "temperature", "top_p", "tokens"):
             setattr(self, name, getattr(self, name)[keep])
         if self.logits is not None:

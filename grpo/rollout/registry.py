@@ -38,6 +38,7 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
         options.setdefault("park_steps", config.hf.park_steps)
         options.setdefault("park_wait_s", config.hf.park_wait_s)
         options.setdefault("shared_prefix_min_tokens", config.hf.shared_prefix_min_tokens)
+        options.setdefault("prefix_attention_min_tokens", config.hf.prefix_attention_min_tokens)
         cache_dtype = config.hf.kv_cache_dtype
         if cache_dtype not in ("auto", "model"):
             cache_dtype = getattr(torch, cache_dtype)  # "bfloat16" -> torch.bfloat16
