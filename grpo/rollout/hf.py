@@ -125,7 +125,7 @@ class HFEngine(RolloutEngine):
     prefix_attention_min_cells: a decode step attends the kept prefix once where that reads at
         least this many fewer cache cells (rows x columns) from the rows; below, its fixed cost
         is more than the copies it saves (SmolLM2-135M on this project's 2-core CPU: break-even
-        near 4,096, e.g. 16 rows x 256 columns or 64 x 64; README, "Performance").
+        near 4,096, e.g. 16 rows x 256 columns or 64 x 64: the default; README, "Performance").
     """
 
     joins_running_batches = True
@@ -150,7 +150,7 @@ class HFEngine(RolloutEngine):
         join_columns: int = 512,
         shared_prefix_min_tokens: int = 64,
         prefix_attention_min_tokens: int = 64,
-        prefix_attention_min_cells: int = 6144,
+        prefix_attention_min_cells: int = 4096,
         kv_cache_dtype: torch.dtype | str | None = "auto",
         keys_transposed: bool | None = None,
         park_steps: int = 64,
