@@ -3,11 +3,14 @@
     .venv/bin/python -m bench.generation                     # batches 1, 16, 64
     .venv/bin/python -m bench.generation --batches 64 --variants bf16 fp32
     .venv/bin/python -m bench.generation --group 8 --compact 0 0.25 2
+    .venv/bin/python -m bench.generation --batches 32 64 --group 4 --system-tokens 300 \
+        --variants bf16 bf16-no-kept-prefix --repeats 5     # a multi-turn batch's long prefix
     python -m bench.generation --device cuda --batches 16 64 256 512 --variants bf16 bf16-dynamic
 
 The work: SmolLM2-135M-Instruct, chat-template prompts "What is A * B? Answer with the number
 only." (48 tokens, random 3-digit A and B, every prompt distinct unless --group G makes groups of
-G identical prompts), 64 new tokens each at temperature 1 and no stop token, so every row runs
+G identical prompts; --system-tokens N puts a system prompt of tool docs, at least N tokens, before
+every one, as a multi-turn run's prompts have), 64 new tokens each at temperature 1 and no stop token, so every row runs
 to the end (--stop: rows end at the eos token instead, at different steps). The peak is measured
 in the same run: a 2048² bf16 matmul on the same threads (on CUDA: 8192², timed with events).
 Fraction of peak = tokens/s × 2 × parameters (FLOP per token of the forward) / peak.
@@ -22,6 +25,8 @@ Variants (the engine's weight copy, grpo/rollout/weights.py):
   bf16-fp32-cache  as bf16 with an fp32 KV cache (the CPU default is a bf16 one, keys transposed)
   bf16-whole-prefill as bf16, every prompt prefilled whole (no shared-prefix prefill)
   bf16-previous    both of the above: the engine before the bf16 cache and shared prefixes
+  bf16-no-kept-prefix as bf16, without the kept prefix (decode steps read every row's prefix from
+                   the cache; grpo/rollout/kept_prefix.py)
   fp32             an fp32 copy
   autocast         no copy: the fp32 policy under bf16 autocast
 One warm-up call per variant and batch precedes the timed repeats, which alternate between the
@@ -50,6 +55,7 @@ VARIANTS = {
     "bf16-previous": {
         "dtype": torch.bfloat16, "kv_cache_dtype": None, "shared_prefix_min_tokens": 0
     },
+    "bf16-no-kept-prefix": {"dtype": torch.bfloat16, "prefix_attention_min_tokens": 0},
     "fp32": {"dtype": None},
     "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
 }
@@ -94,12 +100,35 @@ def measure_bandwidth_gbs(device: str, megabytes: int = 1024, repeats: int = 10)
     return 2 * src.numel() / best_seconds(lambda: dst.copy_(src), repeats, device) / 1e9
 
 
-def make_prompts(tokenizer, n: int, group: int, seed: int = 0) -> list[list[int]]:
+_TOOL_DOCS = (
+    "add(a, b): returns a + b. subtract(a, b): returns a - b. multiply(a, b): returns a * b. "
+    "divide(a, b): returns a / b, an error for b = 0. power(a, b): a to the power b. "
+    "sqrt(x): the square root of x. Call one tool at a time, as <tool_call>{\"name\": ..., "
+    "\"arguments\": {...}}</tool_call>, wait for its result, and answer with the number only. "
+)
+
+
+def system_prompt(tokenizer, tokens: int) -> str:
+    """Tool docs repeated until they are at least `tokens` tokens long."""
+    text = "You are a calculator agent. Tools: "
+    while len(tokenizer.encode(text)) < tokens:
+        text += _TOOL_DOCS
+    return text
+
+
+def make_prompts(
+    tokenizer, n: int, group: int, seed: int = 0, system_tokens: int = 0
+) -> list[list[int]]:
+    """`n` chat-template prompts, groups of `group` identical ones; `system_tokens` > 0: each
+    starts with the same system prompt of at least that many tokens."""
     generator = torch.Generator().manual_seed(seed)
+    system = system_prompt(tokenizer, system_tokens) if system_tokens else None
     prompts = []
     for i in range(-(-n // group)):
         a, b = (int(x) for x in torch.randint(100, 1000, (2,), generator=generator))
         messages = [{"role": "user", "content": f"What is {a} * {b}? Answer with the number only."}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": system})
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         prompts.extend([ids] * group)
@@ -117,6 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--group", type=int, default=1, help="identical prompts per group (shared prefill)"
+    )
+    parser.add_argument(
+        "--system-tokens", type=int, default=0,
+        help="a shared system prompt of at least this many tokens before every prompt",
     )
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument(
@@ -162,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         for compact in args.compact
     }
     for batch in args.batches:
-        prompts = make_prompts(tokenizer, batch, args.group)
+        prompts = make_prompts(tokenizer, batch, args.group, system_tokens=args.system_tokens)
         requests = [
             GenerationRequest(
                 p,

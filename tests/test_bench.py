@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bench.continuous import measure, parse_args
+from bench.generation import make_prompts
 from bench.run import headline, main
 from bench.segment_cost import column_cuts
 from bench.segment_cost import measure as segment_cost
@@ -186,3 +187,14 @@ def test_decode_profile_splits_the_step_and_leaves_the_engine_as_it_was(varied_t
     assert engine._loop._decode_step == decode_step
     before = [r.token_ids for r in engine.generate(requests)]
     assert before == [r.token_ids for r in HFEngine(varied_tiny_model, tokenizer, dtype=None).generate(requests)]
+
+
+def test_generation_prompts_can_share_a_long_system_prompt(tokenizer):
+    plain = make_prompts(tokenizer, 6, group=2)
+    assert len(plain) == 6 and plain[0] == plain[1] != plain[2]
+    long = make_prompts(tokenizer, 6, group=2, system_tokens=300)
+    assert [len(p) for p in long] == [len(p) + len(long[0]) - len(plain[0]) for p in plain]
+    shared = 0
+    while all(p[shared] == long[0][shared] for p in long):
+        shared += 1
+    assert 300 <= shared < len(long[0]) and long[0] != long[2]
