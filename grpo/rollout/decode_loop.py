@@ -17,7 +17,7 @@ import time
 import torch
 
 from grpo.rollout.base import GenerationResult, RequestFeed
-from grpo.rollout.kept_prefix import adopt, decode_window
+from grpo.rollout.kept_prefix import adopt, decode_window, may_keep, starts_with_kept
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.live_batch import Joiner, LiveBatch
 from grpo.rollout.prefill import left_padded, prefill_chunks, shared_prefix_length
@@ -193,10 +193,7 @@ class DecodeLoop:
         the others' prompts are prefilled (a prefix they all share once: `_prefill_shared`).
         (grpo/rollout/kept_prefix.py: when a batch keeps a prefix, and from which rows.)"""
         adopt(batch, sorted({j.prompt for j in joiners}), self.engine.prefix_attention_min_tokens)
-        kept = batch.cache.prefix_tokens
-        holders = [
-            j for j in joiners if kept and len(j.prompt) > len(kept) and j.prompt[: len(kept)] == kept
-        ]
+        holders = [j for j in joiners if starts_with_kept(batch, j.prompt)]
         tickets = {j.ticket for j in holders}
         others = [j for j in joiners if j.ticket not in tickets]
         for group, with_kept in ((holders, True), (others, False)):
@@ -227,9 +224,8 @@ class DecodeLoop:
             metrics["kept_prefix_tokens"] += float(shared * len(prompts))
         else:
             shared = shared_prefix_length(prompts, self.engine.shared_prefix_min_tokens)
-            holds = bool(shared) and self._keeps_prefix(batch) and (
-                shared >= self.engine.prefix_attention_min_tokens
-            )
+            min_tokens = self.engine.prefix_attention_min_tokens
+            holds = shared >= max(min_tokens, 1) and may_keep(batch, min_tokens)
             if shared:
                 prompt_logits = self._prefill_shared(prompts, shared, cache, pos, first)
                 metrics["prefill_tokens"] += float(shared)
@@ -243,11 +239,6 @@ class DecodeLoop:
         batch.append(ordered, prompt_logits[source], shared=shared, holds_prefix=holds)
         metrics["prefill_tokens"] += float(sum(len(p) - shared for p in prompts))
         metrics["shared_prefix_tokens"] += float(saved)
-
-    def _keeps_prefix(self, batch: LiveBatch) -> bool:
-        """May `batch` keep a new prefix? Where the engine keeps any (HFEngine
-        `prefix_attention_min_tokens`), while no row holds the one kept before."""
-        return self.engine.prefix_attention_min_tokens > 0 and not any(batch.holds_prefix)
 
     def _resume(self, batch: LiveBatch, returning: list[tuple[int, Joiner]], metrics) -> None:
         """Prefill the new tokens of parked sessions' next turns into their own rows, in chunks

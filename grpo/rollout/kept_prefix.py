@@ -31,11 +31,23 @@ def _contiguous(batch: LiveBatch, row: int, length: int) -> bool:
     return bool(batch.allowed[row, start : start + length].all())
 
 
+def may_keep(batch: LiveBatch, min_tokens: int) -> bool:
+    """May `batch` keep a new prefix? Where prefixes are kept at all (`min_tokens` > 0: HFEngine
+    `prefix_attention_min_tokens`), and while no row holds the one kept before."""
+    return min_tokens > 0 and not any(batch.holds_prefix)
+
+
+def starts_with_kept(batch: LiveBatch, prompt: tuple[int, ...]) -> bool:
+    """Does `prompt` start with the prefix `batch` keeps, and go on past it?"""
+    kept = batch.cache.prefix_tokens
+    return bool(kept) and len(prompt) > len(kept) and prompt[: len(kept)] == kept
+
+
 def adopt(batch: LiveBatch, prompts: list[tuple[int, ...]], min_tokens: int) -> bool:
     """Keep, from a row already in `batch`, the prefix the joining `prompts` share with its prompt
-    (at least `min_tokens` tokens, every prompt keeping a token of its own), unless a row holds
-    the prefix kept now. Marks the rows that hold it; True when one was kept."""
-    if not batch.rows or any(batch.holds_prefix) or min_tokens <= 0:
+    (at least `min_tokens` tokens, every prompt keeping a token of its own), where the batch may
+    keep one (`may_keep`). Marks the rows that hold it; True when one was kept."""
+    if not batch.rows or not may_keep(batch, min_tokens):
         return False
     cache, shared = batch.cache, leading_prefix_length(prompts)
     if shared < min_tokens:
