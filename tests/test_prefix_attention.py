@@ -150,6 +150,16 @@ def _engine(model, tokenizer, **options) -> HFEngine:
     )
 
 
+def _serve_as_alone(engine: HFEngine, feed, model, tokenizer) -> dict:
+    """Serve `feed`; every request's result is what it samples alone. The engine's metrics."""
+    engine.serve(feed)
+    assert not feed.failed
+    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    for ticket, want in enumerate(expected):
+        _assert_same(want, feed.results[ticket])
+    return engine.last_metrics
+
+
 def test_rows_holding_the_prefix_sample_what_they_sample_alone(model, tokenizer, prompts, prefix):
     requests = [
         request(prompts[0], max_new_tokens=9, seed=1),
@@ -206,12 +216,7 @@ def test_later_requests_with_the_prefix_skip_its_prefill_and_others_attend_whole
         ],
     }
     engine = _engine(model, tokenizer, compact_fraction=0.0)
-    feed = ScheduledFeed(schedule)
-    engine.serve(feed)
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
-    for ticket, want in enumerate(expected):
-        _assert_same(want, feed.results[ticket])
-    metrics = engine.last_metrics
+    metrics = _serve_as_alone(engine, ScheduledFeed(schedule), model, tokenizer)
     assert metrics["kept_prefix_tokens"] == len(prefix)  # one distinct prompt joined with it
     rests = sum(len(p) - len(prefix) for p in prompts)
     joined = len(prompts[1]) - len(prefix) + len(stranger)
@@ -232,12 +237,7 @@ def test_groups_joining_one_at_a_time_keep_the_prefix_from_a_row_in_the_batch(
         4: [request(prompts[2], max_new_tokens=5, seed=20)],
     }
     engine = _engine(model, tokenizer)
-    feed = ScheduledFeed(schedule)
-    engine.serve(feed)
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
-    for ticket, want in enumerate(expected):
-        _assert_same(want, feed.results[ticket])
-    metrics = engine.last_metrics
+    metrics = _serve_as_alone(engine, ScheduledFeed(schedule), model, tokenizer)
     assert metrics["kept_prefix_tokens"] == 2 * len(prefix)
     assert metrics["prefill_tokens"] == len(prompts[0]) + sum(
         len(p) - len(prefix) for p in prompts[1:]
@@ -253,15 +253,11 @@ def test_sessions_come_back_to_rows_that_hold_the_prefix(model, tokenizer, promp
     ]
     joining = [request(prompts[1], max_new_tokens=30, seed=20)]
     observation = tokenizer.encode(" The tool says 42.")
-    engine = _engine(model, tokenizer)
     feed = ConversationFeed({0: first, 3: joining}, observation, delay={"a": 0, "b": 4, "c": 1})
-    engine.serve(feed)
-    assert len(feed.results) == 7 and not feed.failed
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
-    for ticket, want in enumerate(expected):
-        _assert_same(want, feed.results[ticket])
-    assert engine.last_metrics["resumed_requests"] == 3
-    assert engine.last_metrics["prefix_attention_steps"] == engine.last_metrics["decode_steps"]
+    metrics = _serve_as_alone(_engine(model, tokenizer), feed, model, tokenizer)
+    assert len(feed.results) == 7
+    assert metrics["resumed_requests"] == 3
+    assert metrics["prefix_attention_steps"] == metrics["decode_steps"]
 
 
 def test_only_dynamic_decode_with_the_engines_attention_keeps_a_prefix(model, tokenizer):
