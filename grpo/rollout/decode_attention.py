@@ -18,14 +18,15 @@ transformers' SDPA function unchanged, so the result is the same attention eithe
 
 Where every row's cached columns begin with the same prompt prefix (the system prompt and tool
 docs of a multi-turn batch), the engine keeps that prefix's keys and values once (grpo/rollout/
-kv_cache.py `SharedPrefix`) and passes it as `shared_prefix`: all rows' queries are scored against
-it as one product per key/value head, and only each row's own columns go through the batched
-per-row products, with one softmax over both (`_shared_prefix_decode`). The batched products read
-the cache through strided views that oneDNN copies whole, so reading P fewer columns per row is
-what pays: SmolLM2-135M's shapes, 48 rows, a 253-token prefix, 350 columns, 2 CPU threads: 1.27 ms
--> 0.73 ms per layer (a probe script; README, "Performance"). The attention mask then covers the
-prefix's P columns first (False: a row that does not hold the prefix) and the row's own columns
-after.
+kept_prefix.py; kv_cache.py `keep_prefix`) and passes them as `shared_prefix` (a
+`PrefixAttention`): all rows' queries are scored against the prefix as one product per key/value
+head, and only each row's own columns go through the batched per-row products, with one softmax
+over both (`_shared_prefix_decode`). The batched products read the cache through strided views
+that oneDNN copies whole, so reading P fewer columns per row is what pays: SmolLM2-135M's shapes,
+48 rows, a 253-token prefix, 350 columns, 2 CPU threads: 1.1-1.6 ms -> 0.7-1.0 ms per layer;
+below ~4,096 cache cells saved (rows x prefix columns) its fixed cost of ~0.1 ms is more than it
+saves (README, "Performance"). The attention mask then covers the prefix's P columns first
+(False: a row that does not hold the prefix) and the row's own columns after.
 
 Registering a name with transformers' attention and mask interfaces lets the engine's own weight
 copy select it with `set_attn_implementation(ENGINE_ATTENTION)`; the policy being trained is
