@@ -78,9 +78,10 @@ class HFEngineConfig(Section):
     many prefill tokens (prefix length x (distinct prompts - 1)). 0: every prompt is prefilled
     whole."""
     prefix_attention_min_tokens: int = Field(default=64, ge=0)
-    """A batch keeps the common prefix of its first distinct prompts (at least this many tokens)
-    once: every decode step attends to it once for all the rows that start with it, and
-    requests that join later with it skip its prefill. Dynamic decode only. 0: never."""
+    """A batch keeps the prefix its rows' prompts share (chat template, system prompt, tool docs;
+    at least this many tokens) once: decode steps attend to it once for all the rows that start
+    with it, and requests that join later with it skip its prefill (grpo/rollout/kept_prefix.py).
+    Dynamic decode only. 0: never."""
     prefill_chunk_tokens: int | None = Field(default=None, ge=1)
     """Padded prompt tokens per prefill forward (bounds its activation memory). null: 32768 on
     CUDA (a GPU's forward costs about the same at 4096 tokens as at 32768), else 4096."""
