@@ -234,7 +234,11 @@ class LiveBatch:
         self.pos = pos
 
     def append(
-        self, joiners: list[Joiner], logits: torch.Tensor, shared: int = 0, holds_prefix=False
+        self,
+        joiners: list[Joiner],
+        logits: torch.Tensor,
+        shared: int = 0,
+        holds_prefix: bool = False,
     ) -> None:
         """Rows for `joiners` (already prefilled, in this order, into the rows after the live ones,
         each prompt ending at column pos - 1) with their first-token logits [n, V].
