@@ -304,10 +304,66 @@ def test_fused_head_keeps_small_logits_with_the_same_bits_and_no_recompute():
     recomputed = _bf16_fused_run(keep_logits_bytes=B * T * V * 2 - 1)  # one byte over: recomputed
     for a, b in zip(kept[:3], recomputed[:3]):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
-    assert kept[3] == [((8, V), torch.bfloat16), ((8, V), torch.bfloat16), ((5, V), torch.bfloat16)]
-    assert recomputed[3] == []
+    assert kept[3] == recomputed[3] == []  # kept in a claimed scratch buffer, not saved
     # Per chunk the backward runs grad_hidden and grad_weight; recomputing adds the logits again.
     assert (kept[4], recomputed[4]) == (2 * 3, 3 * 3)
+
+
+def test_a_later_forward_takes_the_kept_logits_and_the_earlier_backward_recomputes_them():
+    """Two forwards, then both backwards: the second forward claimed the kept-logits buffer, so the
+    first backward recomputes its logits (the same bits as alone), the second reads its own."""
+    alone = [_bf16_fused_run(keep_logits_bytes=10**9, temperature=1.0)[:3] for _ in range(2)]
+    runs = []
+    for _ in range(2):
+        hidden, weight, targets = _inputs(seed=7)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=8, keep_logits_bytes=10**9)
+        runs.append((logprobs, hidden, weight))
+    calls = []
+    for logprobs, hidden, weight in runs:
+        counter = _CountMatmuls()
+        with counter:
+            (torch.arange(B * T, dtype=torch.float32).view(B, T).sin() * logprobs).sum().backward()
+        calls.append(counter.calls)
+        for got, want in zip((logprobs, hidden.grad, weight.grad), alone[0]):
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert calls == [3 * 3, 2 * 3]
+
+
+def test_one_autograd_node_and_one_new_weight_gradient_per_call():
+    """Three chunks under bf16 autocast: one backward node; its backward makes exactly one new
+    [V, H] fp32 tensor (the gradient it returns; each chunk's bf16 product is added into it)."""
+    hidden, weight, targets = _inputs(seed=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=8)
+    assert type(logprobs.grad_fn).__name__ == "ViewBackward0"
+    node = logprobs.grad_fn.next_functions[0][0]
+    assert type(node).__name__ == "_FusedLinearLogprobsBackward"
+    assert node.next_functions[1][0].variable is weight  # the weight's one edge
+
+    made = []
+
+    class _NewWeightSized(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            in_place = func._schema.name.endswith("_") or "out" in func._overloadname
+            if isinstance(out, torch.Tensor) and out.shape == (V, H) and out.dtype == torch.float32 and not in_place:
+                made.append(out.untyped_storage().data_ptr())
+            return out
+
+    with _NewWeightSized():
+        logprobs.sum().backward()
+    assert len(set(made)) == 1 and weight.grad.untyped_storage().data_ptr() == made[0]
+
+
+def test_changing_the_weight_before_the_backward_is_an_error():
+    hidden, weight, targets = _inputs(seed=9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=8)
+    with torch.no_grad():
+        weight.add_(1.0)  # an optimizer step before this backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        logprobs.sum().backward()
 
 
 def test_fp32_head_never_keeps_its_logits():

@@ -135,3 +135,33 @@ def test_log_sum_exp_in_place_is_torch_logsumexp_bit_for_bit():
     assert got[1] == float("-inf") and got[3] == float("inf") and got[4].isnan()
     bf16_logits = torch.randn(4, 49152, generator=torch.Generator().manual_seed(8)).bfloat16().float()
     assert torch.equal(_log_sum_exp_(bf16_logits.clone()), torch.logsumexp(bf16_logits, dim=-1))
+
+
+def test_chunk_gradients_are_summed_in_blocks_with_the_same_bits(monkeypatch):
+    """The weight's gradient over three chunks, summed into one tensor in row blocks of any size
+    (here 2 rows of a [50, 16] fp32 gradient), equals the one-block sum to the bit."""
+    import grpo.models.logprobs as logprobs_module
+
+    def run():
+        hidden, weight, targets = _inputs(8)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, chunk_size=8)
+        (logprobs * torch.linspace(-1, 1, B * T).view(B, T)).sum().backward()
+        return weight.grad
+
+    whole = run()
+    monkeypatch.setattr(logprobs_module, "ADD_BLOCK_BYTES", 2 * H * 4)
+    blocks = []
+    real_add = torch.Tensor.add_
+
+    def add_(self, *args, **kwargs):
+        if self.dim() == 2 and self.shape[1] == H:  # the weight's gradient, [rows, H]
+            blocks.append(self.shape[0])
+        return real_add(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "add_", add_)
+    in_blocks = run()
+    monkeypatch.undo()
+    assert blocks and set(blocks) == {2}  # 2 chunk additions x 25 blocks of 2 rows
+    assert len(blocks) == 2 * (V // 2)
+    torch.testing.assert_close(in_blocks, whole, atol=0, rtol=0)

@@ -5,7 +5,7 @@ step ([B*T, V] fp32: 16 x 1024 tokens x 152k vocabulary is 10 GB). We never buil
 positions are processed in chunks of `chunk_size` rows, and with autograd each chunk keeps only its
 inputs: the backward recomputes one chunk's logits at a time. Peak memory is O(chunk_size * V)
 instead of O(B * T * V). Log-probs of a plain weight head (the usual tied or untied LM head) run
-through `_FusedLinearLogprob`, whose backward forms the softmax gradient in place from the
+through `_FusedLinearLogprobs`, whose backward forms the softmax gradient in place from the
 forward's log-sum-exp; entropy, a head with a bias or adapters, or a callable run each chunk under
 `torch.utils.checkpoint` instead. Where the positions' low-precision logits are small (at most
 KEEP_LOGITS_BYTES for the whole call), the fused path keeps them from the forward instead of
@@ -16,10 +16,12 @@ the softmax is taken in fp32 even under bf16 autocast (the head's matmul itself 
 dtype, as it does in the rollout engines, then its output is upcast).
 
 On a CPU the plain-weight head writes its [C, V] logits (both dtypes), its weight in the compute
-dtype (without gradients) and its weight gradient in the compute dtype into buffers this thread
-keeps between calls (`_Scratch`): glibc maps every block over 32 MiB fresh and the kernel faults
-it in page by page (a standard update on this project's CPU: 324k minor faults before, 99k after,
-and 4.48 -> 4.01 s; README). CUDA's caching allocator already reuses its memory, so there every
+dtype (cast again in the backward rather than saved), the kept low-precision logits and its
+weight gradient in the compute dtype into buffers this thread keeps between calls (`_Scratch`):
+glibc maps every block over 32 MiB fresh and the kernel faults it in page by page (a standard
+update on this project's CPU: 324k minor faults before, 99k after, and 4.48 -> 4.01 s; README).
+With gradients all chunks are one autograd node, which returns one weight gradient per call
+rather than one per chunk. CUDA's caching allocator already reuses its memory, so there every
 call allocates as before.
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +70,7 @@ class _Scratch(threading.local):
 
     def __init__(self) -> None:
         self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self.claims: dict[tuple[str, torch.dtype], object] = {}
 
     def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         if device.type != "cpu":
@@ -76,6 +80,27 @@ class _Scratch(threading.local):
         if buffer is None or buffer.numel() < numel:
             buffer = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
         return buffer[:numel].view(shape)
+
+    def claim(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> "_Claim":
+        """A buffer (as `take`) that a later backward may read: valid until the next claim of the
+        same name and dtype on this thread (`holds`). Off the CPU the tensor is new and stays valid."""
+        token = object() if device.type == "cpu" else None
+        if token is not None:
+            self.claims[(name, dtype)] = token
+        return _Claim(self.take(name, shape, dtype, device), name, token)
+
+    def holds(self, claim: "_Claim") -> torch.Tensor | None:
+        """The claimed tensor while no later claim has taken its buffer, else None."""
+        if claim.token is None or self.claims.get((claim.name, claim.tensor.dtype)) is claim.token:
+            return claim.tensor
+        return None
+
+
+@dataclass(frozen=True)
+class _Claim:
+    tensor: torch.Tensor
+    name: str
+    token: object | None
 
 
 _SCRATCH = _Scratch()
@@ -149,55 +174,103 @@ def _chunk_logprobs_entropy(
         return logprobs, entropy
 
 
-class _FusedLinearLogprob(torch.autograd.Function):
-    """log softmax(hidden @ weight.T / T)[targets] for one chunk, whose backward recomputes the
-    chunk's logits once (or, with `keep`, reads the low-precision product the forward kept: the
-    same bits) and forms d/dlogits = (onehot(target) - softmax) / T directly: the same
-    numbers the checkpointed path gets from autograd (the log-sum-exp's backward exp(z - lse),
-    the gather's scatter, the division by T), without recomputing the log-sum-exp, zero-filling
-    a [C, V] gradient for the gather or keeping a second [C, V] buffer.
+class _FusedLinearLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ weight.T / T)[targets] for every position, chunk by chunk, as one
+    autograd node. Its backward recomputes each chunk's logits once (or, with `keep`, reads the
+    low-precision products the forward kept: the same bits) and forms d/dlogits = (onehot(target)
+    - softmax) / T directly: the same numbers the checkpointed path gets from autograd (the
+    log-sum-exp's backward exp(z - lse), the gather's scatter, the division by T), without
+    recomputing the log-sum-exp, zero-filling a [C, V] gradient for the gather or keeping a second
+    [C, V] buffer.
 
-    `weight` is the head's own parameter (its gradient is returned in its dtype, so chunks
-    accumulate in full precision, as autocast's per-call casts do); `low` the same weight in the
-    compute dtype, made once per call. Under autocast the matmuls run in the compute dtype and the
-    softmax in fp32, as in `_chunk_logprobs`."""
+    `weight` is the head's own parameter. Its gradient is the chunks' products in the compute
+    dtype summed in the parameter's dtype, in chunk order, as autograd sums autocast's per-chunk
+    casts; but into one tensor per call instead of one per chunk (on a CPU each [V, H] fp32 block
+    is fresh memory the kernel faults in page by page). The weight in the compute dtype is cast
+    into a scratch buffer in the forward and again in the backward rather than saved, and kept
+    logits live in a scratch buffer this call claims: if another call has claimed it by the
+    backward (two forwards, then the first one's backward), the backward recomputes them. Under
+    autocast the matmuls run in the compute dtype and the softmax in fp32, as in
+    `_chunk_logprobs`."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, low, targets, temperature, keep):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, dtype, keep):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
-            h = hidden.to(low.dtype)  # [C, H]
-            kept = torch.mm(h, low.t()) if keep else None  # [C, V], a tensor of its own
-            out, log_norm = _fused_chunk_logprobs(h, low, targets, temperature, kept)  # [C], [C]
-        ctx.save_for_backward(h, low, targets, log_norm, kept)
-        ctx.temperature = temperature
-        ctx.dtypes = (hidden.dtype, weight.dtype)
-        return out
+            low = _low_weight(weight, dtype)  # [V, H]
+            h = hidden.to(dtype)  # [N, H]
+            claim = _SCRATCH.claim("kept_logits", (h.shape[0], low.shape[0]), dtype, h.device) if keep else None
+            kept = claim.tensor if claim is not None else None  # [N, V]
+            outs, log_norms = [], []
+            for start in range(0, h.shape[0], chunk_size):
+                rows = slice(start, start + chunk_size)
+                product = torch.mm(h[rows], low.t(), out=kept[rows]) if keep else None  # [C, V]
+                out, log_norm = _fused_chunk_logprobs(h[rows], low, targets[rows], temperature, product)
+                outs.append(out)
+                log_norms.append(log_norm)
+        ctx.save_for_backward(h, weight, targets, torch.cat(log_norms))
+        ctx.kept = claim
+        ctx.settings = (temperature, chunk_size, hidden.dtype)
+        return torch.cat(outs)
 
     @staticmethod
     def backward(ctx, grad):
-        h, low, targets, log_norm, kept = ctx.saved_tensors
-        temperature = ctx.temperature
+        h, weight, targets, log_norms = ctx.saved_tensors
+        temperature, chunk_size, hidden_dtype = ctx.settings
+        kept = _SCRATCH.holds(ctx.kept) if ctx.kept is not None else None  # [N, V] or recompute
+        ctx.kept = None
+        grad_hidden = grad_weight = None
         with torch.autocast(device_type=h.device.type, enabled=False):
-            logits = _fused_logits(h, low, temperature, kept)  # [C, V] fp32, a scratch buffer
-            grad = grad.to(logits.dtype)
-            # d out / d z = onehot(target) - softmax(z): softmax in place of the logits.
-            grad_z = logits.sub_(log_norm[:, None]).exp_().mul_(-grad[:, None])  # [C, V]
-            grad_z.scatter_add_(-1, targets[:, None], grad[:, None])
-            if temperature != 1.0:
-                grad_z = grad_z.div_(temperature)
-            grad_logits = grad_z  # cast to the compute dtype as autocast's backward casts it:
-            if grad_z.dtype != low.dtype:  # into the (consumed) low-precision logits' buffer
-                grad_logits = _SCRATCH.take("logits_low", grad_z.shape, low.dtype, h.device).copy_(grad_z)
-            hidden_dtype, weight_dtype = ctx.dtypes
-            grad_hidden = (grad_logits @ low).to(hidden_dtype) if ctx.needs_input_grad[0] else None  # [C, H]
-            grad_weight = None
-            if ctx.needs_input_grad[1]:
-                # The [V, H] product in the compute dtype is a scratch buffer only when the
-                # parameter's dtype differs (then `.to` returns a new tensor for autograd to keep).
-                out = (_SCRATCH.take("grad_weight_low", tuple(low.shape), low.dtype, h.device)
-                       if weight_dtype != low.dtype else None)
-                grad_weight = torch.mm(grad_logits.t(), h, out=out).to(weight_dtype)  # [V, H]
-        return grad_hidden, grad_weight, None, None, None, None
+            low = _low_weight(weight, h.dtype)  # [V, H]
+            grad = grad.to(torch.promote_types(h.dtype, torch.float32))
+            if ctx.needs_input_grad[0]:
+                grad_hidden = torch.empty(h.shape, dtype=hidden_dtype, device=h.device)  # [N, H]
+            for start in range(0, h.shape[0], chunk_size):
+                rows = slice(start, start + chunk_size)
+                h_rows, g = h[rows], grad[rows]
+                logits = _fused_logits(h_rows, low, temperature, kept[rows] if kept is not None else None)
+                # d out / d z = onehot(target) - softmax(z): softmax in place of the logits.
+                grad_z = logits.sub_(log_norms[rows, None]).exp_().mul_(-g[:, None])  # [C, V]
+                grad_z.scatter_add_(-1, targets[rows, None], g[:, None])
+                if temperature != 1.0:
+                    grad_z = grad_z.div_(temperature)
+                grad_logits = grad_z  # cast to the compute dtype as autocast's backward casts it:
+                if grad_z.dtype != low.dtype:  # into the (consumed) low-precision logits' buffer
+                    grad_logits = _SCRATCH.take("logits_low", grad_z.shape, low.dtype, h.device).copy_(grad_z)
+                if grad_hidden is not None:
+                    grad_hidden[rows] = grad_logits @ low  # [C, H]
+                if ctx.needs_input_grad[1]:
+                    product = torch.mm(grad_logits.t(), h_rows,
+                                       out=_SCRATCH.take("grad_weight_low", tuple(low.shape), low.dtype, h.device))
+                    if grad_weight is None:  # a tensor of its own, in the parameter's dtype
+                        grad_weight = product.to(weight.dtype, copy=True)  # [V, H]
+                    else:
+                        _add_upcast_(grad_weight, product)
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+ADD_BLOCK_BYTES = 16 * 2**20
+"""`_add_upcast_` adds a lower-precision tensor in row blocks whose upcast copy takes at most this
+many bytes: glibc serves blocks under 32 MiB from memory it reuses, while one [V, H] fp32 upcast
+(113 MB for SmolLM2's head) would be fresh memory faulted in page by page."""
+
+
+def _add_upcast_(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """total += part, where `part` may have a lower-precision dtype: the same numbers as adding
+    `part.to(total.dtype)` (the upcast is exact), in row blocks (ADD_BLOCK_BYTES)."""
+    if part.dtype == total.dtype or total.device.type != "cpu":
+        return total.add_(part)
+    rows = max(1, ADD_BLOCK_BYTES // max(1, total[0].numel() * total.element_size()))
+    for start in range(0, total.shape[0], rows):
+        total[start:start + rows].add_(part[start:start + rows])
+    return total
+
+
+def _low_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The head's weight in the compute dtype: itself (detached) when it has that dtype, else a
+    copy in a scratch buffer (never saved, never returned)."""
+    if weight.dtype == dtype:
+        return weight.detach()
+    return _SCRATCH.take("weight_low", tuple(weight.shape), dtype, weight.device).copy_(weight)
 
 
 def _plain_weight(lm_head: Head) -> torch.Tensor | None:
@@ -267,15 +340,17 @@ def token_logprobs_and_entropy(
     fn = _chunk_logprobs_entropy if with_entropy else _chunk_logprobs
     use_checkpoint = _needs_grad(hidden, lm_head)
     weight = _plain_weight(lm_head) if not with_entropy else None
-    if weight is not None:  # one cast for every chunk
+    if weight is not None and use_checkpoint:  # one autograd node for every chunk
         dtype = _compute_dtype(hidden, weight)
-        if use_checkpoint or weight.dtype == dtype:  # saved for the backward: a tensor of its own
-            low = weight.detach().to(dtype)
-        else:
-            low = _SCRATCH.take("weight_low", tuple(weight.shape), dtype, weight.device).copy_(weight)
         # The forward's logits survive its log-sum-exp only when it upcasts them (bf16, fp16).
-        keep = (use_checkpoint and low.dtype in _UPCAST_DTYPES
-                and flat_hidden.shape[0] * low.shape[0] * low.element_size() <= keep_logits_bytes)
+        keep = (dtype in _UPCAST_DTYPES
+                and flat_hidden.shape[0] * weight.shape[0] * dtype.itemsize <= keep_logits_bytes)
+        if flat_hidden.shape[0] > 0:
+            logprobs = _FusedLinearLogprobs.apply(flat_hidden, weight, flat_targets, temperature,
+                                                  chunk_size, dtype, keep)
+            return logprobs.view(batch, length), None
+    elif weight is not None:  # one cast for every chunk
+        low = _low_weight(weight, _compute_dtype(hidden, weight))
 
     logprob_chunks, entropy_chunks = [], []
     for start in range(0, flat_hidden.shape[0], chunk_size):
@@ -285,9 +360,7 @@ def token_logprobs_and_entropy(
             head,
             temperature,
         )
-        if weight is not None and use_checkpoint:
-            out = _FusedLinearLogprob.apply(args[0], weight, low, args[1], temperature, keep)
-        elif weight is not None:
+        if weight is not None:
             with torch.autocast(device_type=hidden.device.type, enabled=False):
                 out, _ = _fused_chunk_logprobs(args[0].to(low.dtype), low, args[1], temperature)
         elif use_checkpoint:
