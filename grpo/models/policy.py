@@ -32,6 +32,7 @@ from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
 from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
 from grpo.models.prefix_tree import PackedRows, pack_if_cheaper, pair_cost
+from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -98,6 +99,8 @@ class PolicyWithValueHead(nn.Module):
         self.logprob_chunk_size = logprob_chunk_size
         self.tokenizer = tokenizer
         lm = self.language_model()
+        # The input embedding's weight gradient in a reused buffer (CPU; None where frozen).
+        self.embedding_gradient = ReusedEmbeddingGradient.install(lm.get_input_embeddings())
         self.value_head: nn.Linear | None = None
         if value_head:
             # Zero init: values start at 0 and the head adds no gradient to the trunk until it learns.
