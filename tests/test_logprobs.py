@@ -346,7 +346,8 @@ def test_one_autograd_node_and_one_new_weight_gradient_per_call():
     class _NewWeightSized(torch.utils._python_dispatch.TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            in_place = func._schema.name.endswith("_") or "out" in func._overloadname
+            in_place = func._schema.name.endswith("_") or "out" in func._overloadname or any(
+                r.alias_info is not None for r in func._schema.returns)  # or a view
             if isinstance(out, torch.Tensor) and out.shape == (V, H) and out.dtype == torch.float32 and not in_place:
                 made.append(out.untyped_storage().data_ptr())
             return out

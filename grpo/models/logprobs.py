@@ -249,19 +249,21 @@ class _FusedLinearLogprobs(torch.autograd.Function):
 
 
 ADD_BLOCK_BYTES = 16 * 2**20
-"""`_add_upcast_` adds a lower-precision tensor in row blocks whose upcast copy takes at most this
-many bytes: glibc serves blocks under 32 MiB from memory it reuses, while one [V, H] fp32 upcast
-(113 MB for SmolLM2's head) would be fresh memory faulted in page by page."""
+"""`_add_upcast_` upcasts a lower-precision tensor for adding in row blocks of at most this many
+bytes, each into one scratch buffer: torch's own mixed-dtype add would upcast the whole [V, H]
+into a fresh block (113 MB for SmolLM2's head), which the kernel faults in page by page."""
 
 
 def _add_upcast_(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
     """total += part, where `part` may have a lower-precision dtype: the same numbers as adding
-    `part.to(total.dtype)` (the upcast is exact), in row blocks (ADD_BLOCK_BYTES)."""
+    `part.to(total.dtype)` (the upcast is exact), upcast block by block into a scratch buffer."""
     if part.dtype == total.dtype or total.device.type != "cpu":
         return total.add_(part)
     rows = max(1, ADD_BLOCK_BYTES // max(1, total[0].numel() * total.element_size()))
     for start in range(0, total.shape[0], rows):
-        total[start:start + rows].add_(part[start:start + rows])
+        block = part[start:start + rows]
+        up = _SCRATCH.take("upcast_block", tuple(block.shape), total.dtype, total.device).copy_(block)
+        total[start:start + rows].add_(up)
     return total
 
 
