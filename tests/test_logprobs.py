@@ -372,3 +372,7 @@ def test_fp32_head_never_keeps_its_logits():
     hidden, weight, targets = _inputs()
     saved_shapes, logprobs, _ = _saved_shapes(hidden, weight, targets, keep_logits_bytes=10**9)
     assert all(shape == (V, H) or V not in shape for shape in saved_shapes)
+    counter = _CountMatmuls()
+    with counter:
+        logprobs.sum().backward()
+    assert counter.calls == 3 * 6  # 6 chunks of 4: each recomputes its logits

@@ -81,7 +81,7 @@ class _Scratch(threading.local):
             buffer = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
         return buffer[:numel].view(shape)
 
-    def claim(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> "_Claim":
+    def claim(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> _Claim:
         """A buffer (as `take`) that a later backward may read: valid until the next claim of the
         same name and dtype on this thread (`holds`). Off the CPU the tensor is new and stays valid."""
         token = object() if device.type == "cpu" else None
@@ -89,7 +89,7 @@ class _Scratch(threading.local):
             self.claims[(name, dtype)] = token
         return _Claim(self.take(name, shape, dtype, device), name, token)
 
-    def holds(self, claim: "_Claim") -> torch.Tensor | None:
+    def holds(self, claim: _Claim) -> torch.Tensor | None:
         """The claimed tensor while no later claim has taken its buffer, else None."""
         if claim.token is None or self.claims.get((claim.name, claim.tensor.dtype)) is claim.token:
             return claim.tensor

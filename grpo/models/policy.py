@@ -28,11 +28,11 @@ from grpo.models.cache_argument import cache_keyword, output_cache
 from grpo.models.common_prefix import CommonPrefix
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
+from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
 from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
 from grpo.models.prefix_tree import PackedRows, pack_if_cheaper, pair_cost
-from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
