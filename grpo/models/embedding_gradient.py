@@ -17,6 +17,7 @@ then it gets a fresh tensor as before.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -25,30 +26,34 @@ from torch import nn
 
 
 class _Buffers(threading.local):
-    """One gradient-shaped buffer per (shape, dtype) and thread, with the rows last written."""
+    """One gradient-shaped buffer per (shape, dtype) and thread, zero outside the rows last written."""
 
     def __init__(self) -> None:
-        self.buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.buffers: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def zeroed(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
-        """The buffer, all zeros, or None while something besides this holder still has it."""
-        key = (tuple(shape), dtype)
+    def write(self, shape: torch.Size, rows: torch.Tensor, sums: torch.Tensor) -> torch.Tensor | None:
+        """The buffer with `sums` [U, H] in `rows` [U] and zeros elsewhere, or None while something
+        besides this holder still has it (then it is left as it is)."""
+        key = (tuple(shape), sums.dtype)
         buffer, written = self.buffers.get(key, (None, None))
         if buffer is None:
-            buffer = torch.zeros(shape, dtype=dtype)
+            buffer = torch.zeros(shape, dtype=sums.dtype)
         elif not _only_holder(buffer):
             return None
-        elif written is not None:
+        else:
             buffer.index_fill_(0, written, 0)
-        self.buffers[key] = (buffer, None)
+        self.buffers[key] = (buffer.index_copy_(0, rows, sums), rows)
         return buffer
-
-    def wrote(self, buffer: torch.Tensor, rows: torch.Tensor) -> None:
-        self.buffers[(tuple(buffer.shape), buffer.dtype)] = (buffer, rows)
 
 
 def _storage_holders(tensor: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+@functools.cache
+def _holders_alone() -> int:
+    """What `_storage_holders` reads for a storage that one tensor alone holds."""
+    return _storage_holders(torch.zeros(1))
 
 
 def _only_holder(buffer: torch.Tensor) -> bool:
@@ -56,8 +61,7 @@ def _only_holder(buffer: torch.Tensor) -> bool:
     user (autograd's input buffer holds the tensor itself; a gradient taken over would be a view).
     On a torch without these counts: never (every backward gets a tensor of its own)."""
     try:
-        alone = torch.zeros(1)
-        return buffer._use_count() == 1 and _storage_holders(buffer) == _storage_holders(alone)
+        return buffer._use_count() == 1 and _storage_holders(buffer) == _holders_alone()
     except AttributeError:
         return False
 
@@ -86,11 +90,9 @@ class _EmbeddingLookup(torch.autograd.Function):
             flat_ids, flat_grad = flat_ids[keep], flat_grad[keep]
         rows, inverse = torch.unique(flat_ids, sorted=True, return_inverse=True)  # [U], [N]
         sums = flat_grad.new_zeros(rows.shape[0], flat_grad.shape[1]).index_add_(0, inverse, flat_grad)  # [U, H]
-        weight_grad = _BUFFERS.zeroed(shape, dtype)
+        weight_grad = _BUFFERS.write(shape, rows, sums)
         if weight_grad is None:  # autograd still holds the buffer: a tensor of its own
-            return None, torch.zeros(shape, dtype=dtype).index_copy_(0, rows, sums), None
-        weight_grad.index_copy_(0, rows, sums)
-        _BUFFERS.wrote(weight_grad, rows)
+            weight_grad = torch.zeros(shape, dtype=dtype).index_copy_(0, rows, sums)
         return None, weight_grad, None
 
 
