@@ -1,6 +1,6 @@
-"""The LM head's scratch buffers (grpo/models/logprobs.py `_Scratch`): on a CPU its [C, V] logits,
-its low-precision weight (no grad) and its weight gradient in the compute dtype reuse buffers kept
-between calls; the numbers stay exactly those of a fresh allocation, and nothing a caller holds
+"""The LM head's scratch buffers (grpo/models/scratch.py `Scratch`, used by grpo/models/logprobs.py):
+on a CPU its [C, V] logits, its low-precision weight (no grad) and its weight gradient in the
+compute dtype reuse buffers kept between calls; the numbers stay exactly those of a fresh allocation, and nothing a caller holds
 (outputs, gradients, tensors saved for a later backward) is ever one of those buffers."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo.models.logprobs import _SCRATCH, _Scratch, token_logprobs_and_entropy
+from grpo.models.logprobs import token_logprobs_and_entropy
+from grpo.models.scratch import SCRATCH, Scratch
 
 B, T, H, V = 3, 7, 16, 50
 
@@ -25,7 +26,7 @@ def _inputs(seed: int, dtype=torch.float32):
 
 
 def _buffer_ptrs() -> set[int]:
-    return {b.data_ptr() for b in _SCRATCH.buffers.values()}
+    return {b.data_ptr() for b in SCRATCH.buffers.values()}
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -43,7 +44,7 @@ def test_no_grad_plain_head_equals_the_autocast_module_head(temperature):
                                              temperature=temperature, chunk_size=8)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=0, rtol=0)
-    assert ("weight_low", torch.bfloat16) in _SCRATCH.buffers
+    assert ("weight_low", torch.bfloat16) in SCRATCH.buffers
 
 
 def _alone(seed: int):
@@ -110,7 +111,7 @@ def test_each_thread_has_its_own_buffers():
 
 
 def test_buffers_grow_to_the_largest_request_and_stay_on_the_cpu():
-    scratch = _Scratch()
+    scratch = Scratch()
     small = scratch.take("x", (2, 3), torch.float32, torch.device("cpu"))
     large = scratch.take("x", (4, 4), torch.float32, torch.device("cpu"))
     again = scratch.take("x", (1, 2), torch.float32, torch.device("cpu"))
@@ -119,6 +120,19 @@ def test_buffers_grow_to_the_largest_request_and_stay_on_the_cpu():
     assert scratch.take("x", (3,), torch.bfloat16, torch.device("cpu")).data_ptr() != large.data_ptr()
     meta = scratch.take("y", (8, 8), torch.float32, torch.device("meta"))  # CUDA's allocator caches
     assert meta.device.type == "meta" and ("y", torch.float32) not in scratch.buffers
+
+
+def test_a_request_over_the_cap_is_a_tensor_of_its_own_and_not_kept(monkeypatch):
+    import grpo.models.scratch as scratch_module
+
+    monkeypatch.setattr(scratch_module, "MAX_BUFFER_BYTES", 64)
+    scratch = Scratch()
+    kept = scratch.take("x", (4, 4), torch.float32, torch.device("cpu"))  # 64 bytes: kept
+    big = scratch.take("x", (17,), torch.float32, torch.device("cpu"))  # 68 bytes: its own
+    again = scratch.take("x", (17,), torch.float32, torch.device("cpu"))
+    assert big.shape == (17,) and big.data_ptr() != again.data_ptr()
+    assert scratch.buffers[("x", torch.float32)].data_ptr() == kept.data_ptr()
+    assert scratch.buffers[("x", torch.float32)].numel() == 16
 
 
 def test_log_sum_exp_in_place_is_torch_logsumexp_bit_for_bit():

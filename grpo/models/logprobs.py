@@ -17,9 +17,10 @@ dtype, as it does in the rollout engines, then its output is upcast).
 
 On a CPU the plain-weight head writes its [C, V] logits (both dtypes), its weight in the compute
 dtype (cast again in the backward rather than saved), the kept low-precision logits and its
-weight gradient in the compute dtype into buffers this thread keeps between calls (`_Scratch`):
-glibc maps every block over 32 MiB fresh and the kernel faults it in page by page (a standard
-update on this project's CPU: 324k minor faults before, 99k after, and 4.48 -> 4.01 s; README).
+weight gradient in the compute dtype into buffers this thread keeps between calls
+(grpo/models/scratch.py): glibc maps large blocks fresh and the kernel faults them in page by
+page (a standard update on this project's CPU: 324k minor faults before, 99k after, and 4.48 ->
+4.01 s; README).
 With gradients all chunks are one autograd node, which returns one weight gradient per call
 rather than one per chunk. CUDA's caching allocator already reuses its memory, so there every
 call allocates as before.
@@ -27,14 +28,13 @@ call allocates as before.
 
 from __future__ import annotations
 
-import math
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from grpo.models.scratch import SCRATCH
 
 DEFAULT_CHUNK_SIZE = 512
 """Rows (positions) per chunk: 512 x 49k-vocabulary fp32 logits is ~100 MB."""
@@ -63,49 +63,6 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 1.0 else logits / temperature
 
 
-class _Scratch(threading.local):
-    """Named CPU buffers that outlive a call, one set per thread, each grown to the largest request
-    (a [512, 49k] fp32 chunk is ~100 MB). A buffer is only ever used within one forward or one
-    backward and never saved for a later one, nor returned."""
-
-    def __init__(self) -> None:
-        self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-        self.claims: dict[tuple[str, torch.dtype], object] = {}
-
-    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if device.type != "cpu":
-            return torch.empty(shape, dtype=dtype, device=device)
-        numel = math.prod(shape)
-        buffer = self.buffers.get((name, dtype))
-        if buffer is None or buffer.numel() < numel:
-            buffer = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
-        return buffer[:numel].view(shape)
-
-    def claim(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> _Claim:
-        """A buffer (as `take`) that a later backward may read: valid until the next claim of the
-        same name and dtype on this thread (`holds`). Off the CPU the tensor is new and stays valid."""
-        token = object() if device.type == "cpu" else None
-        if token is not None:
-            self.claims[(name, dtype)] = token
-        return _Claim(self.take(name, shape, dtype, device), name, token)
-
-    def holds(self, claim: _Claim) -> torch.Tensor | None:
-        """The claimed tensor while no later claim has taken its buffer, else None."""
-        if claim.token is None or self.claims.get((claim.name, claim.tensor.dtype)) is claim.token:
-            return claim.tensor
-        return None
-
-
-@dataclass(frozen=True)
-class _Claim:
-    tensor: torch.Tensor
-    name: str
-    token: object | None
-
-
-_SCRATCH = _Scratch()
-
-
 def _fused_logits(
     h: torch.Tensor, low: torch.Tensor, temperature: float, kept: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -115,9 +72,9 @@ def _fused_logits(
     shape = (h.shape[0], low.shape[0])
     logits = kept
     if logits is None:
-        logits = torch.mm(h, low.t(), out=_SCRATCH.take("logits_low", shape, low.dtype, h.device))  # [C, V]
+        logits = torch.mm(h, low.t(), out=SCRATCH.take("logits_low", shape, low.dtype, h.device))  # [C, V]
     if logits.dtype in _UPCAST_DTYPES:  # `_upcast`, into a buffer
-        logits = _SCRATCH.take("logits", shape, torch.float32, h.device).copy_(logits)  # [C, V] fp32
+        logits = SCRATCH.take("logits", shape, torch.float32, h.device).copy_(logits)  # [C, V] fp32
     return logits if temperature == 1.0 else logits.div_(temperature)
 
 
@@ -198,7 +155,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             low = _low_weight(weight, dtype)  # [V, H]
             h = hidden.to(dtype)  # [N, H]
-            claim = _SCRATCH.claim("kept_logits", (h.shape[0], low.shape[0]), dtype, h.device) if keep else None
+            claim = SCRATCH.claim("kept_logits", (h.shape[0], low.shape[0]), dtype, h.device) if keep else None
             kept = claim.tensor if claim is not None else None  # [N, V]
             outs, log_norms = [], []
             for start in range(0, h.shape[0], chunk_size):
@@ -216,7 +173,7 @@ class _FusedLinearLogprobs(torch.autograd.Function):
     def backward(ctx, grad):
         h, weight, targets, log_norms = ctx.saved_tensors
         temperature, chunk_size, hidden_dtype = ctx.settings
-        kept = _SCRATCH.holds(ctx.kept) if ctx.kept is not None else None  # [N, V] or recompute
+        kept = SCRATCH.holds(ctx.kept) if ctx.kept is not None else None  # [N, V] or recompute
         ctx.kept = None
         grad_hidden = grad_weight = None
         with torch.autocast(device_type=h.device.type, enabled=False):
@@ -235,12 +192,12 @@ class _FusedLinearLogprobs(torch.autograd.Function):
                     grad_z = grad_z.div_(temperature)
                 grad_logits = grad_z  # cast to the compute dtype as autocast's backward casts it:
                 if grad_z.dtype != low.dtype:  # into the (consumed) low-precision logits' buffer
-                    grad_logits = _SCRATCH.take("logits_low", grad_z.shape, low.dtype, h.device).copy_(grad_z)
+                    grad_logits = SCRATCH.take("logits_low", grad_z.shape, low.dtype, h.device).copy_(grad_z)
                 if grad_hidden is not None:
                     grad_hidden[rows] = grad_logits @ low  # [C, H]
                 if ctx.needs_input_grad[1]:
                     product = torch.mm(grad_logits.t(), h_rows,
-                                       out=_SCRATCH.take("grad_weight_low", tuple(low.shape), low.dtype, h.device))
+                                       out=SCRATCH.take("grad_weight_low", tuple(low.shape), low.dtype, h.device))
                     if grad_weight is None:  # a tensor of its own, in the parameter's dtype
                         grad_weight = product.to(weight.dtype, copy=True)  # [V, H]
                     else:
@@ -262,7 +219,7 @@ def _add_upcast_(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
     rows = max(1, ADD_BLOCK_BYTES // max(1, total[0].numel() * total.element_size()))
     for start in range(0, total.shape[0], rows):
         block = part[start:start + rows]
-        up = _SCRATCH.take("upcast_block", tuple(block.shape), total.dtype, total.device).copy_(block)
+        up = SCRATCH.take("upcast_block", tuple(block.shape), total.dtype, total.device).copy_(block)
         total[start:start + rows].add_(up)
     return total
 
@@ -272,7 +229,7 @@ def _low_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     copy in a scratch buffer (never saved, never returned)."""
     if weight.dtype == dtype:
         return weight.detach()
-    return _SCRATCH.take("weight_low", tuple(weight.shape), dtype, weight.device).copy_(weight)
+    return SCRATCH.take("weight_low", tuple(weight.shape), dtype, weight.device).copy_(weight)
 
 
 def _plain_weight(lm_head: Head) -> torch.Tensor | None:
