@@ -23,10 +23,13 @@ class ModelConfig(Section):
     """Dtype the trainable weights are stored in; `auto` compute uses autocast over fp32 weights."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
-    attn_implementation: Literal["auto", "sdpa", "eager"] = "auto"
-    """Attention kernel of the trained policy (rollout engines choose their own). `auto`: `eager`
-    on CPU, where its backward ran 1.2-1.4x faster than SDPA's on sequences under ~200 tokens and
-    as fast on longer ones (`python -m bench.run`), `sdpa` elsewhere."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "grpo_eager"] = "auto"
+    """Attention kernel of the trained policy (rollout engines choose their own). `grpo_eager`:
+    transformers' eager attention bit for bit, in reused buffers and with bounded saved
+    probabilities (grpo/models/training_attention.py; Llama-style attention only). `auto`:
+    `grpo_eager` on CPU where the model allows it, else `eager` (on CPU eager's backward ran
+    1.2-1.4x faster than SDPA's on sequences under ~200 tokens, and the multi-turn update was
+    faster too); `sdpa` elsewhere."""
     packing: bool = True
     """Let the update's forwards pack a micro-batch as a prefix tree (every distinct prefix once,
     no padding; grpo/models/prefix_tree.py) where that is estimated cheaper than running shared

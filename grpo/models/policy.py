@@ -34,6 +34,7 @@ from grpo.models.peft_weights import is_peft
 from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
 from grpo.models.prefix_tree import PackedRows, pack_if_cheaper, pair_cost
 from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
+from grpo.models.training_attention import choose_attention
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -141,10 +142,7 @@ class PolicyWithValueHead(nn.Module):
             seed=seed,
             **extra,
         )
-        attn = model_cfg.attn_implementation
-        if attn == "auto":
-            attn = "eager" if device.type == "cpu" else "sdpa"
-        model.set_attn_implementation(attn)
+        model.set_attn_implementation(choose_attention(model_cfg.attn_implementation, model, device))
         checkpointing_kwargs = {"use_reentrant": False}
         if model_cfg.load_in_4bit:
             model = prepare_model_for_kbit_training(
@@ -233,7 +231,7 @@ class PolicyWithValueHead(nn.Module):
         if isinstance(layout, PackedRows):
             if decoder.config._attn_implementation == "sdpa":
                 mask = layout.allowed
-            else:  # eager adds the mask to its scores, in the dtype of the states
+            else:  # eager (and grpo_eager) add the mask to the scores, in the states' dtype
                 mask = layout.additive_mask(decoder.get_input_embeddings().weight.dtype)
             out = decoder(
                 input_ids=layout.input_ids,

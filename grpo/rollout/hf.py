@@ -54,6 +54,7 @@ from torch import nn
 
 from grpo.models.cache_argument import cache_keyword
 from grpo.models.peft_weights import base_model_of, language_model_of
+from grpo.models.training_attention import TRAINING_ATTENTION
 from grpo.rollout.base import (
     GenerationRequest,
     GenerationResult,
@@ -277,10 +278,10 @@ class HFEngine(RolloutEngine):
         impl = getattr(self._plain_model().config, "_attn_implementation", "sdpa")
         if impl in ("sdpa", ENGINE_ATTENTION):
             return "bool"
-        if impl == "eager":
+        if impl in ("eager", TRAINING_ATTENTION):
             return "additive"
         raise NotImplementedError(
-            "HFEngine(copy_weights=False) needs attn_implementation 'sdpa' or 'eager', "
+            f"HFEngine(copy_weights=False) needs attn_implementation 'sdpa', 'eager' or {TRAINING_ATTENTION!r}, "
             f"not {impl!r}"
         )
 
