@@ -95,6 +95,16 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, mask, scaling, groups, dtype):
+        with torch.autocast(device_type=query.device.type, enabled=False):  # dtypes chosen already
+            return _Attention._forward(ctx, query, key, value, mask, scaling, groups, dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.autocast(device_type=grad.device.type, enabled=False):
+            return _Attention._backward(ctx, grad)
+
+    @staticmethod
+    def _forward(ctx, query, key, value, mask, scaling, groups, dtype):
         ctx.dtypes = query.dtype, key.dtype, value.dtype
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
         batch, heads, queries, _ = query.shape
@@ -113,7 +123,7 @@ class _Attention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def _backward(ctx, grad):
         query, key, value, mask, saved = ctx.saved_tensors
         scaling, groups = ctx.scaling, ctx.groups
         keys, values = _repeat(key, groups), _repeat(value, groups)  # [B, H, K, D]
@@ -149,18 +159,19 @@ def _probabilities(query, keys, mask, scaling, saved=None):
     scores = torch.matmul(query, keys.transpose(2, 3), out=_take("scores", _score_shape(query, keys), query))
     scores.mul_(scaling)
     if mask is not None:  # the sum in the promoted dtype, as eager's `scores + mask`
-        total = _take("masked", scores.shape, torch.empty(0, dtype=torch.result_type(scores, mask)))
+        total = _take("masked", scores.shape, scores, torch.result_type(scores, mask))
         scores = torch.add(scores, mask, out=total)
     if scores.dtype != torch.float32:  # softmax(..., dtype=float32) converts its input first
-        scores = _take("scores32", scores.shape, torch.empty(0)).copy_(scores)
+        scores = _take("scores32", scores.shape, scores, torch.float32).copy_(scores)
     probs = saved if saved is not None else _take("probs", scores.shape, scores)
     _softmax_into(scores, -1, False, out=probs)
     low = _take("low", probs.shape, query).copy_(probs)
     return probs, low
 
 
-def _take(name: str, shape, like: torch.Tensor | torch.dtype) -> torch.Tensor:
-    return SCRATCH.take("attention_" + name, tuple(shape), like.dtype, like.device)
+def _take(name: str, shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A scratch buffer on `like`'s device, in `dtype` (default `like`'s)."""
+    return SCRATCH.take("attention_" + name, tuple(shape), dtype or like.dtype, like.device)
 
 
 def _score_shape(query, keys) -> tuple[int, ...]:
