@@ -1,7 +1,7 @@
 """Attention for training on a CPU: transformers' eager attention, bit for bit, without its fresh
 [batch, heads, queries, keys] temporaries and with bounded saved probabilities.
 
-transformers' eager attention, what the policy trained with on a CPU until now, computes
+transformers' eager attention (`eager`, the CPU's choice before this one) computes
 scores = q k^T * scaling + mask, probabilities = softmax(scores) in fp32 cast to q's dtype, and
 out = probabilities v. Each step makes a new [B, H, Q, K] tensor, five per layer in the forward and
 more in the backward, and autograd keeps the fp32 probabilities and their cast (6 bytes a score)
