@@ -1,7 +1,8 @@
 """The LM head's scratch buffers (grpo/models/scratch.py `Scratch`, used by grpo/models/logprobs.py):
 on a CPU its [C, V] logits, its low-precision weight (no grad) and its weight gradient in the
-compute dtype reuse buffers kept between calls; the numbers stay exactly those of a fresh allocation, and nothing a caller holds
-(outputs, gradients, tensors saved for a later backward) is ever one of those buffers."""
+compute dtype reuse buffers kept between calls; the numbers stay exactly those of a fresh
+allocation, and nothing a caller holds (outputs, gradients, tensors saved for a later backward) is
+ever one of those buffers."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.models.training_attention import TRAINING_ATTENTION
+from grpo.models.training_attention import ADDITIVE_MASK_ATTENTIONS
 
 PACK_MAX_TOKENS = {"cpu": 512}
 """Most nodes in one packed row, per device type; a device type not listed never packs. On the
@@ -245,8 +245,8 @@ def supports_tree_mask(config) -> str | None:
     """Why a model cannot run a packed forward (None when it can): packing needs every layer to
     attend through the mask it is given (full attention; eager, grpo_eager or SDPA)."""
     implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in ("eager", TRAINING_ATTENTION, "sdpa"):
-        return f"attention implementation {implementation!r} (packing needs 'eager', {TRAINING_ATTENTION!r} or 'sdpa')"
+    if implementation not in (*ADDITIVE_MASK_ATTENTIONS, "sdpa"):
+        return f"attention implementation {implementation!r} (packing needs one of {(*ADDITIVE_MASK_ATTENTIONS, 'sdpa')})"
     layer_types = getattr(config, "layer_types", None)
     if layer_types and any(kind != "full_attention" for kind in layer_types):
         return f"layer types {sorted(set(layer_types))} (packing needs full attention everywhere)"

@@ -38,6 +38,10 @@ from grpo.models.scratch import SCRATCH
 TRAINING_ATTENTION = "grpo_eager"
 """The attention implementation name (config `model.attn_implementation`; `auto` on a CPU)."""
 
+ADDITIVE_MASK_ATTENTIONS = ("eager", TRAINING_ATTENTION)
+"""Implementations that add a float mask to their scores (0 or the dtype's minimum), as eager does;
+SDPA and the engine's attention take boolean "may attend" masks instead."""
+
 KEEP_PROBS_BYTES = 64 * 2**20
 """The forward saves a call's fp32 probabilities for the backward when they take at most this many
 bytes (the standard step's [2, 9, 381, 381] are 10 MB a layer), else the backward recomputes them."""
@@ -136,7 +140,7 @@ class _Attention(torch.autograd.Function):
                 probs, low = _probabilities(query[rows], keys[rows], _rows(mask, rows), scaling)
             else:
                 probs = saved[rows]
-                low = _take("low", probs.shape, query).copy_(probs)
+                low = _cast(probs, query)
             torch.matmul(low.transpose(2, 3), grad[rows], out=grad_values[rows])
             grad_low = torch.matmul(grad[rows], values[rows].transpose(2, 3), out=_take("scores", low.shape, low))
             grad_probs = _take("grad_probs", probs.shape, probs).copy_(grad_low)  # fp32, as `.to`'s backward
@@ -165,8 +169,12 @@ def _probabilities(query, keys, mask, scaling, saved=None):
         scores = _take("scores32", scores.shape, scores, torch.float32).copy_(scores)
     probs = saved if saved is not None else _take("probs", scores.shape, scores)
     _softmax_into(scores, -1, False, out=probs)
-    low = _take("low", probs.shape, query).copy_(probs)
-    return probs, low
+    return probs, _cast(probs, query)
+
+
+def _cast(probs: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Eager's `.to(query.dtype)` of the probabilities, into a scratch buffer."""
+    return _take("low", probs.shape, query).copy_(probs)
 
 
 def _take(name: str, shape, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

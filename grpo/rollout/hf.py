@@ -54,7 +54,7 @@ from torch import nn
 
 from grpo.models.cache_argument import cache_keyword
 from grpo.models.peft_weights import base_model_of, language_model_of
-from grpo.models.training_attention import TRAINING_ATTENTION
+from grpo.models.training_attention import ADDITIVE_MASK_ATTENTIONS
 from grpo.rollout.base import (
     GenerationRequest,
     GenerationResult,
@@ -278,11 +278,11 @@ class HFEngine(RolloutEngine):
         impl = getattr(self._plain_model().config, "_attn_implementation", "sdpa")
         if impl in ("sdpa", ENGINE_ATTENTION):
             return "bool"
-        if impl in ("eager", TRAINING_ATTENTION):
+        if impl in ADDITIVE_MASK_ATTENTIONS:
             return "additive"
         raise NotImplementedError(
-            f"HFEngine(copy_weights=False) needs attn_implementation 'sdpa', 'eager' or {TRAINING_ATTENTION!r}, "
-            f"not {impl!r}"
+            f"HFEngine(copy_weights=False) needs attn_implementation 'sdpa' or one of "
+            f"{ADDITIVE_MASK_ATTENTIONS}, not {impl!r}"
         )
 
     @torch.no_grad()
