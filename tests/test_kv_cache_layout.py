@@ -146,11 +146,13 @@ def test_a_cache_dtype_the_attention_cannot_read_is_refused(model, tokenizer):
 
 
 def test_the_config_names_the_cache_dtype(model, tokenizer):
-    def engine(**hf):
-        config = config_from_dict({"hf": hf})
+    def engine(dtype="bfloat16", **hf):
+        # model.dtype pinned: `auto` is bf16 or fp32 by this host's CPU (devices.py)
+        config = config_from_dict({"model": {"dtype": dtype}, "hf": hf})
         return make_engine("hf", policy=model, tokenizer=tokenizer, config=config)
 
-    assert engine().kv_cache_dtype == torch.bfloat16  # auto, CPU, bf16 copy
+    assert engine().kv_cache_dtype == torch.bfloat16  # auto, CPU: the bf16 copy's dtype
+    assert engine("float32").kv_cache_dtype == torch.float32  # auto, CPU: the fp32 copy's
     assert engine(kv_cache_dtype="model").kv_cache_dtype is None
     assert engine(kv_cache_dtype="float32").kv_cache_dtype == torch.float32
 

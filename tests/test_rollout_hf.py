@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
@@ -275,39 +274,6 @@ def test_sync_weights_follows_the_policy(model, tokenizer, prompts):
     for _ in range(6):
         ids.append(int(full_logits(model, ids)[-1].argmax()))
     assert after == ids[len(prompts[0]) :] != before
-
-
-def test_bf16_sync_updates_fused_and_packed_weights(model, tokenizer, prompts):
-    engine = HFEngine(model, tokenizer, dtype=torch.bfloat16)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "proj" in name:
-                param.mul_(-1.5)
-    engine.sync_weights(model)
-    fresh = HFEngine(model, tokenizer, dtype=torch.bfloat16)
-    requests = [request(p, max_new_tokens=8, seed=i) for i, p in enumerate(prompts)]
-    assert [r.token_ids for r in engine.generate(requests)] == [
-        r.token_ids for r in fresh.generate(requests)
-    ]
-    synced = engine.model.model.layers[0].self_attn.k_proj.weight
-    assert torch.equal(synced, model.model.layers[0].self_attn.k_proj.weight.to(torch.bfloat16))
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn) in this torch build")
-def test_packed_weights_give_the_plain_products_for_any_row_count():
-    """The copy's matmuls, weights laid out for 16 rows (layers) or 64 (the head): the products
-    of F.linear on the same bf16 weight, bit for bit, at decode and prefill row counts."""
-    from grpo.rollout.weights import _HEAD_PACK_BATCH_HINT, _PACK_BATCH_HINT, _Matmul
-
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(320, 192, generator=gen).bfloat16()
-    bias = torch.randn(320, generator=gen).bfloat16()
-    for hint in (_PACK_BATCH_HINT, _HEAD_PACK_BATCH_HINT):
-        matmul = _Matmul(weight, bias, hint)
-        assert matmul.packed is not None
-        for rows in (1, 5, 16, 64, 300):
-            x = torch.randn(rows, 192, generator=gen)
-            assert torch.equal(matmul(x), F.linear(x.bfloat16(), weight, bias)), (hint, rows)
 
 
 def test_sync_weights_merges_lora(model, tokenizer, prompts):

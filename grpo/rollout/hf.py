@@ -37,7 +37,9 @@ model, 20 seeded requests × 48 tokens, alone vs batched together: identical tok
 log-probs). In bf16, batch shape and padding change the last bits of some activations and bf16
 rounding amplifies that: seeded requests reproduce exactly in the same batch, but 9 of those 20
 diverged somewhere within 48 tokens when batched. Use `dtype=None` (an fp32 copy, ~2.5x slower
-on CPU) where batch-independent reproducibility matters more than speed.
+on a CPU with bf16 instructions) where batch-independent reproducibility matters more than speed.
+On a CPU without them `auto` is fp32 anyway, and the copy's packed fp32 products keep a row's
+results independent of its company (grpo/rollout/weights.py).
 
 Thread safety: `generate` and `serve` may be called from a worker thread (the collector uses
 `asyncio.to_thread`); a lock serialises callers, and torch ops release the GIL while they run.

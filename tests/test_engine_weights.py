@@ -1,0 +1,113 @@
+"""The engine's own weight copy (grpo/rollout/weights.py): Linear weights packed for oneDNN on a
+CPU, in bf16 and in fp32, siblings fused, and `sync_weights` reaching the packed copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.hf import HFEngine
+from grpo.rollout.weights import (
+    _HEAD_PACK_BATCH_HINT,
+    _PACK_BATCH_HINT,
+    LowPrecisionLinear,
+    _FusedMember,
+    _Matmul,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn) in this torch build"
+)
+
+
+@pytest.fixture
+def model(varied_tiny_model):
+    return varied_tiny_model
+
+
+@pytest.fixture
+def prompts(tokenizer):
+    return [tokenizer.encode("What is 964 * 494?"), tokenizer.encode("Hi"),
+            tokenizer.encode("A longer prompt, with a few more tokens in it than the others.")]
+
+
+def request(prompt, **sampling) -> GenerationRequest:
+    return GenerationRequest(list(prompt), SamplingParams(**sampling))
+
+
+def test_bf16_sync_updates_fused_and_packed_weights(model, tokenizer, prompts):
+    engine = HFEngine(model, tokenizer, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "proj" in name:
+                param.mul_(-1.5)
+    engine.sync_weights(model)
+    fresh = HFEngine(model, tokenizer, dtype=torch.bfloat16)
+    requests = [request(p, max_new_tokens=8, seed=i) for i, p in enumerate(prompts)]
+    assert [r.token_ids for r in engine.generate(requests)] == [
+        r.token_ids for r in fresh.generate(requests)
+    ]
+    synced = engine.model.model.layers[0].self_attn.k_proj.weight
+    assert torch.equal(synced, model.model.layers[0].self_attn.k_proj.weight.to(torch.bfloat16))
+
+
+@needs_onednn
+def test_packed_weights_give_the_plain_products_for_any_row_count():
+    """The copy's matmuls, weights laid out for 16 rows (layers) or 64 (the head): the products
+    of F.linear on the same bf16 weight, bit for bit, at decode and prefill row counts."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(320, 192, generator=gen).bfloat16()
+    bias = torch.randn(320, generator=gen).bfloat16()
+    for hint in (_PACK_BATCH_HINT, _HEAD_PACK_BATCH_HINT):
+        matmul = _Matmul(weight, bias, hint)
+        assert matmul.packed is not None
+        for rows in (1, 5, 16, 64, 300):
+            x = torch.randn(rows, 192, generator=gen)
+            assert torch.equal(matmul(x), F.linear(x.bfloat16(), weight, bias)), (hint, rows)
+
+
+@needs_onednn
+def test_packed_fp32_products_do_not_depend_on_the_rows_beside_them():
+    """An fp32 weight packed for oneDNN: each row's product is the same bits whether it is
+    computed alone or with up to 63 other rows (so an fp32 engine samples a seeded request the
+    same in any batch), and within fp32 rounding of F.linear's."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(320, 192, generator=gen)
+    bias = torch.randn(320, generator=gen)
+    x = torch.randn(64, 192, generator=gen)
+    for hint in (_PACK_BATCH_HINT, _HEAD_PACK_BATCH_HINT):
+        matmul = _Matmul(weight, bias, hint)
+        assert matmul.packed is not None
+        full = matmul(x)
+        for rows in (1, 3, 16, 33):
+            assert torch.equal(matmul(x[:rows]), full[:rows]), (hint, rows)
+        assert torch.allclose(full, F.linear(x, weight, bias), rtol=0, atol=1e-4)
+
+
+@needs_onednn
+def test_an_fp32_copy_on_a_cpu_is_packed_fused_and_follows_sync(model, tokenizer, prompts):
+    """dtype=fp32 (what `auto` picks on a CPU without bf16 instructions): the copy's Linear
+    weights are packed, siblings fused and the tied head packed too, as for a bf16 copy; the
+    weights stay fp32 and sync_weights reaches the packed ones."""
+    engine = HFEngine(model, tokenizer, dtype=torch.float32)
+    layer = engine.model.model.layers[0]
+    assert isinstance(layer.self_attn.k_proj, _FusedMember)
+    assert isinstance(layer.mlp.down_proj, LowPrecisionLinear)
+    head = engine.model.get_output_embeddings()
+    assert isinstance(head, LowPrecisionLinear) and head.matmul.packed is not None
+    assert layer.self_attn.k_proj.group.matmul.packed is not None
+    assert all(p.dtype == torch.float32 for p in engine.model.parameters())
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:  # every Linear, the embedding and the (tied or own) head
+                param.mul_(-1.5)
+    engine.sync_weights(model)
+    fresh = HFEngine(model, tokenizer, dtype=torch.float32)
+    requests = [request(p, max_new_tokens=8, seed=i) for i, p in enumerate(prompts)]
+    synced, expected = engine.generate(requests), fresh.generate(requests)
+    assert [r.token_ids for r in synced] == [r.token_ids for r in expected]
+    assert [r.behavior_logprobs for r in synced] == [r.behavior_logprobs for r in expected]
+    assert torch.equal(head.weight, model.get_output_embeddings().weight)
