@@ -279,17 +279,19 @@ class _CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bf16_fused_run(keep_logits_bytes: int, temperature: float = 0.7):
+def _bf16_fused_run(keep_logits_bytes: int, temperature: float = 0.7, autocast: bool = True,
+                    dtype: torch.dtype = torch.float32):
     """Log-probs, gradients, the [C, V] tensors saved for backward and the backward's matmuls of
-    the fused head under bf16 autocast, chunks of 8 (N = 21: chunks 8, 8, 5)."""
-    hidden, weight, targets = _inputs(seed=7)
+    the fused head under bf16 autocast (or, `autocast=False`, in `dtype`), chunks of 8 (N = 21:
+    chunks 8, 8, 5)."""
+    hidden, weight, targets = _inputs(seed=7, dtype=dtype)
     saved = []
 
     def pack(t):
         saved.append((tuple(t.shape), t.dtype))
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logprobs, _ = token_logprobs_and_entropy(hidden, weight, targets, temperature=temperature,
                                                  chunk_size=8, keep_logits_bytes=keep_logits_bytes)
     counter = _CountMatmuls()
@@ -367,12 +369,24 @@ def test_changing_the_weight_before_the_backward_is_an_error():
         logprobs.sum().backward()
 
 
-def test_fp32_head_never_keeps_its_logits():
-    """Without autocast the forward's log-sum-exp spends the fp32 logits in place: nothing to keep."""
-    hidden, weight, targets = _inputs()
-    saved_shapes, logprobs, _ = _saved_shapes(hidden, weight, targets, keep_logits_bytes=10**9)
-    assert all(shape == (V, H) or V not in shape for shape in saved_shapes)
-    counter = _CountMatmuls()
-    with counter:
-        logprobs.sum().backward()
-    assert counter.calls == 3 * 6  # 6 chunks of 4: each recomputes its logits
+def test_an_fp32_head_keeps_small_logits_with_the_same_bits_and_no_recompute():
+    """Without autocast (a CPU without bf16 instructions computes in fp32) the forward keeps its
+    fp32 products within the budget and copies them before its log-sum-exp spends them: the
+    backward reads them instead of recomputing, with every bit as before."""
+    kept = _bf16_fused_run(keep_logits_bytes=B * T * V * 4, autocast=False)  # the budget: kept
+    recomputed = _bf16_fused_run(keep_logits_bytes=B * T * V * 4 - 1, autocast=False)
+    assert kept[0].dtype == torch.float32
+    for a, b in zip(kept[:3], recomputed[:3]):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert kept[3] == recomputed[3] == []
+    assert (kept[4], recomputed[4]) == (2 * 3, 3 * 3)
+    again = _bf16_fused_run(keep_logits_bytes=B * T * V * 4, autocast=False)  # kept, reused
+    for a, b in zip(kept[:3], again[:3]):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_an_fp64_head_never_keeps_its_logits():
+    """fp64 (exactness checks) is not a kept dtype: its backward recomputes whatever the budget."""
+    run = _bf16_fused_run(keep_logits_bytes=10**9, autocast=False, dtype=torch.float64)
+    assert run[0].dtype == torch.float64 and run[3] == []
+    assert run[4] == 3 * 3

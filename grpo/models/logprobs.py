@@ -40,12 +40,16 @@ DEFAULT_CHUNK_SIZE = 512
 """Rows (positions) per chunk: 512 x 49k-vocabulary fp32 logits is ~100 MB."""
 
 KEEP_LOGITS_BYTES = 256 * 2**20
-"""The fused head keeps its low-precision (bf16/fp16) logits for the backward, instead of
-recomputing them there, when every chunk's together take at most this many bytes: the recompute is
-the head's largest matmul again. On the 2-core CPU (SmolLM2-135M, 49k vocabulary, bf16 autocast)
-that matmul is ~70 ms per 512-position chunk, and the standard step's 768 positions keep 75 MB;
-a GPU micro-batch of 512 rows (tens of thousands of positions) stays above the budget and
-recomputes, as fp32 heads always do (their forward spends its logits on the log-sum-exp)."""
+"""The fused head keeps its logits products (bf16, fp16 or fp32: `_KEPT_DTYPES`) for the
+backward, instead of recomputing them there, when every chunk's together take at most this many
+bytes: the recompute is the head's largest matmul again. On the 2-core CPU (SmolLM2-135M, 49k
+vocabulary, bf16 autocast) that matmul is ~70 ms per 512-position chunk, and the standard step's
+768 positions keep 75 MB (151 MB in fp32, where a CPU without bf16 instructions computes: there
+the product is ~4x dearer than the two [C, V] copies keeping it costs); a GPU micro-batch of 512
+rows (tens of thousands of positions) stays above the budget and recomputes."""
+
+_KEPT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+"""Compute dtypes whose logits the fused head may keep (fp64, for exactness tests, recomputes)."""
 
 Head = torch.Tensor | torch.nn.Module | Callable[[torch.Tensor], torch.Tensor]
 
@@ -68,12 +72,13 @@ def _fused_logits(
 ) -> torch.Tensor:
     """The chunk's logits h @ low.T / T, upcast to fp32 (fp64 stays), in scratch buffers: the
     same numbers as `_scaled(_upcast(F.linear(h, low)), temperature)`. `kept`: the product h @
-    low.T, already computed (low-precision). Autocast must be off."""
+    low.T, already computed; it is copied, never changed (the caller spends the logits in place).
+    Autocast must be off."""
     shape = (h.shape[0], low.shape[0])
     logits = kept
     if logits is None:
         logits = torch.mm(h, low.t(), out=SCRATCH.take("logits_low", shape, low.dtype, h.device))  # [C, V]
-    if logits.dtype in _UPCAST_DTYPES:  # `_upcast`, into a buffer
+    if logits.dtype in _UPCAST_DTYPES or kept is not None:  # `_upcast` (or a copy), into a buffer
         logits = SCRATCH.take("logits", shape, torch.float32, h.device).copy_(logits)  # [C, V] fp32
     return logits if temperature == 1.0 else logits.div_(temperature)
 
@@ -86,7 +91,7 @@ def _fused_chunk_logprobs(
     `kept`: see `_fused_logits`."""
     logits = _fused_logits(h, low, temperature, kept)  # [C, V]
     picked = logits.gather(-1, targets[:, None]).squeeze(-1)  # [C]
-    log_norm = _log_sum_exp_(logits)  # [C]; the logits are spent (never `kept`: upcast first)
+    log_norm = _log_sum_exp_(logits)  # [C]; the logits are spent (never `kept`: copied first)
     return picked - log_norm, log_norm
 
 
@@ -134,7 +139,7 @@ def _chunk_logprobs_entropy(
 class _FusedLinearLogprobs(torch.autograd.Function):
     """log softmax(hidden @ weight.T / T)[targets] for every position, chunk by chunk, as one
     autograd node. Its backward recomputes each chunk's logits once (or, with `keep`, reads the
-    low-precision products the forward kept: the same bits) and forms d/dlogits = (onehot(target)
+    products the forward kept: the same bits) and forms d/dlogits = (onehot(target)
     - softmax) / T directly: the same numbers the checkpointed path gets from autograd (the
     log-sum-exp's backward exp(z - lse), the gather's scatter, the division by T), without
     recomputing the log-sum-exp, zero-filling a [C, V] gradient for the gather or keeping a second
@@ -280,7 +285,7 @@ def token_logprobs_and_entropy(
     lm_head: the output projection: its weight [V, H], or a module / callable mapping [*, H] to
         [*, V] (e.g. `model.get_output_embeddings()`, LoRA-wrapped or not).
     targets: [B, T] token ids whose log-probs are wanted (position t predicts targets[:, t]).
-    keep_logits_bytes: the fused head keeps its low-precision logits for the backward when all of
+    keep_logits_bytes: the fused head keeps its logits products for the backward when all of
         them take at most this many bytes (KEEP_LOGITS_BYTES; 0: always recompute).
     Returns (logprobs [B, T], entropy [B, T] or None), fp32 (fp64 for fp64 inputs).
     """
@@ -301,8 +306,7 @@ def token_logprobs_and_entropy(
     weight = _plain_weight(lm_head) if not with_entropy else None
     if weight is not None and use_checkpoint:  # one autograd node for every chunk
         dtype = _compute_dtype(hidden, weight)
-        # The forward's logits survive its log-sum-exp only when it upcasts them (bf16, fp16).
-        keep = (dtype in _UPCAST_DTYPES
+        keep = (dtype in _KEPT_DTYPES
                 and flat_hidden.shape[0] * weight.shape[0] * dtype.itemsize <= keep_logits_bytes)
         if flat_hidden.shape[0] > 0:
             logprobs = _FusedLinearLogprobs.apply(flat_hidden, weight, flat_targets, temperature,
