@@ -15,11 +15,15 @@ from grpo.rollout.weights import (
     LowPrecisionLinear,
     _FusedMember,
     _Matmul,
+    packs_fp32,
 )
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 needs_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn) in this torch build"
+)
+packs_fp32_here = pytest.mark.skipif(
+    not packs_fp32(torch.device("cpu")), reason="fp32 weights are packed on x86-64 CPUs with oneDNN"
 )
 
 
@@ -69,7 +73,7 @@ def test_packed_weights_give_the_plain_products_for_any_row_count():
             assert torch.equal(matmul(x), F.linear(x.bfloat16(), weight, bias)), (hint, rows)
 
 
-@needs_onednn
+@packs_fp32_here
 def test_packed_fp32_products_do_not_depend_on_the_rows_beside_them():
     """An fp32 weight packed for oneDNN: each row's product is the same bits whether it is
     computed alone or with up to 63 other rows (so an fp32 engine samples a seeded request the
@@ -87,7 +91,7 @@ def test_packed_fp32_products_do_not_depend_on_the_rows_beside_them():
         assert torch.allclose(full, F.linear(x, weight, bias), rtol=0, atol=1e-4)
 
 
-@needs_onednn
+@packs_fp32_here
 def test_an_fp32_copy_on_a_cpu_is_packed_fused_and_follows_sync(model, tokenizer, prompts):
     """dtype=fp32 (what `auto` picks on a CPU without bf16 instructions): the copy's Linear
     weights are packed, siblings fused and the tied head packed too, as for a bf16 copy; the

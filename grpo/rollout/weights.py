@@ -24,6 +24,7 @@ then re-packs the packed weights.
 from __future__ import annotations
 
 import copy
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +47,8 @@ ones' speed -- SmolLM2-135M, 2 threads, a Xeon with AVX-512 but no BF16, 20-30 d
 row the packed product is 0.6-0.9x. Packed fp32 products are the same for a row whatever the
 rows beside it (1, 3, 16, 33 of 64 checked), where MKL's plain ones are not at 1 and 3 rows; they
 differ from `F.linear`'s in the last bits (4e-5 on products of size ~25)."""
+_FP32_PACKING_MACHINES = ("x86_64", "amd64")
+"""`platform.machine()` values (lower case) where fp32 weights are packed (`packs_fp32`)."""
 _PACK_BATCH_HINT = 16
 """Rows oneDNN lays the decoder layers' packed weights out for. SmolLM2-135M's four layer
 products at decode shapes, 30 layers' distinct weights, 2 threads: 13.9 / 21.8 / 40.4 ms at
@@ -58,19 +61,25 @@ _HEAD_PACK_BATCH_HINT = 64
 64 (3.13 vs 3.37 ms a call), and equal at 64 rows."""
 
 
-def _can_pack(weight: torch.Tensor) -> bool:
+def _onednn_packs(device: torch.device) -> bool:
     return (
-        weight.device.type == "cpu"
-        and weight.dtype in _PACKED_DTYPES
+        device.type == "cpu"
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
 
-def packs_weights(device: torch.device) -> bool:
-    """Does the engine copy pre-pack its fp32 Linear weights on `device` (a CPU with oneDNN)?
-    Then an fp32 copy is built like a bf16 one (packed, siblings fused), for speed alone."""
-    return _can_pack(torch.empty(0, device=device))
+def packs_fp32(device: torch.device) -> bool:
+    """Does the engine copy pre-pack fp32 Linear weights on `device`? On an x86-64 CPU with oneDNN
+    (where it was measured); then an fp32 copy is built like a bf16 one (packed, siblings fused),
+    for speed alone. Other CPUs (ARM) keep `F.linear`: unmeasured there."""
+    return _onednn_packs(device) and platform.machine().lower() in _FP32_PACKING_MACHINES
+
+
+def _can_pack(weight: torch.Tensor) -> bool:
+    if weight.dtype == torch.float32:
+        return packs_fp32(weight.device)
+    return weight.dtype in _PACKED_DTYPES and _onednn_packs(weight.device)
 
 
 class _Matmul:
@@ -244,7 +253,8 @@ def inference_copy(
         base_dtype = next(clone.parameters()).dtype
         matmul_dtype = matmul_dtype or base_dtype
         head_dtype = head_dtype or matmul_dtype
-        if matmul_dtype != base_dtype or head_dtype != base_dtype or packs_weights(device):
+        fp32 = matmul_dtype == head_dtype == torch.float32
+        if matmul_dtype != base_dtype or head_dtype != base_dtype or (fp32 and packs_fp32(device)):
             _lower_linears(clone, matmul_dtype, head_dtype)
     clone.eval()
     return clone
