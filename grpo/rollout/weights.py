@@ -224,8 +224,8 @@ def _lower_linears(model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype
                 LowPrecisionLinear.from_linear(linear, dtype, name not in _LOW_PRECISION_OUTPUTS),
             )
     if type(head) is nn.Linear and (head.weight.dtype != head_dtype or _can_pack(head.weight)):
-        # A tied head gets its own copy here (in another dtype, or packed); the input embedding
-        # keeps the policy's dtype.
+        # A tied head gets a module of its own: a copy in another dtype, or (same dtype) the
+        # shared weight plus its packed copy; the input embedding keeps the policy's dtype.
         model.set_output_embeddings(
             LowPrecisionLinear.from_linear(
                 head, head_dtype, cast_back=False, batch_hint=_HEAD_PACK_BATCH_HINT
