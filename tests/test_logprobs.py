@@ -279,7 +279,7 @@ class _CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bf16_fused_run(keep_logits_bytes: int, temperature: float = 0.7, autocast: bool = True,
+def _fused_run(keep_logits_bytes: int, temperature: float = 0.7, autocast: bool = True,
                     dtype: torch.dtype = torch.float32):
     """Log-probs, gradients, the [C, V] tensors saved for backward and the backward's matmuls of
     the fused head under bf16 autocast (or, `autocast=False`, in `dtype`), chunks of 8 (N = 21:
@@ -302,8 +302,8 @@ def _bf16_fused_run(keep_logits_bytes: int, temperature: float = 0.7, autocast: 
 
 
 def test_fused_head_keeps_small_logits_with_the_same_bits_and_no_recompute():
-    kept = _bf16_fused_run(keep_logits_bytes=B * T * V * 2)  # exactly the budget: kept
-    recomputed = _bf16_fused_run(keep_logits_bytes=B * T * V * 2 - 1)  # one byte over: recomputed
+    kept = _fused_run(keep_logits_bytes=B * T * V * 2)  # exactly the budget: kept
+    recomputed = _fused_run(keep_logits_bytes=B * T * V * 2 - 1)  # one byte over: recomputed
     for a, b in zip(kept[:3], recomputed[:3]):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert kept[3] == recomputed[3] == []  # kept in a claimed scratch buffer, not saved
@@ -314,7 +314,7 @@ def test_fused_head_keeps_small_logits_with_the_same_bits_and_no_recompute():
 def test_a_later_forward_takes_the_kept_logits_and_the_earlier_backward_recomputes_them():
     """Two forwards, then both backwards: the second forward claimed the kept-logits buffer, so the
     first backward recomputes its logits (the same bits as alone), the second reads its own."""
-    alone = [_bf16_fused_run(keep_logits_bytes=10**9, temperature=1.0)[:3] for _ in range(2)]
+    alone = [_fused_run(keep_logits_bytes=10**9, temperature=1.0)[:3] for _ in range(2)]
     runs = []
     for _ in range(2):
         hidden, weight, targets = _inputs(seed=7)
@@ -373,20 +373,20 @@ def test_an_fp32_head_keeps_small_logits_with_the_same_bits_and_no_recompute():
     """Without autocast (a CPU without bf16 instructions computes in fp32) the forward keeps its
     fp32 products within the budget and copies them before its log-sum-exp spends them: the
     backward reads them instead of recomputing, with every bit as before."""
-    kept = _bf16_fused_run(keep_logits_bytes=B * T * V * 4, autocast=False)  # the budget: kept
-    recomputed = _bf16_fused_run(keep_logits_bytes=B * T * V * 4 - 1, autocast=False)
+    kept = _fused_run(keep_logits_bytes=B * T * V * 4, autocast=False)  # the budget: kept
+    recomputed = _fused_run(keep_logits_bytes=B * T * V * 4 - 1, autocast=False)
     assert kept[0].dtype == torch.float32
     for a, b in zip(kept[:3], recomputed[:3]):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert kept[3] == recomputed[3] == []
     assert (kept[4], recomputed[4]) == (2 * 3, 3 * 3)
-    again = _bf16_fused_run(keep_logits_bytes=B * T * V * 4, autocast=False)  # kept, reused
+    again = _fused_run(keep_logits_bytes=B * T * V * 4, autocast=False)  # kept, reused
     for a, b in zip(kept[:3], again[:3]):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
 def test_an_fp64_head_never_keeps_its_logits():
     """fp64 (exactness checks) is not a kept dtype: its backward recomputes whatever the budget."""
-    run = _bf16_fused_run(keep_logits_bytes=10**9, autocast=False, dtype=torch.float64)
+    run = _fused_run(keep_logits_bytes=10**9, autocast=False, dtype=torch.float64)
     assert run[0].dtype == torch.float64 and run[3] == []
     assert run[4] == 3 * 3

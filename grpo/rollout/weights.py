@@ -15,7 +15,7 @@ tolerance.
 
 An fp32 copy on a CPU (`auto` on a CPU without bf16 instructions, or `dtype=None` over an fp32
 policy) is built the same way with fp32 weights: packed and fused for speed alone, since oneDNN's
-packed fp32 products are 2-3x faster than `F.linear`'s at decode shapes (`_PACKED_DTYPES`).
+packed fp32 products are 2-3x faster than `F.linear`'s at decode shapes (`_FP32_PACKING_MACHINES`).
 
 `copy_weights_into` (sync_weights) copies tensors by name from the policy, casting as it goes,
 then re-packs the packed weights.
@@ -38,17 +38,15 @@ residual add (which promotes to fp32) or the SiLU-gated product that feeds `down
 Linear's output is cast back to its input's dtype (attention wants one dtype for q, k and v)."""
 _FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Sibling Linear layers that read the same input: one matmul computes all of them."""
-_PACKED_DTYPES = (torch.bfloat16, torch.float32)
-"""Weight dtypes oneDNN packs. fp32 too: on a CPU without bf16 instructions (no AVX-512 BF16 or
-AMX, where `auto` computes in fp32) `F.linear`'s decode-shape products run at a third of the packed
-ones' speed -- SmolLM2-135M, 2 threads, a Xeon with AVX-512 but no BF16, 20-30 distinct weights:
+_FP32_PACKING_MACHINES = ("x86_64", "amd64")
+"""Machines (`platform.machine()`, lower case) where fp32 weights are packed too (`packs_fp32`). On
+an x86-64 CPU without bf16 instructions (no AVX-512 BF16 or AMX, where `auto` computes in fp32)
+`F.linear`'s decode-shape products run at a third of the packed ones' speed -- SmolLM2-135M, 2 threads, a Xeon with AVX-512 but no BF16, 20-30 distinct weights:
 [16, 576] x [576, 1536] 861 µs plain, 301 µs packed; the [49k, 576] head at 16 rows 26.8 ms against
 7.9 ms; 2.2-2.9x from 4 to 32 rows. From 128 rows up (prefill) the two are within 10%, and at one
 row the packed product is 0.6-0.9x. Packed fp32 products are the same for a row whatever the
 rows beside it (1, 3, 16, 33 of 64 checked), where MKL's plain ones are not at 1 and 3 rows; they
 differ from `F.linear`'s in the last bits (4e-5 on products of size ~25)."""
-_FP32_PACKING_MACHINES = ("x86_64", "amd64")
-"""`platform.machine()` values (lower case) where fp32 weights are packed (`packs_fp32`)."""
 _PACK_BATCH_HINT = 16
 """Rows oneDNN lays the decoder layers' packed weights out for. SmolLM2-135M's four layer
 products at decode shapes, 30 layers' distinct weights, 2 threads: 13.9 / 21.8 / 40.4 ms at
@@ -79,7 +77,7 @@ def packs_fp32(device: torch.device) -> bool:
 def _can_pack(weight: torch.Tensor) -> bool:
     if weight.dtype == torch.float32:
         return packs_fp32(weight.device)
-    return weight.dtype in _PACKED_DTYPES and _onednn_packs(weight.device)
+    return weight.dtype == torch.bfloat16 and _onednn_packs(weight.device)
 
 
 class _Matmul:
