@@ -2,19 +2,24 @@
 
     .venv/bin/python -m bench.compiled_decode                 # batch 64 on this machine's device
     .venv/bin/python -m bench.compiled_decode --batches 16 64 --window 40
+    .venv/bin/python -m bench.compiled_decode --batches 16 64 --dynamic
 
-The work: one decode step of the engine's weight copy of SmolLM2-135M-Instruct (bf16 Linear
-weights) for a batch of distinct 48-token chat prompts, attending over the prompt plus `--window`
-cached columns, repeated on the same shapes. Eager is the engine as it runs (oneDNN-packed weights
-on CPU). Compiled is `torch.compile(dynamic=False)` of the same forward: on CPU inductor with
-`freezing` (it packs the weights itself: it cannot lower oneDNN's pre-packed matmul, so the copy
-is built unpacked for it), on CUDA `mode="reduce-overhead"` (the step captured as a CUDA graph).
-Reported: ms per step for both, the first compiled call's seconds (the compile), and the largest
-|logit difference| between the two (exactness).
+The work: one decode step of the engine's weight copy of SmolLM2-135M-Instruct for a batch of
+distinct 48-token chat prompts, attending over the prompt plus `--window` cached columns,
+repeated on the same shapes. The copy's dtype is `--dtype`, by default the one a training run's
+engine takes here (`model.dtype: auto`: bf16 on a GPU or a CPU with bf16 instructions, else
+fp32). Eager is the engine as it runs (oneDNN-packed weights on CPU). Compiled is
+`torch.compile` of the same forward: on CPU inductor with `freezing` (it packs the weights
+itself: it cannot lower oneDNN's pre-packed matmul, so the copy is built unpacked for it), on
+CUDA `mode="reduce-overhead"` (the step captured as a CUDA graph). Reported: ms per step for
+both, the first compiled call's seconds (the compile), and the largest |logit difference|
+between the two (exactness).
 
-Shapes are static here: a real decode changes the batch (rows finish) and the window (one column
-per step) every step, so every new shape compiles again unless shapes are made static (a
-fixed-capacity cache and batch buckets). The figure printed is therefore the best case.
+Shapes are static by default: a real decode changes the batch (rows finish) and the window (one
+column per step) every step, so every new shape compiles again unless shapes are made static (a
+fixed-capacity cache and batch buckets); the figure printed is the best case. `--dynamic`
+compiles with symbolic shapes (`dynamic=True`): one compile that other batch sizes and windows
+reuse, with code that knows fewer sizes in advance (README, "Performance", has both measured).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch._inductor.config
 
 import grpo.rollout.weights as engine_weights
 from bench.generation import make_prompts
+from grpo.models.devices import compute_dtype
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.hf import HFEngine
 from grpo.rollout.kv_cache import PreallocatedCache
@@ -45,15 +51,16 @@ def _ms_per_call(fn, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1000
 
 
-def measure(model, tokenizer, device: torch.device, batch: int, window: int, repeats: int) -> dict:
-    engine = HFEngine(model, tokenizer, device=device, dtype=torch.bfloat16)
+def measure(model, tokenizer, device: torch.device, batch: int, window: int, repeats: int,
+            dtype: torch.dtype = torch.bfloat16, dynamic: bool = False) -> dict:
+    engine = HFEngine(model, tokenizer, device=device, dtype=dtype)
     prompts = sorted({tuple(p) for p in make_prompts(tokenizer, batch, 1)}, key=len, reverse=True)
     width = len(prompts[0])
     capacity = width + window + 1
     with torch.inference_mode():
         # Every column zeroed: the timed step reads `window` columns no decode has written.
         cache = PreallocatedCache(engine._num_layers, len(prompts), capacity, zero_columns=capacity)
-        logits = engine._prefill(prompts, cache, width)
+        logits = engine._loop._prefill(prompts, cache, pos=width, first=0)
         start = torch.tensor([width - len(p) for p in prompts], device=device)  # [B]
         allowed = torch.arange(capacity, device=device)[None] >= start[:, None]  # [B, cap]
         pos, lo = width + window, int(start.min())
@@ -65,22 +72,24 @@ def measure(model, tokenizer, device: torch.device, batch: int, window: int, rep
         reference = engine._forward(tokens, mask, positions, cache).float()
 
         if device.type == "cpu":
-            packed = engine_weights._can_pack
+            packed, packs_fp32 = engine_weights._can_pack, engine_weights.packs_fp32
             engine_weights._can_pack = lambda weight: False
+            engine_weights.packs_fp32 = lambda device: False
             try:
-                engine = HFEngine(model, tokenizer, device=device, dtype=torch.bfloat16)
+                engine = HFEngine(model, tokenizer, device=device, dtype=dtype)
             finally:
-                engine_weights._can_pack = packed
+                engine_weights._can_pack, engine_weights.packs_fp32 = packed, packs_fp32
             torch._inductor.config.freezing = True
-            compiled = torch.compile(engine._forward, dynamic=False)
+            compiled = torch.compile(engine._forward, dynamic=dynamic)
         else:
-            compiled = torch.compile(engine._forward, dynamic=False, mode="reduce-overhead")
+            compiled = torch.compile(engine._forward, dynamic=dynamic, mode="reduce-overhead")
         started = time.perf_counter()
         out = compiled(tokens, mask, positions, cache).float()
         compile_s = time.perf_counter() - started
         compiled_ms = _ms_per_call(lambda: compiled(tokens, mask, positions, cache), repeats)
     return {
         "batch": len(prompts),
+        "dtype": str(dtype).removeprefix("torch."),
         "window": window,
         "eager_ms": round(eager_ms, 2),
         "compiled_ms": round(compiled_ms, 2),
@@ -97,13 +106,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[64])
     parser.add_argument("--window", type=int, default=40, help="decoded columns already cached")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--dtype", default="auto", help="the engine copy's dtype (auto: as `model.dtype: auto`)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dynamic", action="store_true",
+                        help="compile with symbolic shapes (one compile for every batch and window)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = compute_dtype(device, args.dtype)
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     model = load_causal_lm("smollm2-135m-instruct").eval().to(device)
-    print(f"device {device}, {torch.get_num_threads()} threads")
+    print(f"device {device}, {torch.get_num_threads()} threads, {dtype}")
     for batch in args.batches:
-        row = measure(model, tokenizer, device, batch, args.window, args.repeats)
+        row = measure(model, tokenizer, device, batch, args.window, args.repeats, dtype, args.dynamic)
         print(
             f"batch {row['batch']:4d}: eager {row['eager_ms']:7.2f} ms/step, compiled "
             f"{row['compiled_ms']:7.2f} ms/step (x{row['speedup']}), compile {row['compile_s']} s, "

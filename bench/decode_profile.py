@@ -10,6 +10,10 @@ for the device at the copy and the device waits for the host until the next laun
 step costs their sum. Which part to shrink (the sampler into the graph, fewer kernels per
 graph, host work overlapped with the device) depends on the split, which this measures.
 
+The engine copy's dtype is `--dtype`: by default the one a training run's engine takes here
+(`model.dtype: auto`), so a CPU without bf16 instructions profiles its fp32 copy, not bf16
+products that CPU only emulates and training never runs.
+
 Per batch size B: `generate` of B prompts (the standard work's chat prompts, groups of 4, as
 many new tokens as `--new-tokens`, no stop token: every row runs every step), after one warm-up
 call (graph captures). Three passes over the same requests:
@@ -37,6 +41,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.generation import make_prompts
+from grpo.models.devices import compute_dtype
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.hf import HFEngine
@@ -130,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--dtype", default="auto",
+                        help="the engine copy's dtype (auto: what a training run's engine takes here)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     device = args.device
@@ -140,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model).eval().to(device)
-    engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches))
+    dtype = compute_dtype(torch.device(device), args.dtype)
+    engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), dtype=dtype)
     results = []
     for batch in args.batches:
         requests = [
@@ -149,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         results.append(profile_batch(engine, requests))
     engine.close()
-    report = {"device": str(engine.device), "decode_mode": engine.decode_mode,
+    report = {"device": str(engine.device), "dtype": str(dtype).removeprefix("torch."),
+              "decode_mode": engine.decode_mode,
               "new_tokens": args.new_tokens, "results": results}
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()

@@ -198,3 +198,42 @@ def test_generation_prompts_can_share_a_long_system_prompt(tokenizer):
     while all(p[shared] == long[0][shared] for p in long):
         shared += 1
     assert 300 <= shared < len(long[0]) and long[0] != long[2]
+
+
+def test_compiled_decode_times_one_step_eager_and_compiled(varied_tiny_model, tokenizer, monkeypatch):
+    import grpo.rollout.weights as engine_weights
+    from bench import compiled_decode
+
+    compiled = []
+
+    def no_compile(fn, **options):  # the wiring, not inductor: the tiny model's compile takes minutes
+        compiled.append((fn, options))
+        return fn
+
+    monkeypatch.setattr(compiled_decode.torch, "compile", no_compile)
+    can_pack, packs_fp32 = engine_weights._can_pack, engine_weights.packs_fp32
+    row = compiled_decode.measure(
+        varied_tiny_model, tokenizer, torch.device("cpu"), batch=3, window=2, repeats=1, dtype=torch.float32
+    )
+    assert (row["batch"], row["window"], row["dtype"]) == (3, 2, "float32")
+    assert row["eager_ms"] > 0 and row["compiled_ms"] > 0
+    # The same step on an unpacked copy: fp32 products of another kernel, not another model.
+    assert row["max_abs_logit_diff"] < 1e-4
+    [(forward, options)] = compiled
+    assert options == {"dynamic": False}
+    # Inductor packs the weights itself: the copy it is given has none packed, and the patch is undone.
+    matmuls = [m.matmul for m in forward.__self__.model.modules() if hasattr(m, "matmul")]
+    assert all(matmul.packed is None for matmul in matmuls)
+    assert (engine_weights._can_pack, engine_weights.packs_fp32) == (can_pack, packs_fp32)
+
+
+def test_decode_profile_runs_the_engine_copy_in_the_dtype_asked(tmp_path, one_thread):
+    from bench.decode_profile import main as decode_profile
+
+    out = tmp_path / "profile.json"
+    args = ["--device", "cpu", "--model", "tiny-random", "--batches", "2", "--new-tokens", "3", "--out", str(out)]
+    assert decode_profile([*args, "--dtype", "float32", "--threads", "1"]) == 0
+    report = json.loads(out.read_text())
+    assert (report["dtype"], report["results"][0]["rows"], report["results"][0]["decode_steps"]) == ("float32", 2, 2)
+    with pytest.raises(ValueError, match="unknown dtype 'half'"):
+        decode_profile([*args, "--dtype", "half"])
