@@ -198,3 +198,65 @@ def test_grouping_template_deltas_match_full_rendering(tokenizer):
         grouping, PROMPT + [{"role": "assistant", "content": assistant}] + observations
     )
     assert built == full
+
+
+def _counting_renders(monkeypatch):
+    calls = []
+    render = chat_tokens._render
+
+    def counted(tokenizer, messages, **options):
+        calls.append((len(messages), options.get("add_generation_prompt")))
+        return render(tokenizer, messages, **options)
+
+    monkeypatch.setattr(chat_tokens, "_render", counted)
+    return calls
+
+
+def test_prompt_cache_renders_each_distinct_prompt_once(tokenizer, monkeypatch):
+    renders = _counting_renders(monkeypatch)
+    cache = chat_tokens.PromptCache(tokenizer)
+    expected = chat_tokens.prompt_ids(tokenizer, PROMPT)
+    renders.clear()
+    first = cache.prompt_ids(PROMPT)
+    again = cache.prompt_ids(copy.deepcopy(PROMPT))  # equal messages, other objects
+    assert first == again == expected and len(renders) == 1
+    first.append(7)  # the caller's list is its own
+    assert cache.prompt_ids(PROMPT) == expected
+    other = [*PROMPT[:1], {"role": "user", "content": "What is 964 * 495?"}]
+    assert cache.prompt_ids(other) == chat_tokens.prompt_ids(tokenizer, other) != expected
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    assert cache.prompt_ids(PROMPT, tools) == chat_tokens.prompt_ids(tokenizer, PROMPT, tools)
+    assert len(renders) == 1 + 2 + 1 + 1 and cache.size == 3
+    cache.clear()
+    assert cache.size == 0 and cache.prompt_ids(PROMPT) == expected
+
+
+def test_prompt_cache_keys_on_everything_a_template_can_see(tokenizer, monkeypatch):
+    renders = _counting_renders(monkeypatch)
+    cache = chat_tokens.PromptCache(tokenizer)
+    # Equal as sorted JSON, not to a template: the order of keys (a template's `tojson` keeps it),
+    # a string and a number.
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"b": 1, "a": 2}}}]
+    reordered = [{"type": "function", "function": {"name": "calc", "parameters": {"a": 2, "b": 1}}}]
+    quoted = [{"type": "function", "function": {"name": "calc", "parameters": {"b": "1", "a": 2}}}]
+    for variant in (tools, reordered, quoted, tools):
+        assert cache.prompt_ids(PROMPT, variant) == chat_tokens.prompt_ids(tokenizer, PROMPT, variant)
+    assert cache.size == 3
+
+    class Marked(str):  # a type the key does not know (it may carry state) is never cached
+        pass
+
+    renders.clear()
+    odd = [{"role": "user", "content": Marked("hello")}]
+    hello = chat_tokens.prompt_ids(tokenizer, [{"role": "user", "content": "hello"}])
+    assert cache.prompt_ids(odd) == cache.prompt_ids(odd) == hello
+    assert len(renders) == 3 and cache.size == 3
+
+
+def test_observation_delta_renders_the_template_once(tokenizer, monkeypatch):
+    obs = [{"role": "tool", "content": "476216"}]
+    chat_tokens.observation_delta_text(tokenizer, obs, assistant_ended=True)  # pieces built
+    renders = _counting_renders(monkeypatch)
+    text = chat_tokens.observation_delta_text(tokenizer, obs, assistant_ended=True)
+    assert text == "\n<|im_start|>tool\n476216<|im_end|>\n<|im_start|>assistant\n"
+    assert renders == [(3, True)]  # user, the assistant call, the tool result

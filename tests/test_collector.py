@@ -204,3 +204,23 @@ def test_real_hf_engine_multi_turn_sampled_tokens(loop, tasks, tokenizer, tiny_m
         # Rewards of non-final steps sit on the last token of their turn; the total includes them.
         assert traj.turn_rewards == [(runs[0][1] - 1, 0.5), (runs[1][1] - 1, 0.5)]
         assert traj.reward == 0.5 + 0.5 + 3.0
+
+
+def test_a_groups_episodes_render_their_prompt_once(loop, calculator_tools, tasks, tokenizer, monkeypatch):
+    rendered = []
+    prompt_ids = chat_tokens.prompt_ids
+
+    def counted(tokenizer, messages, tools=None):
+        rendered.append(messages[-1]["content"])
+        return prompt_ids(tokenizer, messages, tools)
+
+    monkeypatch.setattr(chat_tokens, "prompt_ids", counted)
+    collector = make_collector(ScriptedEngine(tokenizer, tasks, tool_calls_then_answer(1)), tokenizer, calculator_tools)
+    for _ in range(2):
+        result = loop.run_until_complete(collector.collect(tasks[:2], group_size=4, seed=0))
+        assert len(result.trajectories) == 8 and result.failed_episodes == 0
+        for traj in result.trajectories:  # each episode's prompt is its own task's, rendered exactly
+            prompt = traj.metadata["transcript"][: traj.metadata["prompt_messages"]]
+            assert traj.token_ids[: traj.prompt_length] == prompt_ids(tokenizer, prompt)
+    # Once per task and collection: the cache starts empty at each collection.
+    assert len(rendered) == 4 and rendered[0] != rendered[1] and rendered[:2] == rendered[2:]

@@ -69,6 +69,8 @@ class _TemplatePieces:
     """Texts that close an assistant turn in a rendering: `turn_end_ids`' texts and the closer of
     an assistant turn that is not the last (gpt-oss: <|end|>)."""
     stop_ids: tuple[int, ...]
+    head_text: str
+    """`render([user], gen=True)`: what every observation delta's rendering starts with."""
     prefix_preserving: bool
     """Appending messages never changes how earlier ones render (see the module doc)."""
 
@@ -215,6 +217,7 @@ def _build_pieces(tokenizer) -> _TemplatePieces:
         turn_end_ids=tuple(turn_end_ids),
         closer_texts=tuple(closers),
         stop_ids=tuple(stop_ids),
+        head_text=_render(tokenizer, [_USER], add_generation_prompt=True),
         prefix_preserving=_probe_prefix_preserving(tokenizer),
     )
 
@@ -242,6 +245,53 @@ def prompt_ids(tokenizer, messages: list[Message], tools: list[dict] | None = No
     """The chat template of `messages` (with `tools` rendered by the template when given) and the
     generation prompt, tokenized once."""
     return _encode(tokenizer, _render(tokenizer, list(messages), add_generation_prompt=True, tools=tools))
+
+
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """True for JSON-like data (dicts, lists, tuples of str, numbers, bool, None), whose repr says
+    all a template can read of it."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return True
+    if kind is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if kind in (list, tuple):
+        return all(_plain(v) for v in value)
+    return False
+
+
+class PromptCache:
+    """`prompt_ids` with the ids of prompts already rendered kept: the G episodes of a group start
+    from the same messages, and rendering and tokenizing a ~300-token prompt costs ~1.2 ms on a
+    2-core CPU (0.6 s for a 512-episode step's prompts, against 75 ms for its 64 distinct ones).
+
+    The key is the repr of the messages and tools, so it keeps what a template can see and JSON
+    would lose: key order (`tojson` writes it), a string against a number, a tuple against a list.
+    Messages holding any other type (a str subclass, an object) are rendered every time. The
+    collector clears it at the start of each collection."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._ids: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def size(self) -> int:
+        return len(self._ids)
+
+    def clear(self) -> None:
+        self._ids.clear()
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+        if not _plain([messages, tools]):
+            return prompt_ids(self.tokenizer, messages, tools)
+        key = repr((messages, tools))
+        ids = self._ids.get(key)
+        if ids is None:
+            ids = self._ids[key] = tuple(prompt_ids(self.tokenizer, messages, tools))
+        return list(ids)
 
 
 def end_of_turn_id(tokenizer) -> int:
@@ -288,7 +338,7 @@ def observation_delta_text(tokenizer, observations: list[Message], *, assistant_
     """The template text that follows a finished assistant turn: the rest of the turn's closing,
     the observation messages, and the generation prompt for the next assistant turn."""
     pieces = _pieces(tokenizer)
-    head = _render(tokenizer, [_USER], add_generation_prompt=True)
+    head = pieces.head_text
     turn = _assistant_before(observations)
     full = _render(tokenizer, [_USER, turn, *_with_call_ids(observations)], add_generation_prompt=True)
     if not full.startswith(head):

@@ -126,6 +126,7 @@ class TrajectoryCollector:
         self.stop_ids = chat_tokens.stop_token_ids(tokenizer)
         self.end_of_turn_id = chat_tokens.end_of_turn_id(tokenizer)
         self.turn_end_ids = chat_tokens.turn_end_ids(tokenizer)
+        self._prompts = chat_tokens.PromptCache(tokenizer)  # a group's episodes share their prompt
         self.max_live_episodes = 0
         """Most episodes ever in flight at once (for tests of the concurrency bound)."""
         self._live = 0
@@ -158,7 +159,7 @@ class TrajectoryCollector:
             with batcher.inside_env():
                 messages = list(await env.reset(episode.task))
             episode.start(
-                chat_tokens.prompt_ids(self.tokenizer, messages, getattr(env, "chat_tools", None)),
+                self._prompts.prompt_ids(messages, getattr(env, "chat_tools", None)),
                 messages,
                 self.rollout.max_total_tokens,
             )
@@ -314,6 +315,7 @@ class TrajectoryCollector:
     ) -> CollectResult:
         """Play `group_size` episodes of every task; return the whole groups in task order."""
         temperature = self.rollout.temperature if temperature is None else temperature
+        self._prompts.clear()
         timeline = Timeline()
         batcher = GenerationBatcher(
             self.engine,
