@@ -237,3 +237,15 @@ def test_decode_profile_runs_the_engine_copy_in_the_dtype_asked(tmp_path, one_th
     assert (report["dtype"], report["results"][0]["rows"], report["results"][0]["decode_steps"]) == ("float32", 2, 2)
     with pytest.raises(ValueError, match="unknown dtype 'half'"):
         decode_profile([*args, "--dtype", "half"])
+
+
+def test_scripted_collection_times_the_host_side_work_alone():
+    from bench.collector import measure as collect
+    from bench.collector import parse_args as collect_args
+
+    report = asyncio.run(collect(collect_args(["--scripted", "--tasks", "3", "--group-size", "2", "--repeats", "2", "--show", "1"])))
+    assert (report["engine"], report["temperature"]) == ("scripted (gold scripts, no model)", 0.0)
+    for run in report["runs"]:
+        # Every gold script calls the calculator, then answers right.
+        assert (run["episodes"], run["rollout/success_rate"], run["rollout/tool_calls_per_episode"]) == (6, 1.0, 1.0)
+        assert run["collect_s"] > 0 and run["sample_assistant_texts"][0].startswith("<tool_call>")
