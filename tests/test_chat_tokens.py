@@ -231,6 +231,16 @@ def test_prompt_cache_renders_each_distinct_prompt_once(tokenizer, monkeypatch):
     assert cache.size == 0 and cache.prompt_ids(PROMPT) == expected
 
 
+def test_prompt_cache_follows_a_new_chat_template(tokenizer, monkeypatch):
+    cache = chat_tokens.PromptCache(tokenizer)
+    before = cache.prompt_ids(PROMPT)
+    shouting = tokenizer.chat_template.replace("'<|im_start|>' + message['role']", "'<|im_start|>' + message['role'] | upper")
+    assert shouting != tokenizer.chat_template
+    monkeypatch.setattr(tokenizer, "chat_template", shouting)
+    after = cache.prompt_ids(PROMPT)
+    assert after == chat_tokens.prompt_ids(tokenizer, PROMPT) != before and cache.size == 1
+
+
 def test_prompt_cache_keys_on_everything_a_template_can_see(tokenizer, monkeypatch):
     renders = _counting_renders(monkeypatch)
     cache = chat_tokens.PromptCache(tokenizer)

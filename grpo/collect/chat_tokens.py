@@ -271,11 +271,12 @@ class PromptCache:
     The key is the repr of the messages and tools, so it keeps what a template can see and JSON
     would lose: key order (`tojson` writes it), a string against a number, a tuple against a list.
     Messages holding any other type (a str subclass, an object) are rendered every time. The
-    collector clears it at the start of each collection."""
+    collector clears it at the start of each collection; a new chat template clears it too."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._ids: dict[str, tuple[int, ...]] = {}
+        self._template = getattr(tokenizer, "chat_template", None)
 
     @property
     def size(self) -> int:
@@ -287,6 +288,10 @@ class PromptCache:
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         if not _plain([messages, tools]):
             return prompt_ids(self.tokenizer, messages, tools)
+        template = getattr(self.tokenizer, "chat_template", None)
+        if template is not self._template and template != self._template:
+            self._ids.clear()
+            self._template = template
         key = repr((messages, tools))
         ids = self._ids.get(key)
         if ids is None:
