@@ -280,7 +280,7 @@ class _CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def _fused_run(keep_logits_bytes: int, temperature: float = 0.7, autocast: bool = True,
-                    dtype: torch.dtype = torch.float32):
+               dtype: torch.dtype = torch.float32):
     """Log-probs, gradients, the [C, V] tensors saved for backward and the backward's matmuls of
     the fused head under bf16 autocast (or, `autocast=False`, in `dtype`), chunks of 8 (N = 21:
     chunks 8, 8, 5)."""

@@ -289,7 +289,7 @@ class PromptCache:
         if not _plain([messages, tools]):
             return prompt_ids(self.tokenizer, messages, tools)
         template = getattr(self.tokenizer, "chat_template", None)
-        if template is not self._template and template != self._template:
+        if template != self._template:
             self._ids.clear()
             self._template = template
         key = repr((messages, tools))
