@@ -75,20 +75,47 @@ def test_packed_weights_give_the_plain_products_for_any_row_count():
 
 @packs_fp32_here
 def test_packed_fp32_products_do_not_depend_on_the_rows_beside_them():
-    """An fp32 weight packed for oneDNN: each row's product is the same bits whether it is
-    computed alone or with up to 63 other rows (so an fp32 engine samples a seeded request the
-    same in any batch), and within fp32 rounding of F.linear's."""
+    """A packed fp32 weight: each row's product is the same bits whether it is computed alone or
+    with up to 299 other rows (so an fp32 engine samples a seeded request the same in any batch),
+    and within fp32 rounding of F.linear's, at decode and prefill row counts (MKL's layout is for
+    256 rows; 300 is past it)."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(320, 192, generator=gen)
     bias = torch.randn(320, generator=gen)
-    x = torch.randn(64, 192, generator=gen)
+    x = torch.randn(300, 192, generator=gen)
     for hint in (_PACK_BATCH_HINT, _HEAD_PACK_BATCH_HINT):
         matmul = _Matmul(weight, bias, hint)
         assert matmul.packed is not None
         full = matmul(x)
-        for rows in (1, 3, 16, 33):
+        for rows in (1, 3, 16, 33, 64, 256):
             assert torch.equal(matmul(x[:rows]), full[:rows]), (hint, rows)
         assert torch.allclose(full, F.linear(x, weight, bias), rtol=0, atol=1e-4)
+
+
+@packs_fp32_here
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="this torch build has no MKL")
+def test_fp32_weights_are_packed_for_mkl_and_bf16_ones_for_onednn():
+    """With MKL in torch, fp32 weights take MKL's packed sgemm (faster than oneDNN's packs at
+    every decode and prefill row count measured); bf16 weights stay with oneDNN. The MKL path
+    takes any leading dimensions, a strided input and no rows at all."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(96, 64, generator=gen)
+    bias = torch.randn(96, generator=gen)
+    assert _Matmul(weight, None).packer == "mkl"
+    assert _Matmul(weight.bfloat16(), None).packer == "onednn"
+    matmul = _Matmul(weight, bias)
+    x = torch.randn(4, 3, 64, generator=gen)
+    out = matmul(x)
+    assert out.shape == (4, 3, 96)
+    assert torch.equal(out, matmul(x.reshape(12, 64)).reshape(4, 3, 96))
+    assert torch.allclose(out, F.linear(x, weight, bias), rtol=0, atol=1e-5)
+    strided = torch.randn(5, 128, generator=gen)[:, ::2]
+    assert torch.equal(matmul(strided), matmul(strided.contiguous()))
+    assert matmul(torch.empty(0, 64)).shape == (0, 96)
+    with torch.no_grad():
+        weight.mul_(2.0)
+    matmul.repack()
+    assert torch.allclose(matmul(x), F.linear(x, weight, bias), rtol=0, atol=1e-5)
 
 
 @packs_fp32_here

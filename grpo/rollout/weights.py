@@ -14,8 +14,9 @@ stream: SmolLM2's hidden states carry large outliers) was 0.042, too close to th
 tolerance.
 
 An fp32 copy on a CPU (`auto` on a CPU without bf16 instructions, or `dtype=None` over an fp32
-policy) is built the same way with fp32 weights: packed and fused for speed alone, since oneDNN's
-packed fp32 products are 2-3x faster than `F.linear`'s at decode shapes (`_FP32_PACKING_MACHINES`).
+policy) is built the same way with fp32 weights: packed and fused for speed alone, since packed
+fp32 products are 2-3x faster than `F.linear`'s at decode shapes (`_FP32_PACKING_MACHINES`). Where
+torch has MKL the fp32 weights are packed for MKL's sgemm rather than oneDNN (`_MKL_PACK_ROWS`).
 
 `copy_weights_into` (sync_weights) copies tensors by name from the policy, casting as it goes,
 then re-packs the packed weights.
@@ -57,6 +58,17 @@ generate, 96 and 384 seeded completions, the two layouts alternating in one proc
 _HEAD_PACK_BATCH_HINT = 64
 """The same for the LM head: its [49k, 576] product at 16 rows is a little faster laid out for
 64 (3.13 vs 3.37 ms a call), and equal at 64 rows."""
+_MKL_PACK_ROWS = 256
+"""Rows MKL lays a packed fp32 weight out for (`cblas_sgemm_pack`'s m). The layout serves any row
+count: the products are right for every count, each row's bits do not depend on the rows beside
+it, and Intel's own extension for PyTorch computes with one B pack whatever the input's rows. It
+is chosen for speed: SmolLM2-135M's products, 2 threads, a Xeon with AVX-512 but no BF16, 8-30
+distinct weights, against oneDNN's packs (16 rows for the layers, 64 for the head):
+- gate/up [3,072, 576] at 16 / 64 / 512 rows: 660 / 1,082 / 6,979 µs against 680 / 1,253 / 8,239;
+- down [576, 1,536]: 310 / 546 / 3,569 µs against 338 / 731 / 3,865;
+- the head [49,152, 576]: 7.9 / 16.6 / 151 ms against 8.2 / 18.5 / 179;
+- at one row 0.85x oneDNN's time; laid out for 16 rows instead, MKL's products at 40-128 rows
+  took 1.3-1.9x as long as these, which is why the layout is not the decode batch's."""
 
 
 def _onednn_packs(device: torch.device) -> bool:
@@ -64,6 +76,14 @@ def _onednn_packs(device: torch.device) -> bool:
         device.type == "cpu"
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def _mkl_packs(device: torch.device) -> bool:
+    return (
+        device.type == "cpu"
+        and torch.backends.mkl.is_available()
+        and hasattr(torch.ops.mkl, "_mkl_reorder_linear_weight")
     )
 
 
@@ -81,7 +101,8 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 class _Matmul:
-    """x @ weight.T + bias in the weight's dtype, with the weight pre-packed for oneDNN on CPU.
+    """x @ weight.T + bias in the weight's dtype, with the weight pre-packed on CPU: for MKL's
+    sgemm when it is fp32 and torch has MKL (`packer == "mkl"`), else for oneDNN ("onednn").
 
     A bf16 weight handed to `F.linear` is re-laid-out for the AMX/AVX-512 kernels at every call;
     with 30 layers' weights streaming from memory each decode step that doubled the matmul time
@@ -93,15 +114,26 @@ class _Matmul:
     ) -> None:
         self.weight, self.bias, self.batch_hint = weight, bias, batch_hint
         self.packed: torch.Tensor | None = None
+        self.packer: str | None = None
         self.repack()
 
     def repack(self) -> None:
-        if _can_pack(self.weight):
+        if not _can_pack(self.weight):
+            return
+        if self.weight.dtype == torch.float32 and _mkl_packs(self.weight.device):
+            self.packer = "mkl"
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, _MKL_PACK_ROWS)
+        else:
+            self.packer = "onednn"
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, self.batch_hint)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.weight.dtype)
-        if self.packed is not None:
+        if self.packer == "mkl":
+            rows = x.numel() // x.shape[-1]
+            if rows:  # torch's op computes with the pack only when told the input's row count
+                return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, rows)
+        elif self.packer == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
