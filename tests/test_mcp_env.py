@@ -3,6 +3,7 @@ the real SharedToolManager and the real bundled calculator and kv servers, rewar
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from environments.mcp_tool.prompt import render_system_prompt
 from environments.tasks.loading import generate_tasks
 from environments.tasks.schema import Task
 from environments.toolcalls import FORMATS, format_tool_call
+from tools.manager import ToolResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,6 +102,50 @@ def test_examples_differ_from_the_task_and_can_be_turned_off(loop, tools):
     no_example = EnvironmentConfig(one_shot_example=False)
     _, messages, _ = play(loop, tools, calculator_task(), [], config=no_example)
     assert [m["role"] for m in messages] == ["system", "user"]
+
+
+def test_concurrent_resets_ask_the_calculator_for_each_example_once(loop):
+    """A GRPO step resets all its episodes at once: they share one call per example expression
+    (before, each of 16 episodes asked both: 32 calls), and all get the same prompt."""
+    with running_manager(loop, "calculator") as manager:
+
+        async def reset_all():
+            envs = [MCPToolEnvironment(manager, EnvironmentConfig(), f"ep{i}") for i in range(16)]
+            return await asyncio.gather(*(env.reset(calculator_task()) for env in envs))
+
+        prompts = loop.run_until_complete(reset_all())
+        assert manager.metrics()["tools/calls"] == 2
+        assert all(p == prompts[0] for p in prompts)
+        assert prompts[0][3] == {"role": "tool", "content": "721"}
+        loop.run_until_complete(reset_all())
+        assert manager.metrics()["tools/calls"] == 2  # answered from the cache
+
+
+def test_a_failed_example_call_is_left_out_and_asked_again(loop):
+    """Episodes waiting on a failed example call all go without that example; the next reset asks
+    the calculator again instead of keeping the failure."""
+    with running_manager(loop, "calculator") as manager:
+        original, failures = manager.call_tool, [1]
+
+        async def failing_once(name, arguments, **kwargs):
+            if failures:
+                failures.pop()
+                await asyncio.sleep(0.05)
+                return ToolResult("boom", is_error=True, error_kind="tool_error")
+            return await original(name, arguments, **kwargs)
+
+        manager.call_tool = failing_once
+
+        async def reset_all(count):
+            envs = [MCPToolEnvironment(manager, EnvironmentConfig(), f"ep{i}") for i in range(count)]
+            return await asyncio.gather(*(env.reset(calculator_task()) for env in envs))
+
+        first = loop.run_until_complete(reset_all(4))
+        users = [[m["content"] for m in p if m["role"] == "user"] for p in first]
+        assert users == [["What is 4 * 56?", "What is 964 * 494?"]] * 4
+        again = loop.run_until_complete(reset_all(1))
+        assert [m["content"] for m in again[0] if m["role"] == "user"] == [
+            "What is 523 + 198?", "What is 4 * 56?", "What is 964 * 494?"]
 
 
 def test_task_system_message_is_kept_and_format_is_taught(loop, tools):

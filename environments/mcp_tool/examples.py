@@ -9,6 +9,7 @@ the exact observation format.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from collections.abc import Sequence
@@ -37,7 +38,9 @@ learn); 523 + 198 and 71 - 45: 2/32 and 8/64; these, 523 + 198 and 4 * 56: 9/32 
 sampled, the start the design's probe reports (29%)."""
 
 _CALCULATOR_RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Per manager: the calculator's real answers to the example expressions."""
+"""Per manager: the calculator's real answers to the example expressions, or the call still
+running for one. A step resets all its episodes at once; without the running call in the cache
+each of 512 episodes asked for both examples itself (1,024 calls on the first step)."""
 
 
 def find_calculator(specs: Sequence[ToolSpec]) -> ToolSpec | None:
@@ -62,12 +65,31 @@ async def calculator_examples(task: Task, specs: Sequence[ToolSpec], tools: Shar
     examples = []
     for question, expression in chosen:
         key = (calculator.name, expression)
-        if key not in cache:
-            result = await tools.call_tool(calculator.name, {"expression": expression}, timeout=timeout)
-            if result.is_error:  # a broken example teaches nothing: leave it out, ask again next time
-                log.warning("example call %s(%r) failed: %s", calculator.name, expression, result.text)
+        answer = cache.get(key)
+        if answer is None:
+            answer = cache[key] = asyncio.ensure_future(
+                _ask(tools, calculator.name, expression, timeout))
+        if isinstance(answer, asyncio.Future):
+            running = answer
+            # shielded: an episode cancelled while waiting must not cancel the others' call
+            answer = await asyncio.shield(running)
+            if cache.get(key) is running:
+                if answer is None:  # a broken example teaches nothing: leave it out, ask again next time
+                    del cache[key]
+                else:
+                    cache[key] = answer
+            if answer is None:
                 continue
-            cache[key] = result.text.strip()
-        step = ExampleStep(tool=calculator.name, params={"expression": expression}, result=cache[key])
-        examples.append(WorkedExample(question=question, steps=[step], answer=cache[key]))
+        step = ExampleStep(tool=calculator.name, params={"expression": expression}, result=answer)
+        examples.append(WorkedExample(question=question, steps=[step], answer=answer))
     return examples
+
+
+async def _ask(tools: SharedToolManager, name: str, expression: str,
+               timeout: float | None) -> str | None:
+    """The calculator's answer to `expression`, or None (logged) when the call failed."""
+    result = await tools.call_tool(name, {"expression": expression}, timeout=timeout)
+    if result.is_error:
+        log.warning("example call %s(%r) failed: %s", name, expression, result.text)
+        return None
+    return result.text.strip()
