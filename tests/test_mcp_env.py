@@ -104,20 +104,21 @@ def test_examples_differ_from_the_task_and_can_be_turned_off(loop, tools):
     assert [m["role"] for m in messages] == ["system", "user"]
 
 
+async def reset_together(manager, count: int) -> list[list[dict]]:
+    """The prompts of `count` episodes of the calculator task, reset concurrently."""
+    envs = [MCPToolEnvironment(manager, EnvironmentConfig(), f"ep{i}") for i in range(count)]
+    return await asyncio.gather(*(env.reset(calculator_task()) for env in envs))
+
+
 def test_concurrent_resets_ask_the_calculator_for_each_example_once(loop):
     """A GRPO step resets all its episodes at once: they share one call per example expression
     (before, each of 16 episodes asked both: 32 calls), and all get the same prompt."""
     with running_manager(loop, "calculator") as manager:
-
-        async def reset_all():
-            envs = [MCPToolEnvironment(manager, EnvironmentConfig(), f"ep{i}") for i in range(16)]
-            return await asyncio.gather(*(env.reset(calculator_task()) for env in envs))
-
-        prompts = loop.run_until_complete(reset_all())
+        prompts = loop.run_until_complete(reset_together(manager, 16))
         assert manager.metrics()["tools/calls"] == 2
         assert all(p == prompts[0] for p in prompts)
         assert prompts[0][3] == {"role": "tool", "content": "721"}
-        loop.run_until_complete(reset_all())
+        loop.run_until_complete(reset_together(manager, 16))
         assert manager.metrics()["tools/calls"] == 2  # answered from the cache
 
 
@@ -135,15 +136,10 @@ def test_a_failed_example_call_is_left_out_and_asked_again(loop):
             return await original(name, arguments, **kwargs)
 
         manager.call_tool = failing_once
-
-        async def reset_all(count):
-            envs = [MCPToolEnvironment(manager, EnvironmentConfig(), f"ep{i}") for i in range(count)]
-            return await asyncio.gather(*(env.reset(calculator_task()) for env in envs))
-
-        first = loop.run_until_complete(reset_all(4))
+        first = loop.run_until_complete(reset_together(manager, 4))
         users = [[m["content"] for m in p if m["role"] == "user"] for p in first]
         assert users == [["What is 4 * 56?", "What is 964 * 494?"]] * 4
-        again = loop.run_until_complete(reset_all(1))
+        again = loop.run_until_complete(reset_together(manager, 1))
         assert [m["content"] for m in again[0] if m["role"] == "user"] == [
             "What is 523 + 198?", "What is 4 * 56?", "What is 964 * 494?"]
 
