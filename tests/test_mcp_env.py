@@ -144,6 +144,27 @@ def test_a_failed_example_call_is_left_out_and_asked_again(loop):
             "What is 523 + 198?", "What is 4 * 56?", "What is 964 * 494?"]
 
 
+def test_an_example_call_that_raises_is_not_kept(loop):
+    """An exception inside the shared example call reaches the episodes waiting on it, as it did
+    when each asked on its own, and is not kept: the next reset asks again."""
+    with running_manager(loop, "calculator") as manager:
+        original, raises = manager.call_tool, [1]
+
+        async def raising_once(name, arguments, **kwargs):
+            if raises:
+                raises.pop()
+                await asyncio.sleep(0.05)
+                raise RuntimeError("the manager broke")
+            return await original(name, arguments, **kwargs)
+
+        manager.call_tool = raising_once
+        with pytest.raises(RuntimeError, match="the manager broke"):
+            loop.run_until_complete(reset_together(manager, 3))
+        again = loop.run_until_complete(reset_together(manager, 1))
+        assert [m["content"] for m in again[0] if m["role"] == "user"] == [
+            "What is 523 + 198?", "What is 4 * 56?", "What is 964 * 494?"]
+
+
 def test_task_system_message_is_kept_and_format_is_taught(loop, tools):
     task = calculator_task()
     task["prompt"].insert(0, {"role": "system", "content": "Be brief."})

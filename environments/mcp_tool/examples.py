@@ -10,6 +10,7 @@ the exact observation format.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from collections.abc import Sequence
@@ -69,20 +70,26 @@ async def calculator_examples(task: Task, specs: Sequence[ToolSpec], tools: Shar
         if answer is None:
             answer = cache[key] = asyncio.ensure_future(
                 _ask(tools, calculator.name, expression, timeout))
+            answer.add_done_callback(functools.partial(_settle, cache, key))
         if isinstance(answer, asyncio.Future):
-            running = answer
             # shielded: an episode cancelled while waiting must not cancel the others' call
-            answer = await asyncio.shield(running)
-            if cache.get(key) is running:
-                if answer is None:  # a broken example teaches nothing: leave it out, ask again next time
-                    del cache[key]
-                else:
-                    cache[key] = answer
-            if answer is None:
+            answer = await asyncio.shield(answer)
+            if answer is None:  # a broken example teaches nothing: leave it out
                 continue
         step = ExampleStep(tool=calculator.name, params={"expression": expression}, result=answer)
         examples.append(WorkedExample(question=question, steps=[step], answer=answer))
     return examples
+
+
+def _settle(cache: dict, key: tuple[str, str], call: asyncio.Future) -> None:
+    """Once the call for `key` ends: keep its answer, or forget the call (failed, raised or
+    cancelled) so that the next reset asks again."""
+    if cache.get(key) is not call:
+        return
+    if call.cancelled() or call.exception() is not None or call.result() is None:
+        del cache[key]
+    else:
+        cache[key] = call.result()
 
 
 async def _ask(tools: SharedToolManager, name: str, expression: str,
