@@ -8,12 +8,12 @@ The work: one decode step of the engine's weight copy of SmolLM2-135M-Instruct f
 distinct 48-token chat prompts, attending over the prompt plus `--window` cached columns,
 repeated on the same shapes. The copy's dtype is `--dtype`, by default the one a training run's
 engine takes here (`model.dtype: auto`: bf16 on a GPU or a CPU with bf16 instructions, else
-fp32). Eager is the engine as it runs (oneDNN-packed weights on CPU). Compiled is
-`torch.compile` of the same forward: on CPU inductor with `freezing` (it packs the weights
-itself: it cannot lower oneDNN's pre-packed matmul, so the copy is built unpacked for it), on
-CUDA `mode="reduce-overhead"` (the step captured as a CUDA graph). Reported: ms per step for
-both, the first compiled call's seconds (the compile), and the largest |logit difference|
-between the two (exactness).
+fp32). Eager is the engine as it runs (on CPU its weights pre-packed: for MKL in fp32, for
+oneDNN in bf16). Compiled is `torch.compile` of the same forward: on CPU inductor with
+`freezing` (it packs the weights itself: it cannot lower the engine's pre-packed matmuls, so
+the copy is built unpacked for it), on CUDA `mode="reduce-overhead"` (the step captured as a
+CUDA graph). Reported: ms per step for both, the first compiled call's seconds (the compile),
+and the largest |logit difference| between the two (exactness).
 
 Shapes are static by default: a real decode changes the batch (rows finish) and the window (one
 column per step) every step, so every new shape compiles again unless shapes are made static (a
