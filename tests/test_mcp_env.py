@@ -122,47 +122,50 @@ def test_concurrent_resets_ask_the_calculator_for_each_example_once(loop):
         assert manager.metrics()["tools/calls"] == 2  # answered from the cache
 
 
+def spoil_first_call(manager, outcome) -> None:
+    """The manager's next call ends, after 50 ms, in `outcome` (a ToolResult to return or an
+    exception to raise) instead of reaching the server; later calls go through."""
+    original, pending = manager.call_tool, [outcome]
+
+    async def call_tool(name, arguments, **kwargs):
+        if not pending:
+            return await original(name, arguments, **kwargs)
+        await asyncio.sleep(0.05)
+        result = pending.pop()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    manager.call_tool = call_tool
+
+
+def user_turns(prompt: list[dict]) -> list[str]:
+    return [m["content"] for m in prompt if m["role"] == "user"]
+
+
+ALL_EXAMPLES = ["What is 523 + 198?", "What is 4 * 56?", "What is 964 * 494?"]
+
+
 def test_a_failed_example_call_is_left_out_and_asked_again(loop):
     """Episodes waiting on a failed example call all go without that example; the next reset asks
     the calculator again instead of keeping the failure."""
     with running_manager(loop, "calculator") as manager:
-        original, failures = manager.call_tool, [1]
-
-        async def failing_once(name, arguments, **kwargs):
-            if failures:
-                failures.pop()
-                await asyncio.sleep(0.05)
-                return ToolResult("boom", is_error=True, error_kind="tool_error")
-            return await original(name, arguments, **kwargs)
-
-        manager.call_tool = failing_once
+        spoil_first_call(manager, ToolResult("boom", is_error=True, error_kind="tool_error"))
         first = loop.run_until_complete(reset_together(manager, 4))
-        users = [[m["content"] for m in p if m["role"] == "user"] for p in first]
-        assert users == [["What is 4 * 56?", "What is 964 * 494?"]] * 4
+        assert [user_turns(p) for p in first] == [["What is 4 * 56?", "What is 964 * 494?"]] * 4
         again = loop.run_until_complete(reset_together(manager, 1))
-        assert [m["content"] for m in again[0] if m["role"] == "user"] == [
-            "What is 523 + 198?", "What is 4 * 56?", "What is 964 * 494?"]
+        assert user_turns(again[0]) == ALL_EXAMPLES
 
 
 def test_an_example_call_that_raises_is_not_kept(loop):
     """An exception inside the shared example call reaches the episodes waiting on it, as it did
     when each asked on its own, and is not kept: the next reset asks again."""
     with running_manager(loop, "calculator") as manager:
-        original, raises = manager.call_tool, [1]
-
-        async def raising_once(name, arguments, **kwargs):
-            if raises:
-                raises.pop()
-                await asyncio.sleep(0.05)
-                raise RuntimeError("the manager broke")
-            return await original(name, arguments, **kwargs)
-
-        manager.call_tool = raising_once
+        spoil_first_call(manager, RuntimeError("the manager broke"))
         with pytest.raises(RuntimeError, match="the manager broke"):
             loop.run_until_complete(reset_together(manager, 3))
         again = loop.run_until_complete(reset_together(manager, 1))
-        assert [m["content"] for m in again[0] if m["role"] == "user"] == [
-            "What is 523 + 198?", "What is 4 * 56?", "What is 964 * 494?"]
+        assert user_turns(again[0]) == ALL_EXAMPLES
 
 
 def test_task_system_message_is_kept_and_format_is_taught(loop, tools):
