@@ -30,6 +30,11 @@ peak is the bf16 8192³ matmul and the device-to-device copy bandwidth; generati
 step reads every weight once: steps/s x weight bytes); training reports tokens/s; the matmul
 ceiling (a CPU measure) is skipped.
 
+`--set KEY=VALUE` (repeatable) overrides the training config of multiturn and calculator512, e.g.
+`--set hf.sample_in_decode_step=false` for the step as it ran before the sampler moved into the
+decode graphs; `--cudnn-attention` lets our sections' attention use cuDNN (off by default:
+`model.cudnn_attention`); the TRL section always runs with torch's own setting.
+
 Writes `<out>/report.json` (default outputs/bench) and prints a short table.
 """
 
@@ -65,6 +70,8 @@ SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", 
             "continuous")
 CPU_SECTIONS = tuple(s for s in SECTIONS if s != "calculator512")
 CUDA_BATCHES = [16, 64, 256, 512]
+TORCH_CUDNN_SDP = torch.backends.cuda.cudnn_sdp_enabled()
+"""torch's own setting of the cuDNN attention switch (what the TRL section runs with)."""
 
 
 def _peaks(device: str = "cpu") -> dict:
@@ -170,9 +177,12 @@ def _tools(calls: int) -> dict:
 
 
 def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zero_advantage: bool = True,
-        device: str = "cpu") -> dict:
+        device: str = "cpu", cudnn_attention: bool = False, overrides: tuple[str, ...] = ()) -> dict:
     torch.set_num_threads(threads)
     cuda = device == "cuda"
+    # Our sections' attention kernels as a run's `model.cudnn_attention` sets them, also where a
+    # section builds its policy or engine without the trainer.
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
     if "calculator512" in sections and not cuda:
         raise ValueError("section calculator512 needs --device cuda (512 episodes a step)")
     report: dict = {
@@ -188,7 +198,8 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
             report["peak"] = _peaks(device)
         elif section == "standard":
             report["standard"] = standard_step(steps=steps, threads=threads,
-                                               skip_zero_advantage=skip_zero_advantage, device=device)
+                                               skip_zero_advantage=skip_zero_advantage, device=device,
+                                               cudnn_attention=cudnn_attention)
         elif section == "generation":
             report["generation"] = _generation(CUDA_BATCHES if cuda else [1, 16, 64], device=device)
         elif section == "training":
@@ -196,10 +207,16 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
         elif section == "tools":
             report["tools"] = _tools(tool_calls)
         elif section == "multiturn":
-            report["multiturn"] = multi_turn_step(threads=threads, overrides=(f"device={device}",))
+            report["multiturn"] = multi_turn_step(
+                threads=threads, overrides=(f"device={device}", f"model.cudnn_attention={str(cudnn_attention).lower()}",
+                                            *overrides))
         elif section == "trl":
+            # TRL with torch's own attention kernels, as its users get them (our sections may
+            # have switched cuDNN's off: model.cudnn_attention).
+            torch.backends.cuda.enable_cudnn_sdp(TORCH_CUDNN_SDP)
             report["trl"] = (trl_standard_step(steps=steps, threads=threads, device=device) if trl_available()
                              else {"skipped": "TRL is not installed (pip install trl datasets)"})
+            report["trl"]["cudnn_attention"] = torch.backends.cuda.cudnn_sdp_enabled()
         elif section == "continuous":
             report["continuous"] = (
                 asyncio.run(measure_continuous(continuous_args(
@@ -208,7 +225,7 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
         elif section == "calculator512":
             report["calculator512"] = multi_turn_step(
                 steps=3, config_path="configs/gpu.yaml", threads=threads, tasks_per_step=64,
-                group_size=8)
+                group_size=8, overrides=(f"model.cudnn_attention={str(cudnn_attention).lower()}", *overrides))
         timings[section] = round(time.perf_counter() - start, 1)
         print(f"[bench] {section}: {timings[section]} s (load average {os.getloadavg()[0]:.2f})", flush=True)
     report["section_seconds"] = timings
@@ -330,17 +347,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="outputs/bench", help="directory for report.json")
     parser.add_argument("--no-skip", action="store_true",
                         help="standard step: train every sequence (no zero-advantage skipping)")
-    parser.add_argument("--no-cudnn-attention", action="store_true",
-                        help="CUDA: keep scaled_dot_product_attention off its cuDNN kernels (which "
-                             "build a plan per new shape) for the whole run, to compare")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for the sections that run a training config "
+                             "(multiturn, calculator512), e.g. --set hf.sample_in_decode_step=false")
+    parser.add_argument("--cudnn-attention", action="store_true",
+                        help="CUDA: let our sections' scaled_dot_product_attention use cuDNN's "
+                             "kernels (model.cudnn_attention=true; off by default), to compare")
     args = parser.parse_args(argv)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     sections = args.sections or [s for s in (SECTIONS if device == "cuda" else CPU_SECTIONS)
                                  if s != "trl" or trl_available()]
-    if args.no_cudnn_attention:
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    report = run(sections, args.steps, args.threads, args.tool_calls, not args.no_skip, device)
-    report["machine"]["cudnn_attention"] = torch.backends.cuda.cudnn_sdp_enabled()
+    report = run(sections, args.steps, args.threads, args.tool_calls, not args.no_skip, device,
+                 args.cudnn_attention, tuple(args.overrides))
+    report["machine"]["overrides"] = args.overrides
+    report["machine"]["cudnn_attention"] = args.cudnn_attention
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2))

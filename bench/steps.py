@@ -26,6 +26,7 @@ import environments  # noqa: F401  (registers the environments)
 from grpo.algorithm.reference import make_reference
 from grpo.algorithm.update import UpdateSettings, make_optimizer, make_scheduler, train_step
 from grpo.config import RunConfig, load_config
+from grpo.models.devices import select_attention_kernels
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.registry import make_engine
@@ -47,11 +48,12 @@ def closeness_reward(text: str, truth: int) -> float:
 
 
 def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
-                     model: str = "smollm2-135m-instruct", device: str = "cpu"):
+                     model: str = "smollm2-135m-instruct", device: str = "cpu",
+                     cudnn_attention: bool = False):
     return RunConfig.model_validate({
         "threads": threads,
         "device": device,
-        "model": {"name_or_path": model, "weights_dtype": "float32"},
+        "model": {"name_or_path": model, "weights_dtype": "float32", "cudnn_attention": cudnn_attention},
         "lora": {"enabled": False},
         "algorithm": {
             "group_size": 4,
@@ -66,14 +68,16 @@ def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: b
 
 def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, seed: int = 0,
                   skip_zero_advantage: bool = True, model: str = "smollm2-135m-instruct",
-                  device: str = "cpu") -> dict:
+                  device: str = "cpu", cudnn_attention: bool = False) -> dict:
     """Run 1 warm-up + `steps` timed steps of the standard work; medians and per-step times.
     `skip_zero_advantage=False` trains every sequence (for comparisons of the other levers: which
-    groups have zero variance depends on what was sampled). `model` is for tests (tiny-random)."""
+    groups have zero variance depends on what was sampled). `model` is for tests (tiny-random).
+    `cudnn_attention`: `model.cudnn_attention` (CUDA: SDPA may use cuDNN), as a run sets it."""
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model, device)
+    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model, device, cudnn_attention)
+    select_attention_kernels(torch.device(device), cfg.model)
     policy, tok = PolicyWithValueHead.from_config(cfg.model, cfg.lora, device, seed=seed)
     reference = make_reference(policy, cfg.algorithm.reference)
     optimizer = make_optimizer(policy, cfg.algorithm.optimizer)

@@ -155,16 +155,33 @@ def test_segment_cost_cuts_every_row_into_equal_column_segments_and_reports_both
         assert numbers["per_segment_s"] == pytest.approx((numbers["cut_s"] - numbers["one_segment_s"]) / 2, abs=1e-4)
 
 
-def test_no_cudnn_attention_turns_the_cudnn_kernels_off_for_the_run_and_says_so(tmp_path):
-    assert torch.backends.cuda.cudnn_sdp_enabled()
+def test_our_sections_run_without_cudnn_attention_unless_asked_and_trl_with_torchs_default(tmp_path, monkeypatch):
+    import bench.run as bench_run
+
+    seen = {}
+
+    def fake_trl(**kwargs):
+        seen["trl"] = torch.backends.cuda.cudnn_sdp_enabled()
+        return {"trl_step_median_s": 1.0, "trl_version": "1.16.0"}
+
+    def fake_peaks(device):
+        seen["peak"] = torch.backends.cuda.cudnn_sdp_enabled()
+        return {}
+
+    monkeypatch.setattr(bench_run, "trl_available", lambda: True)
+    monkeypatch.setattr(bench_run, "trl_standard_step", fake_trl)
+    monkeypatch.setattr(bench_run, "_peaks", fake_peaks)
+    assert bench_run.TORCH_CUDNN_SDP is True  # torch's default
     try:
-        assert main(["--device", "cpu", "--sections", "peak", "--no-cudnn-attention", "--out", str(tmp_path)]) == 0
-        assert not torch.backends.cuda.cudnn_sdp_enabled()
-        assert json.loads((tmp_path / "report.json").read_text())["machine"]["cudnn_attention"] is False
+        assert main(["--device", "cpu", "--sections", "peak", "trl", "--out", str(tmp_path)]) == 0
+        report = json.loads((tmp_path / "report.json").read_text())
+        assert seen == {"peak": False, "trl": True}
+        assert report["machine"]["cudnn_attention"] is False and report["trl"]["cudnn_attention"] is True
+        assert main(["--device", "cpu", "--sections", "peak", "--cudnn-attention", "--out", str(tmp_path)]) == 0
+        assert seen["peak"] is True
+        assert json.loads((tmp_path / "report.json").read_text())["machine"]["cudnn_attention"] is True
     finally:
         torch.backends.cuda.enable_cudnn_sdp(True)
-    assert main(["--device", "cpu", "--sections", "peak", "--out", str(tmp_path)]) == 0
-    assert json.loads((tmp_path / "report.json").read_text())["machine"]["cudnn_attention"] is True
 
 
 def test_decode_profile_splits_the_step_and_leaves_the_engine_as_it_was(varied_tiny_model, tokenizer):

@@ -17,6 +17,7 @@ from grpo.models.devices import (
     compute_dtype,
     memory_metrics,
     resolve_device,
+    select_attention_kernels,
 )
 from grpo.models.export import VALUE_HEAD_FILE, load_value_head, save_pretrained
 from grpo.models.policy import PolicyWithValueHead, is_checkpointing
@@ -410,6 +411,25 @@ def test_resolve_device_and_dtypes():
     assert isinstance(autocast_context(cpu, torch.float32), contextlib.nullcontext)
     with autocast_context(cpu, torch.bfloat16):
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+
+
+@pytest.fixture
+def cudnn_sdp_flag():
+    """Restores torch's process-wide cuDNN attention switch after the test."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_cudnn_attention_is_switched_off_on_cuda_unless_the_config_asks_for_it(cudnn_sdp_flag):
+    assert ModelConfig().cudnn_attention is False
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    select_attention_kernels(torch.device("cpu"), ModelConfig())  # not CUDA: left as it is
+    assert torch.backends.cuda.cudnn_sdp_enabled() is True
+    select_attention_kernels(torch.device("cuda", 0), ModelConfig())
+    assert torch.backends.cuda.cudnn_sdp_enabled() is False
+    select_attention_kernels(torch.device("cuda", 0), ModelConfig(cudnn_attention=True))
+    assert torch.backends.cuda.cudnn_sdp_enabled() is True
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").is_file(), reason="no /proc: resident memory is not reported")

@@ -36,6 +36,13 @@ class ModelConfig(Section):
     prefixes as column segments; the same log-probs and gradients either way. Only on a CPU (the
     only device it is measured on); models whose layers cannot take a tree mask (sliding windows,
     attention other than eager/SDPA) never pack."""
+    cudnn_attention: bool = False
+    """CUDA: let `scaled_dot_product_attention` use cuDNN's attention kernels (a process-wide
+    switch, set when the trainer starts). Off by default: cuDNN builds an execution plan for
+    every new shape, and a GRPO update brings new shapes at every micro-batch and prefill. One
+    H200, configs/gpu.yaml's 512-episode step, two steps after the first of each: update 1.57 and
+    1.79 s with it off, 3.93 and 2.66 s with it on (the reference pass 0.36/0.33 against
+    1.16/0.76 s); the rollout the same."""
     load_in_4bit: bool = False
     """QLoRA: 4-bit base weights through bitsandbytes (CUDA only; needs `lora.enabled`)."""
     value_head: bool = True

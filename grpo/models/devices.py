@@ -5,6 +5,8 @@
   without bf16) and on CPUs with AVX-512 BF16 or AMX (where bf16 matmuls run ~4x faster than
   fp32), bf16 on MPS with macOS 14+ (else fp32: `mps_compute_dtype`), fp32 otherwise.
 - `autocast_context(device, dtype)`: `torch.autocast` for reduced precision, a no-op for fp32.
+- `select_attention_kernels(device, model_config)`: on CUDA, whether SDPA may use cuDNN's
+  kernels (`model.cudnn_attention`).
 - `memory_metrics(device)`: this process's resident memory and, on CUDA, its peak allocation
   since the last call (every training step's `memory/*` metrics).
 
@@ -24,7 +26,7 @@ from typing import get_args
 
 import torch
 
-from grpo.models.config import Device
+from grpo.models.config import Device, ModelConfig
 
 DEVICES: tuple[str, ...] = get_args(Device)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -149,6 +151,14 @@ def autocast_context(device: torch.device, dtype: torch.dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def select_attention_kernels(device: torch.device, model: ModelConfig) -> None:
+    """On CUDA, switch `scaled_dot_product_attention`'s cuDNN kernels on or off for this process
+    as `model.cudnn_attention` says (see its docstring for why off is the default); elsewhere
+    nothing changes."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(model.cudnn_attention)
 
 
 def memory_metrics(device: torch.device) -> dict[str, float]:

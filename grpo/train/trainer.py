@@ -29,7 +29,7 @@ from grpo.algorithm.update import (
 from grpo.collect.collector import TrajectoryCollector
 from grpo.collect.episode import task_id_of
 from grpo.config import RunConfig, save_config
-from grpo.models.devices import memory_metrics, resolve_device
+from grpo.models.devices import memory_metrics, resolve_device, select_attention_kernels
 from grpo.models.export import save_pretrained
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
@@ -88,6 +88,7 @@ class GRPOTrainer:
             torch.set_num_threads(cfg.threads)
         self.device, why = resolve_device(cfg.device)
         log.info("device: %s (%s)", self.device, why)
+        select_attention_kernels(self.device, cfg.model)
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
