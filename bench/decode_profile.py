@@ -3,12 +3,13 @@
     python -m bench.decode_profile --device cuda --batches 16 512   # on a GPU machine
     .venv/bin/python -m bench.decode_profile --batches 16 64        # this CPU
 
-On a GPU a decode step is one CUDA-graph replay of the forward (grpo/rollout/decode_graphs.py),
-then the sampler runs eagerly and copies the tokens to the host, then the engine's Python
-bookkeeping (finish checks, compaction, admission) runs before the next replay. The host waits
-for the device at the copy and the device waits for the host until the next launch, so the
-step costs their sum. Which part to shrink (the sampler into the graph, fewer kernels per
-graph, host work overlapped with the device) depends on the split, which this measures.
+On a GPU a decode step is one CUDA-graph replay of the forward and the sampler
+(grpo/rollout/decode_graphs.py; `--sample-after-step`: the sampler runs eagerly after the
+replay, as before), then the tokens are copied to the host, then the engine's Python bookkeeping
+(finish checks, compaction, admission) runs before the next replay. The host waits for the
+device at the copy and the device waits for the host until the next launch, so the step costs
+their sum. Which part to shrink (fewer kernels per graph, host work overlapped with the device)
+depends on the split, which this measures.
 
 The engine copy's dtype is `--dtype`: by default the one a training run's engine takes here
 (`model.dtype: auto`), so a CPU without bf16 instructions profiles its fp32 copy, not bf16
@@ -20,8 +21,9 @@ call (graph captures). Three passes over the same requests:
 1. plain: the engine as it runs; ms per decode step.
 2. attributed: a device synchronisation after the decode forward and after the sampling, so
    each one's wall time includes its device work. forward: the inputs copied into the static
-   buffers and the replay (CUDA) or the eager forward (CPU). sample: random numbers, sampling,
-   the device-to-host copy, the finish checks. rest: everything else in the step. The extra
+   buffers and the replay (CUDA) or the eager forward (CPU), with the draws where the step makes
+   them. sample: random numbers and sampling where the step did not draw, the device-to-host
+   copy, the finish checks. rest: everything else in the step. The extra
    synchronisations remove what little overlap there was, so the sum can exceed the plain step.
 3. profiled (torch.profiler): device kernels (CUDA) or operator calls (CPU) per decode step, and
    the ten largest by self time. Kernels inside a replayed CUDA graph are listed only where the
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="auto",
                         help="the engine copy's dtype (auto: what a training run's engine takes here)")
+    parser.add_argument("--sample-after-step", action="store_true",
+                        help="sample after each decode step, not inside it (hf.sample_in_decode_step=false)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     device = args.device
@@ -148,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model).eval().to(device)
     dtype = compute_dtype(torch.device(device), args.dtype)
-    engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), dtype=dtype)
+    engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), dtype=dtype,
+                      sample_in_decode_step=not args.sample_after_step)
     results = []
     for batch in args.batches:
         requests = [
@@ -158,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(profile_batch(engine, requests))
     engine.close()
     report = {"device": str(engine.device), "dtype": str(dtype).removeprefix("torch."),
-              "decode_mode": engine.decode_mode,
+              "decode_mode": engine.decode_mode, "sample_in_decode_step": engine.sample_in_decode_step,
               "new_tokens": args.new_tokens, "results": results}
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()

@@ -221,7 +221,11 @@ def test_a_sessions_next_turn_prefills_only_its_new_tokens(
     assert metrics["prefill_tokens"] <= shared_first + new_tokens
 
 
-def test_a_parked_row_whose_last_token_is_not_in_the_cache_yet(model, tokenizer, prompts):
+@pytest.mark.parametrize("decode_mode", [
+    "dynamic", "static",
+    pytest.param("graph", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")),
+])
+def test_a_parked_row_whose_last_token_is_not_in_the_cache_yet(model, tokenizer, prompts, decode_mode):
     # e and f finish at the same step, so no forward feeds their last tokens; e comes back at
     # once and samples while f waits: f's pending last token must survive e's steps.
     first = [  # hot: a token sampled again for f would differ from its last one
@@ -230,10 +234,16 @@ def test_a_parked_row_whose_last_token_is_not_in_the_cache_yet(model, tokenizer,
         )
         for i, name in enumerate("ef")
     ]
-    engine = HFEngine(model, tokenizer, dtype=torch.float32)
+    engine = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode=decode_mode,
+                      device="cuda" if decode_mode == "graph" else None)
     feed = ConversationFeed({0: first}, tokenizer.encode(" next"), delay={"e": 0, "f": 4})
     engine.serve(feed)
     assert engine.last_metrics["resumed_requests"] == 2
+    # static and graph: every decode step also drew the next tokens (joined and resumed rows
+    # excepted); in a graph, the draws a row keeps must outlive the next replay
+    assert engine.last_metrics["steps_with_draws"] == (
+        engine.last_metrics["decode_steps"] if decode_mode != "dynamic" else 0
+    )
     for ticket, want in enumerate(_alone(engine, feed.tickets)):
         _assert_same(want, feed.results[ticket])
 

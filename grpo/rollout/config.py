@@ -48,6 +48,10 @@ class HFEngineConfig(Section):
     """How decode steps run: `graph` replays fixed-shape steps as CUDA graphs
     (grpo/rollout/decode_graphs.py), `static` runs those steps eagerly, `dynamic` attends exactly
     the columns in use; `auto` = graph on CUDA, else dynamic."""
+    sample_in_decode_step: bool = True
+    """With `graph` (or `static`) decode, draw the next tokens inside the decode step's CUDA graph
+    instead of launching the sampler's ~70 kernels from Python after each replay (rows with
+    top_p < 1 are still sampled outside it); the same tokens either way."""
     compact_fraction: float = Field(default=0.25, ge=0.0)
     """Compact the batch once this fraction of its rows has finished (0: at every finish)."""
     continuous_batching: bool = True

@@ -15,10 +15,24 @@ steps run over
   are filled in place before each step; the mask is copied from the live batch's own
   (grpo/rollout/live_batch.py), the one place that says which columns each row may attend.
 
-One graph is captured per (rows, width) bucket when first needed: a warm-up forward on a side
-stream (its result is this step's real result), then the capture. Graphs share one memory pool;
+One graph is captured per (rows, width) bucket when first needed, then replayed to run the step
+(capturing runs no kernels); the first capture of a cache's life (per kind of step) follows an
+eager warm-up on a side stream, for what the kernels set up lazily. (Every capture had one
+before: in configs/gpu.yaml's 512-episode steps on one H200, new buckets still appeared in the
+second and third steps, and a sampling profile put ~0.65 s of each step's rollout in captures,
+warm-ups included.) Graphs share one memory pool;
 they are replayed one at a time, and each one's output stays referenced, so a later capture never
 reuses memory an earlier graph's output lives in.
+
+A step may also draw the rows' next tokens (`Draws`): the sampler (grpo/rollout/sampling.py) then
+runs right after the forward, in the same graph, from static buffers of the rows' random-stream
+keys, step counts, temperatures and top-p. Eagerly it is ~70 small kernels launched from Python
+after every replay (on one H200, 1.25 ms of a 3.7 ms step at batch 16 and 2.6 of 6.9 ms at 512);
+in the graph it costs only their device time. Its branches depend on which kinds of rows the
+batch holds, so those kinds are part of a graph's key; nucleus (top-p < 1) rows pick their
+threshold with data-dependent shapes and are never drawn here (the caller samples them eagerly).
+Each row's draw depends on its own logits, key and step alone, so it is the token the eager
+sampler would have drawn.
 
 `capture=False` runs the same fixed-shape forwards eagerly: what CPUs and the tests use to check
 that the bucketing and the static cache give the results of the dynamic path.
@@ -27,13 +41,38 @@ that the bucketing and the static cache give the results of the dynamic path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.sampling import (
+    BatchKinds,
+    counter_uniforms,
+    sample_next_tokens,
+    uniforms_per_row,
+    wide_dtype,
+)
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PreallocatedCache], torch.Tensor]
 """(input_ids [R, 1], allowed mask [R, 1, 1, W], position_ids [R, 1], cache) -> logits [R, V]."""
+
+
+@dataclass(frozen=True)
+class Draws:
+    """What a decode step needs to draw the live rows' next tokens: per row [n] its random-stream
+    key, the index of its next draw, its temperature and top-p; `kinds` of the whole batch (no
+    nucleus rows: see the module docstring)."""
+
+    keys: torch.Tensor
+    steps: torch.Tensor
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    kinds: BatchKinds
+
+
+Outputs = tuple[torch.Tensor, ...]
+"""A step's outputs over the bucket's rows: (logits [R, V]) or (logits, tokens [R], logprobs [R])."""
 
 
 def _round_up(value: int, step: int) -> int:
@@ -75,10 +114,11 @@ class StaticDecoder:
         self.width_step = width_step
         self.cache_dtype, self.keys_transposed = cache_dtype, keys_transposed
         self.cache: PreallocatedCache | None = None
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Outputs]] = {}
         self._pool = None
+        self._warmed: set[BatchKinds | None] = set()
         self.captures = 0
-        """Graphs captured so far (each costs a warm-up forward and a capture)."""
+        """Graphs captured so far (each costs a capture, the first of each kind a warm-up too)."""
 
     # ------------------------------------------------------------------ the cache
     def cache_for(self, rows: int, capacity: int) -> PreallocatedCache:
@@ -97,21 +137,33 @@ class StaticDecoder:
             self._positions = torch.zeros(rows, 1, dtype=torch.long, device=self.device)
             self._allowed = torch.ones(rows, 1, 1, capacity, dtype=torch.bool, device=self.device)
             self._write_index = torch.zeros(1, dtype=torch.long, device=self.device)
+            # The sampler's inputs; padding rows keep finite values (a draw nobody reads).
+            self._keys = torch.zeros(rows, dtype=torch.long, device=self.device)
+            self._steps = torch.zeros(rows, dtype=torch.long, device=self.device)
+            self._temperature = torch.ones(rows, device=self.device)
+            self._top_p = torch.ones(rows, device=self.device)
         return cache
 
     def release(self) -> None:
         """Drop the cache, the buffers and the graphs (their memory returns to the allocator)."""
         self._graphs.clear()
+        self._warmed.clear()
         self.cache = None
         self._pool = None
 
     # ------------------------------------------------------------------ the steps
     def step(
-        self, tokens: torch.Tensor, positions: torch.Tensor, pos: int, allowed: torch.Tensor
-    ) -> torch.Tensor:
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pos: int,
+        allowed: torch.Tensor,
+        draws: Draws | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
         """One decode step: live row b (of B) feeds `tokens[b]` at `positions[b]`, written to
         column `pos`, attending the columns where `allowed[b]` ([B, capacity], the batch's own
-        mask, column `pos` included) is true. Returns the next-token logits, [B, V]."""
+        mask, column `pos` included) is true. Returns the next-token logits [B, V] and, when
+        `draws` is given, the tokens drawn from them with their log-probs ([B] each; else None)."""
         n = tokens.numel()
         rows = min(row_bucket(n), self.cache.rows)
         width = min(_round_up(pos + 1, self.width_step), self.cache.capacity)
@@ -120,37 +172,69 @@ class StaticDecoder:
         self._allowed[:n, 0, 0, :width] = allowed[:, :width]
         self._allowed[n:rows, 0, 0, :width] = True  # padding rows: finite, never read
         self._write_index.fill_(pos)
+        kinds = None
+        if draws is not None:
+            if draws.kinds.any_nucleus:
+                raise ValueError("nucleus (top_p < 1) rows are sampled outside the decode step")
+            kinds = draws.kinds
+            self._keys[:n] = draws.keys
+            self._steps[:n] = draws.steps
+            self._temperature[:n] = draws.temperature
+            self._top_p[:n] = draws.top_p
         if not self.capture:
-            return self._run(rows, width)[:n]
-        entry = self._graphs.get((rows, width))
-        if entry is None:
-            entry = self._graphs[(rows, width)] = self._record(rows, width)
-            self.captures += 1
+            outputs = self._run(rows, width, kinds)
         else:
-            entry[0].replay()
-        return entry[1][:n]
+            entry = self._graphs.get((rows, width, kinds))
+            if entry is None:
+                entry = self._graphs[(rows, width, kinds)] = self._record(rows, width, kinds)
+                self.captures += 1
+            else:
+                entry[0].replay()
+            outputs = entry[1]
+        drawn = None if kinds is None else (outputs[1][:n], outputs[2][:n])
+        return outputs[0][:n], drawn
 
-    def _run(self, rows: int, width: int) -> torch.Tensor:
+    def _run(self, rows: int, width: int, kinds: BatchKinds | None) -> Outputs:
         self.cache.set_static(slice(0, rows), width, self._write_index)
-        return self.forward(
+        logits = self.forward(
             self._input_ids[:rows],
             self._allowed[:rows, :, :, :width],
             self._positions[:rows],
             self.cache,
         )
+        if kinds is None:
+            return (logits,)
+        uniforms = (
+            None
+            if kinds.all_greedy
+            else counter_uniforms(
+                self._keys[:rows],
+                self._steps[:rows],
+                uniforms_per_row(logits.shape[-1]),
+                wide_dtype(self.device),
+            )
+        )
+        tokens, logprobs = sample_next_tokens(
+            logits, self._temperature[:rows], self._top_p[:rows], uniforms, kinds=kinds
+        )
+        return logits, tokens, logprobs
 
-    def _record(self, rows: int, width: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Warm up on a side stream (the result is this step's), then capture the same step.
-        Capturing runs no kernels, so the cache holds what the warm-up wrote."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            warm = self._run(rows, width)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+    def _record(self, rows: int, width: int, kinds: BatchKinds | None) -> tuple[torch.cuda.CUDAGraph, Outputs]:
+        """Capture the step, then replay it (capturing runs no kernels): the replay is this step.
+        The first capture of each kind of step since the cache was made is preceded by an eager
+        warm-up on a side stream, for whatever its kernels initialise lazily; later buckets
+        differ only in shapes and skip it, which halves the host work of a capture."""
+        if kinds not in self._warmed:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._run(rows, width, kinds)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self._warmed.add(kinds)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._run(rows, width)
-        out.copy_(warm)
-        return graph, out
+            outputs = self._run(rows, width, kinds)
+        graph.replay()
+        return graph, outputs

@@ -315,8 +315,17 @@ class DecodeLoop:
         fed = batch.fed()
         # The written column is attended later where it holds a real token (not a parked row's).
         batch.allowed[:, pos] = True if all(fed) else torch.tensor(fed, device=self.engine.device)
+        drawn = None
         if self.engine._static is not None:
-            logits = self.engine._static.step(tokens, batch.positions, pos, batch.allowed)
+            draws = (
+                batch.draws()
+                if self.engine.sample_in_decode_step and not batch.kinds.any_nucleus
+                else None
+            )
+            logits, drawn = self.engine._static.step(
+                tokens, batch.positions, pos, batch.allowed, draws
+            )
+            metrics["steps_with_draws"] += drawn is not None
         else:
             # [B, 1, 1, columns]: the kept prefix's P columns first where rows attend it once
             lo, allowed, shared = decode_window(batch, self.engine.prefix_attention_min_cells)
@@ -326,7 +335,7 @@ class DecodeLoop:
                 batch.cache, shared_prefix=batch.cache.prefix if shared else None,
             )  # [B, V]
             metrics["prefix_attention_steps"] += shared
-        batch.advance(logits, fed)
+        batch.advance(logits, fed, drawn)
         metrics["decode_forward_seconds"] += time.perf_counter() - started
         metrics["decode_steps"] += 1
 
@@ -412,9 +421,11 @@ _METRICS = (
     "prefix_attention_steps",
     "idle_seconds",
     "graph_captures",
+    "steps_with_draws",
 )
 """What `HFEngine.last_metrics` reports about its last call (plus seconds, tokens_per_second).
 `prefill_tokens` counts the tokens prefill forwards ran; `shared_prefix_tokens` those a shared
 prefix saved (it ran once instead of once per distinct prompt); `kept_prefix_tokens` those a
 batch's kept prefix saved (written into joining rows instead of prefilled); and
-`prefix_attention_steps` the decode steps that attended the kept prefix once for all rows."""
+`prefix_attention_steps` the decode steps that attended the kept prefix once for all rows;
+`steps_with_draws` the decode steps that also drew the rows' next tokens (`sample_in_decode_step`)."""

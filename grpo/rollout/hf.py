@@ -106,6 +106,9 @@ class HFEngine(RolloutEngine):
         wave), "static" (fixed-shape steps over a persistent cache, grpo/rollout/decode_graphs.py),
         "graph" (static steps replayed as CUDA graphs; CUDA only) or "auto" (graph on CUDA with
         the engine's own weight copy, else dynamic).
+    sample_in_decode_step: with "static" or "graph" decode, draw the rows' next tokens inside the
+        decode step (in its CUDA graph), unless a row samples with top_p < 1
+        (grpo/rollout/decode_graphs.py); the same tokens either way.
     continuous_batching: offer `serve` to the collector (`joins_running_batches`); False: the
         collector batches each turn's requests into `generate` calls.
     park_steps, park_wait_s: how long `serve` keeps a finished row of a session for the
@@ -149,6 +152,7 @@ class HFEngine(RolloutEngine):
         seed: int = 0,
         decode_attention: str = "grouped",
         decode_mode: str = "auto",
+        sample_in_decode_step: bool = True,
         continuous_batching: bool = True,
         join_columns: int = 512,
         shared_prefix_min_tokens: int = 64,
@@ -174,6 +178,7 @@ class HFEngine(RolloutEngine):
         if decode_mode == "graph" and self.device.type != "cuda":
             raise ValueError(f"decode_mode 'graph' needs a CUDA device, not {self.device}")
         self.decode_mode = decode_mode
+        self.sample_in_decode_step = sample_in_decode_step
         self.tokenizer = tokenizer
         self.copy_weights = copy_weights
         self.autocast_dtype = autocast_dtype

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.rollout.base import GenerationRequest, GenerationResult
+from grpo.rollout.decode_graphs import Draws
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.sampling import (
     BatchKinds,
@@ -92,6 +93,11 @@ class LiveBatch:
         self.top_p = torch.zeros(0, device=device)  # [B]
         self.tokens = empty_long  # [B] the tokens last sampled (the next forward's input)
         self.logits: torch.Tensor | None = None  # [B, V] next-token logits
+        self.drawn: tuple[torch.Tensor, torch.Tensor] | None = None
+        """The last decode step's draws from `logits` (tokens [B], log-probs [B]), if it drew."""
+        self.presampled: list[bool] = []
+        """Row b's next token is in `drawn` (False for rows whose logits came since: joined or
+        resumed rows)."""
         self.allowed = torch.zeros(0, cache.capacity, dtype=torch.bool, device=device)
         """[B, capacity]: column c holds one of row b's tokens (what a forward may attend)."""
         self.kinds = BatchKinds.of([])
@@ -270,6 +276,10 @@ class LiveBatch:
         self.logits = (
             logits if self.logits is None or first == 0 else torch.cat([self.logits, logits])
         )
+        self.presampled += [False] * n
+        if self.drawn is not None:
+            tokens, logprobs = self.drawn
+            self.drawn = (torch.cat([tokens, tokens.new_zeros(n)]), torch.cat([logprobs, logprobs.new_zeros(n)]))
         rests = [self.pos - len(j.prompt) + shared for j in joiners]  # each rest's first column
         allowed = self._up_to_pos(torch.tensor(rests, device=self.device))  # [n, capacity]
         allowed[:, lo : lo + shared] = True
@@ -314,25 +324,28 @@ class LiveBatch:
         )
         self.top_p[index] = torch.tensor([s.top_p for s in sampling], device=self.device)
         self.logits[index] = logits.to(self.logits.dtype)
+        for b, _ in returning:
+            self.presampled[b] = False
         self.kinds = BatchKinds.of(self.rows)
 
     # ------------------------------------------------------------------ a step
     def sample(self, tokenizer, deliver: Callable[[LiveSequence, GenerationResult], None]) -> None:
-        """Sample every row's next token from `logits`; rows that finish are delivered at once."""
-        # [B, U]; an all-greedy batch (held-out evaluation) draws nothing
-        uniforms = (
-            None
-            if self.kinds.all_greedy
-            else counter_uniforms(
-                self.keys,
-                self.steps,
-                uniforms_per_row(self.logits.shape[-1]),
-                wide_dtype(self.device),
-            )
-        )
-        tokens, logprobs = sample_next_tokens(
-            self.logits, self.temperature, self.top_p, uniforms, kinds=self.kinds
-        )  # [B], [B]
+        """Every row's next token: drawn by the last decode step where it drew (`drawn`), else
+        sampled from `logits` here; rows that finish are delivered at once."""
+        pending = [b for b, done in enumerate(self.presampled) if not done]
+        if self.drawn is None or len(pending) == len(self.rows):
+            tokens, logprobs = self._draw(None)  # [B], [B]
+        else:
+            tokens, logprobs = self.drawn
+            if not pending:  # a view of a CUDA graph's output, which its next replay overwrites
+                tokens = tokens.clone()
+            else:
+                index = torch.tensor(pending, device=self.device)
+                late_tokens, late_logprobs = self._draw(index)
+                tokens = tokens.index_copy(0, index, late_tokens)
+                logprobs = logprobs.index_copy(0, index, late_logprobs)
+        self.drawn = None
+        self.presampled = [False] * len(self.rows)
         self.steps += 1
         sampling = [row.finish_reason is None for row in self.rows]
         if all(sampling):
@@ -353,6 +366,30 @@ class LiveBatch:
                     if row.session and self.park_steps > 0 and row.session not in self.ended:
                         row.parked_at = self.decode_steps
                     deliver(row, row.result())
+
+    def _draw(self, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample the next tokens of rows `index` (None: all) from their logits: (tokens [n],
+        log-probs [n]). A row's draw depends on its own logits, key and step alone."""
+        if index is None:
+            logits, keys, steps = self.logits, self.keys, self.steps
+            temperature, top_p, kinds = self.temperature, self.top_p, self.kinds
+        else:
+            logits, keys, steps = self.logits[index], self.keys[index], self.steps[index]
+            temperature, top_p = self.temperature[index], self.top_p[index]
+            kinds = BatchKinds.of([self.rows[b] for b in index.tolist()])
+        # [n, U]; an all-greedy batch (held-out evaluation) draws nothing
+        uniforms = (
+            None
+            if kinds.all_greedy
+            else counter_uniforms(
+                keys, steps, uniforms_per_row(logits.shape[-1]), wide_dtype(self.device)
+            )
+        )
+        return sample_next_tokens(logits, temperature, top_p, uniforms, kinds=kinds)
+
+    def draws(self) -> Draws:
+        """What a decode step needs to draw every row's next token (grpo/rollout/decode_graphs.py)."""
+        return Draws(self.keys, self.steps, self.temperature, self.top_p, self.kinds)
 
     def compact(self) -> None:
         """Drop the finished, unparked rows from the batch and the cache (the others move up, in
@@ -378,6 +415,9 @@ class LiveBatch:
             setattr(self, name, getattr(self, name)[keep])
         if self.logits is not None:
             self.logits = self.logits[keep]
+        if self.drawn is not None:
+            self.drawn = (self.drawn[0][keep], self.drawn[1][keep])
+        self.presampled = [self.presampled[i] for i in keep_list]
         self.allowed = self.allowed[keep]
         self.kinds = BatchKinds.of(self.rows)
 
@@ -386,9 +426,17 @@ class LiveBatch:
         one, not yet in the cache)? False for parked rows once their last token is in."""
         return [row.cached < len(row.prompt_ids) + len(row.tokens) for row in self.rows]
 
-    def advance(self, logits: torch.Tensor, fed: list[bool]) -> None:
+    def advance(
+        self,
+        logits: torch.Tensor,
+        fed: list[bool],
+        drawn: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         """A decode forward wrote column `pos` for every row (`fed`: a real token); `logits`
-        [B, V] predict their next tokens."""
+        [B, V] predict their next tokens, and `drawn` holds those tokens where the step drew
+        them (tokens [B], log-probs [B])."""
+        self.drawn = drawn
+        self.presampled = [drawn is not None] * len(self.rows)
         for row, real in zip(self.rows, fed):
             if real:
                 row.cached += 1

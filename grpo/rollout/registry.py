@@ -31,6 +31,7 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
         options.setdefault("seed", config.seed)
         options.setdefault("max_batch_size", config.hf.batch_size_for(device.type))
         options.setdefault("decode_mode", config.hf.decode_mode)
+        options.setdefault("sample_in_decode_step", config.hf.sample_in_decode_step)
         options.setdefault("compact_fraction", config.hf.compact_fraction)
         options.setdefault("prefill_chunk_tokens", config.hf.prefill_chunk_for(device.type))
         options.setdefault("continuous_batching", config.hf.continuous_batching)
