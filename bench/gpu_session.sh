@@ -73,18 +73,23 @@ tail -2 "$OUT/env.log"
 DEVICE=${DEVICE:-cuda}  # cpu only to try this script out on a machine without a GPU
 B="$PY -m bench.run --device $DEVICE"
 # Most wanted first: a piece that finds too little time left is skipped, not cut short.
-piece calculator512 150 $B --sections calculator512 --out "$OUT/calculator512"
-# The same step with attention off cuDNN: its kernels build a plan for every new shape, and every
-# step's micro-batches and prefills bring new ones (an H200 update ran 1.6-1.8x slower inside the
-# training loop than on the same trajectories repeated).
-piece calculator512_nocudnn 150 $B --no-cudnn-attention --sections calculator512 --out "$OUT/calculator512_nocudnn"
+# The CUDA-only tests first: graph decode with the draws inside the graphs, continuous batching
+# with CUDA graphs, the reference's offload, the fused LM head on CUDA.
+piece cuda_tests 120 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf.py tests/test_logprobs.py \
+  tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
+piece calculator512 130 $B --sections calculator512 --out "$OUT/calculator512"
+# The same step with the sampler run eagerly after each graph replay (as before it moved into
+# the graphs), to compare in the same session.
+piece calculator512_after 110 $B --set hf.sample_in_decode_step=false --sections calculator512 \
+  --out "$OUT/calculator512_after"
 piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
-piece generation 90 $B --sections peak generation --out "$OUT/generation"
-# Where a graph decode step goes: the replay, the eager sampler, the host's bookkeeping.
+# Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; with the
+# draws in the graph and after it.
 piece decode_profile 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
   --out "$OUT/decode_profile/report.json"
-piece cuda_tests 150 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf.py tests/test_logprobs.py \
-  tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
+piece decode_profile_after 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
+  --sample-after-step --out "$OUT/decode_profile_after/report.json"
+piece generation 90 $B --sections peak generation --out "$OUT/generation"
 piece segment_cost 80 $PY -m bench.segment_cost --device "$DEVICE" --shapes 16x96 64x384 --rounds 3
 piece training 40 $B --sections training --out "$OUT/training"
 
@@ -96,7 +101,7 @@ def report(name):
     return json.loads(path.read_text()) if path.is_file() else {}
 gen, std = report("generation"), report("standard_trl")
 print("[gpu-session] summary")
-for name in ("calculator512", "calculator512_nocudnn"):
+for name in ("calculator512", "calculator512_after"):
     c = report(name)
     print(f"  512-episode calculator step ({name}), median s:", c.get("calculator512_step_s"), "(target <= 5)")
     for row in c.get("calculator512", {}).get("steps", []):
@@ -110,9 +115,10 @@ print("  generated tok/s at batch 16/64/256/512:", [g.get(f"b{b}_tokens_per_s") 
 print("  standard step s:", std.get("standard_step_median_s"), " TRL s:",
       std.get("trl", {}).get("trl_step_median_s", std.get("trl", {}).get("skipped")),
       " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4)")
-for row in report("decode_profile").get("results", []):
-    print(f"  decode step at batch {row['rows']}, ms: plain {row['plain_ms_per_step']}, attributed",
-          row["attributed_ms_per_step"], "per step:", row["per_step"])
+for name in ("decode_profile", "decode_profile_after"):
+    for row in report(name).get("results", []):
+        print(f"  {name}: decode step at batch {row['rows']}, ms: plain {row['plain_ms_per_step']}, attributed",
+              row["attributed_ms_per_step"], "per step:", row["per_step"])
 log = out / "segment_cost.log"
 if log.is_file():
     text = log.read_text()
