@@ -78,17 +78,17 @@ B="$PY -m bench.run --device $DEVICE"
 piece cuda_tests 120 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf.py tests/test_logprobs.py \
   tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
 piece calculator512 130 $B --sections calculator512 --out "$OUT/calculator512"
-# The same step with the sampler run eagerly after each graph replay (as before it moved into
-# the graphs), to compare in the same session.
-piece calculator512_after 110 $B --set hf.sample_in_decode_step=false --sections calculator512 \
-  --out "$OUT/calculator512_after"
+# The same step with the engine as it was before: the sampler run eagerly after each graph
+# replay, and the KV cache in the copy's fp32 states' dtype; to compare in the same session.
+piece calculator512_after 110 $B --set hf.sample_in_decode_step=false --set hf.kv_cache_dtype=model \
+  --sections calculator512 --out "$OUT/calculator512_after"
 piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
-# Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; with the
-# draws in the graph and after it.
+# Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; the engine
+# as it is and as it was (sampling after the replay, fp32 cache).
 piece decode_profile 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
   --out "$OUT/decode_profile/report.json"
 piece decode_profile_after 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
-  --sample-after-step --out "$OUT/decode_profile_after/report.json"
+  --sample-after-step --kv-cache-dtype model --out "$OUT/decode_profile_after/report.json"
 piece generation 90 $B --sections peak generation --out "$OUT/generation"
 piece segment_cost 80 $PY -m bench.segment_cost --device "$DEVICE" --shapes 16x96 64x384 --rounds 3
 piece training 40 $B --sections training --out "$OUT/training"

@@ -434,6 +434,7 @@ def test_cuda_graph_decode_equals_dynamic_and_reuses_its_graphs(model, tokenizer
     dynamic = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="dynamic")
     graph = HFEngine(model, tokenizer, dtype=torch.float32)
     assert graph.decode_mode == "graph"  # auto on CUDA
+    assert HFEngine(model, tokenizer).kv_cache_dtype == torch.bfloat16  # auto on CUDA: the bf16 copy's
     expected = dynamic.generate(requests)
     _assert_same_results(expected, graph.generate(requests))
     captured = graph.last_metrics["graph_captures"]

@@ -73,9 +73,11 @@ class HFEngineConfig(Section):
     longer prompts of later turns that join it; a request that does not fit waits until the
     batch has drained (memory: columns x rows x layers x 2 x kv heads x head dim x dtype size)."""
     kv_cache_dtype: Literal["auto", "model", "bfloat16", "float16", "float32"] = "auto"
-    """The KV cache's dtype. auto: on a CPU the engine copy's matmul dtype (bf16: decode steps
-    read the cache at every step: 4-10% faster than fp32 at batch 64 here, and the trainer's attention
-    under autocast reads bf16 keys too), else the model's; model: the model's dtype."""
+    """The KV cache's dtype. auto: on a CPU or a CUDA GPU the engine copy's matmul dtype (bf16:
+    decode steps read the cache at every step: 4-10% faster than fp32 at batch 64 on this
+    project's CPU, and the trainer's attention under autocast reads bf16 keys too; on a GPU the
+    fp32 cache also made the attention products fp32 matmuls), else the model's; model: the
+    model's dtype."""
     shared_prefix_min_tokens: int = Field(default=64, ge=0)
     """Prompts that join a batch together and start alike (chat template, system prompt, tool
     docs) prefill their common prefix once, copied to every row, where that saves at least this

@@ -116,8 +116,8 @@ class HFEngine(RolloutEngine):
         at most `park_wait_s` seconds of waiting when nothing else is live (0 steps: never).
     join_columns: `serve` sizes a batch's cache for its first prompts, their token budgets and
         this many columns more, for the longer prompts of requests that join later.
-    kv_cache_dtype: the KV cache's dtype: "auto" (the copy's matmul dtype on a CPU with grouped
-        decode attention, else the model's), a torch dtype, or None (the model's).
+    kv_cache_dtype: the KV cache's dtype: "auto" (the copy's matmul dtype on a CPU or a CUDA GPU
+        with grouped decode attention, else the model's), a torch dtype, or None (the model's).
     keys_transposed: store keys [rows, heads, dim, columns] (None: on a CPU with a bf16 cache,
         where it pays).
     shared_prefix_min_tokens: distinct prompts that join together prefill the prefix they all
@@ -260,12 +260,14 @@ class HFEngine(RolloutEngine):
         self.last_metrics: dict[str, float] = {}
 
     def _cache_dtype(self, asked, dtype, copy_weights: bool, decode_attention: str):
-        """The KV cache's dtype (None: the key states', i.e. the model's). "auto": on a CPU, the
-        engine copy's matmul dtype (bf16 by default: the cache is read at every decode step,
-        and a bf16 one halves that; the trainer's attention under autocast reads bf16 keys too)."""
+        """The KV cache's dtype (None: the key states', i.e. the model's). "auto": on a CPU or a
+        CUDA GPU, the engine copy's matmul dtype (bf16 by default: the cache is read at every
+        decode step, and a bf16 one halves that; the trainer's attention under autocast reads
+        bf16 keys too). On a GPU the model's fp32 cache also made both attention products fp32
+        matmuls: on one H200 at batch 512 they were 1.45 ms of a 6.9 ms decode step."""
         grouped = copy_weights and decode_attention == "grouped"
         if asked == "auto":
-            return dtype if grouped and self.device.type == "cpu" else None
+            return dtype if grouped and self.device.type in ("cpu", "cuda") else None
         if asked is not None and not isinstance(asked, torch.dtype):
             raise TypeError(f"kv_cache_dtype must be 'auto', a torch dtype or None, not {asked!r}")
         states = self._plain_model().get_input_embeddings().weight.dtype
