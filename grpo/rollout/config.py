@@ -72,6 +72,12 @@ class HFEngineConfig(Section):
     """Cache columns a batch keeps beyond its first prompts and their token budgets, for the
     longer prompts of later turns that join it; a request that does not fit waits until the
     batch has drained (memory: columns x rows x layers x 2 x kv heads x head dim x dtype size)."""
+    join_wait_steps: int | None = Field(default=None, ge=0)
+    """With continuous batching, requests that arrive while rows are decoding (mostly episodes
+    back from their tools) wait until the first of them has waited this many decode steps, then
+    join in one prefill forward instead of one forward per step. null: 4 on CUDA (a decode step
+    there takes a few ms, and each prefill forward ~15-20 ms of kernel launches whatever its
+    size), else 0 (a CPU's prefill cost grows with its tokens: nothing to gain by waiting)."""
     kv_cache_dtype: Literal["auto", "model", "bfloat16", "float16", "float32"] = "auto"
     """The KV cache's dtype. auto: on a CPU or a CUDA GPU the engine copy's matmul dtype (bf16:
     decode steps read the cache at every step: 4-10% faster than fp32 at batch 64 on this
@@ -96,6 +102,11 @@ class HFEngineConfig(Section):
         if self.max_batch_size is not None:
             return self.max_batch_size
         return 512 if device_type == "cuda" else 64
+
+    def join_wait_for(self, device_type: str) -> int:
+        if self.join_wait_steps is not None:
+            return self.join_wait_steps
+        return 4 if device_type == "cuda" else 0
 
     def prefill_chunk_for(self, device_type: str) -> int:
         if self.prefill_chunk_tokens is not None:

@@ -30,11 +30,15 @@ class DecodeLoop:
     def __init__(self, engine) -> None:
         self.engine = engine
 
-    def run(self, feed: RequestFeed, *, rows: int, extra_columns: int, park: bool) -> None:
+    def run(
+        self, feed: RequestFeed, *, rows: int, extra_columns: int, park: bool, join_wait_steps: int = 0
+    ) -> None:
         """Decode the feed's requests until it closes. A batch's cache has `rows` rows and
         columns for its first prompts, their token budgets and `extra_columns` more (for the
         longer prompts of requests that join later; one that does not fit waits until the batch
-        has drained, then a new cache is sized for it)."""
+        has drained, then a new cache is sized for it). Requests that arrive while rows are live
+        join once the first of them has waited `join_wait_steps` decode steps (all of them in
+        one prefill), or at once when nothing is live."""
         with (
             self.engine._lock,
             torch.inference_mode(),
@@ -65,7 +69,9 @@ class DecodeLoop:
                     metrics["idle_seconds"] += time.perf_counter() - t_take
                 if not live and not parked and not waiting and not taken:
                     break  # the feed closed
-                waiting += self._joiners(feed, taken, metrics)
+                for joiner in self._joiners(feed, taken, metrics):
+                    joiner.arrived = metrics["decode_steps"]
+                    waiting.append(joiner)
                 if batch is not None and batch.rows:
                     self._unpark(batch, feed, waiting, nobody_came=bool(idle) and not taken)
                     dropped = batch.droppable()
@@ -74,7 +80,11 @@ class DecodeLoop:
                         or (waiting and len(batch.rows) + len(waiting) > batch.max_rows)
                     ):
                         self._compact(batch, metrics)  # free rows for the waiting requests
-                if waiting:
+                if waiting and (
+                    batch is None
+                    or not batch.live()
+                    or metrics["decode_steps"] - waiting[0].arrived >= join_wait_steps
+                ):
                     admitted = set() if batch is None else self._admit(batch, waiting, metrics)
                     if not admitted and (batch is None or not batch.rows):
                         # Nothing decoding, and the cache is too small (or missing): a new one.

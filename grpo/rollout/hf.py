@@ -116,6 +116,9 @@ class HFEngine(RolloutEngine):
         at most `park_wait_s` seconds of waiting when nothing else is live (0 steps: never).
     join_columns: `serve` sizes a batch's cache for its first prompts, their token budgets and
         this many columns more, for the longer prompts of requests that join later.
+    join_wait_steps: in `serve`, requests that arrive while rows are decoding wait until the
+        first of them has waited this many decode steps, then join together in one prefill
+        (0: each decode step admits what arrived).
     kv_cache_dtype: the KV cache's dtype: "auto" (the copy's matmul dtype on a CPU or a CUDA GPU
         with grouped decode attention, else the model's), a torch dtype, or None (the model's).
     keys_transposed: store keys [rows, heads, dim, columns] (None: on a CPU with a bf16 cache,
@@ -155,6 +158,7 @@ class HFEngine(RolloutEngine):
         sample_in_decode_step: bool = True,
         continuous_batching: bool = True,
         join_columns: int = 512,
+        join_wait_steps: int = 0,
         shared_prefix_min_tokens: int = 64,
         prefix_attention_min_tokens: int = 64,
         prefix_attention_min_cells: int = 4096,
@@ -188,6 +192,9 @@ class HFEngine(RolloutEngine):
         if join_columns < 0:
             raise ValueError(f"join_columns must be >= 0, got {join_columns}")
         self.join_columns = join_columns
+        if join_wait_steps < 0:
+            raise ValueError(f"join_wait_steps must be >= 0, got {join_wait_steps}")
+        self.join_wait_steps = join_wait_steps
         if shared_prefix_min_tokens < 0:
             raise ValueError(
                 f"shared_prefix_min_tokens must be >= 0, got {shared_prefix_min_tokens}"
@@ -342,7 +349,10 @@ class HFEngine(RolloutEngine):
     def serve(self, feed: RequestFeed) -> None:
         """Continuous batching (see RolloutEngine.serve): a request that fails validation is
         delivered as an error (`feed.fail`), the others are not affected."""
-        self._loop.run(feed, rows=self.max_batch_size, extra_columns=self.join_columns, park=True)
+        self._loop.run(
+            feed, rows=self.max_batch_size, extra_columns=self.join_columns, park=True,
+            join_wait_steps=self.join_wait_steps,
+        )
 
     def _validate(self, request: GenerationRequest) -> None:
         check_request(request, has_tokenizer=self.tokenizer is not None)

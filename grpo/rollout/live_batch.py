@@ -54,6 +54,8 @@ class Joiner:
     ticket: int
     request: GenerationRequest
     seed: int
+    arrived: float = 0.0
+    """The decode step (of the engine call) at which it arrived."""
 
     @functools.cached_property
     def prompt(self) -> tuple[int, ...]:
