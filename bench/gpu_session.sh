@@ -78,11 +78,14 @@ B="$PY -m bench.run --device $DEVICE"
 piece cuda_tests 120 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf.py tests/test_logprobs.py \
   tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
 piece calculator512 130 $B --sections calculator512 --out "$OUT/calculator512"
-# The same step with the engine as it was before: the sampler run eagerly after each graph
-# replay, and the KV cache in the copy's fp32 states' dtype; to compare in the same session.
-piece calculator512_after 110 $B --set hf.sample_in_decode_step=false --set hf.kv_cache_dtype=model \
-  --sections calculator512 --out "$OUT/calculator512_after"
 piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
+# The same step with the engine as it was before: the sampler run eagerly after each graph
+# replay, the KV cache in the copy's fp32 states' dtype, joining requests admitted at every step;
+# then with only the last of those, to compare in the same session.
+piece calculator512_after 110 $B --set hf.sample_in_decode_step=false --set hf.kv_cache_dtype=model \
+  --set hf.join_wait_steps=0 --sections calculator512 --out "$OUT/calculator512_after"
+piece calculator512_joinnow 100 $B --set hf.join_wait_steps=0 --sections calculator512 \
+  --out "$OUT/calculator512_joinnow"
 # Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; the engine
 # as it is and as it was (sampling after the replay, fp32 cache).
 piece decode_profile 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
@@ -101,7 +104,7 @@ def report(name):
     return json.loads(path.read_text()) if path.is_file() else {}
 gen, std = report("generation"), report("standard_trl")
 print("[gpu-session] summary")
-for name in ("calculator512", "calculator512_after"):
+for name in ("calculator512", "calculator512_after", "calculator512_joinnow"):
     c = report(name)
     print(f"  512-episode calculator step ({name}), median s:", c.get("calculator512_step_s"), "(target <= 5)")
     for row in c.get("calculator512", {}).get("steps", []):

@@ -343,7 +343,7 @@ class LiveBatch:
                 tokens = tokens.clone()
             else:
                 index = torch.tensor(pending, device=self.device)
-                late_tokens, late_logprobs = self._draw(index)
+                late_tokens, late_logprobs = self._draw(index, pending)
                 tokens = tokens.index_copy(0, index, late_tokens)
                 logprobs = logprobs.index_copy(0, index, late_logprobs)
         self.drawn = None
@@ -369,16 +369,19 @@ class LiveBatch:
                         row.parked_at = self.decode_steps
                     deliver(row, row.result())
 
-    def _draw(self, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample the next tokens of rows `index` (None: all) from their logits: (tokens [n],
-        log-probs [n]). A row's draw depends on its own logits, key and step alone."""
+    def _draw(
+        self, index: torch.Tensor | None, rows: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample the next tokens of rows `index` (None: all; `rows`: the same on the host) from
+        their logits: (tokens [n], log-probs [n]). A row's draw depends on its own logits, key
+        and step alone."""
         if index is None:
             logits, keys, steps = self.logits, self.keys, self.steps
             temperature, top_p, kinds = self.temperature, self.top_p, self.kinds
         else:
             logits, keys, steps = self.logits[index], self.keys[index], self.steps[index]
             temperature, top_p = self.temperature[index], self.top_p[index]
-            kinds = BatchKinds.of([self.rows[b] for b in index.tolist()])
+            kinds = BatchKinds.of([self.rows[b] for b in rows])
         # [n, U]; an all-greedy batch (held-out evaluation) draws nothing
         uniforms = (
             None
