@@ -17,7 +17,8 @@ from grpo.rollout.base import GenerationRequest, GenerationResult, RequestFeed, 
 _Entry = tuple[GenerationRequest, asyncio.Future, float]
 _ENGINE_TOTALS = (
     "prefill_tokens", "shared_prefix_tokens", "kept_prefix_tokens", "resumed_requests",
-    "decode_steps", "prefix_attention_steps", "idle_seconds",
+    "decode_steps", "prefix_attention_steps", "idle_seconds", "joins", "prefill_seconds",
+    "graph_captures", "steps_with_draws",
 )
 """Engine counters summed over a collection's calls (HFEngine's `last_metrics`)."""
 

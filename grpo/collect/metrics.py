@@ -38,7 +38,10 @@ def collection_metrics(
       that join with it), resumed_requests (later turns that prefilled only their new tokens),
       decode_steps, prefix_attention_steps (decode steps that attended the kept prefix once for
       all the rows holding it), idle_seconds (a serving engine waiting for parked sessions' next turns,
-      counted as tool time when episodes are in their environments, not as generating).
+      counted as tool time when episodes are in their environments, not as generating),
+      joins (admissions into a running batch: one prefill each), prefill_seconds,
+      graph_captures (CUDA graphs captured), steps_with_draws (decode steps that drew the next
+      tokens inside the step).
     - parse_failure_rate: turns whose tool-call markup could not be read / turns;
       tool_error_rate: tool calls that returned an error / tool calls.
     """
