@@ -372,6 +372,12 @@ def test_static_decode_equals_dynamic_with_compaction_waves_and_reuse(model, tok
     assert static._static.cache.capacity == 512
     waves = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static", max_batch_size=3)
     _assert_same_results(expected, waves.generate(requests))
+    # Steps padded to at least 4 rows (what graph decode does with 64): the same results.
+    assert {rows for rows, _ in static._static.buckets} == {1, 2, 4, 8}
+    static._static.min_rows = 4
+    static._static.buckets.clear()
+    _assert_same_results(expected, static.generate(requests))
+    assert {rows for rows, _ in static._static.buckets} == {4, 8}
 
 
 def test_static_steps_draw_the_tokens_the_sampler_draws_after_them(model, tokenizer, prompts):

@@ -91,6 +91,8 @@ class StaticDecoder:
     num_layers: the model's decoder layers (one cache layer each).
     capture: record each (rows, width) bucket as a CUDA graph and replay it (CUDA only).
     width_step: attended columns are rounded up to a multiple of this.
+    min_rows: a step runs at least this many rows (padding; the cache's rows permitting): fewer
+        buckets to capture, where a step costs about the same at a few rows as at this many.
     cache_dtype, keys_transposed: the cache's layout (grpo/rollout/kv_cache.py).
     """
 
@@ -102,6 +104,7 @@ class StaticDecoder:
         *,
         capture: bool,
         width_step: int = 64,
+        min_rows: int = 1,
         cache_dtype: torch.dtype | None = None,
         keys_transposed: bool = False,
     ) -> None:
@@ -112,6 +115,10 @@ class StaticDecoder:
         self.device = device
         self.capture = capture
         self.width_step = width_step
+        self.min_rows = min_rows
+        self.buckets: set[tuple[int, int]] = set()
+        """The (rows, width) shapes the steps have run (a graph each, per kind of step, when
+        captured); kept across caches."""
         self.cache_dtype, self.keys_transposed = cache_dtype, keys_transposed
         self.cache: PreallocatedCache | None = None
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Outputs]] = {}
@@ -165,13 +172,14 @@ class StaticDecoder:
         mask, column `pos` included) is true. Returns the next-token logits [B, V] and, when
         `draws` is given, the tokens drawn from them with their log-probs ([B] each; else None)."""
         n = tokens.numel()
-        rows = min(row_bucket(n), self.cache.rows)
+        rows = min(row_bucket(max(n, self.min_rows)), self.cache.rows)
         width = min(_round_up(pos + 1, self.width_step), self.cache.capacity)
         self._input_ids[:n, 0] = tokens
         self._positions[:n, 0] = positions
         self._allowed[:n, 0, 0, :width] = allowed[:, :width]
         self._allowed[n:rows, 0, 0, :width] = True  # padding rows: finite, never read
         self._write_index.fill_(pos)
+        self.buckets.add((rows, width))
         kinds = None
         if draws is not None:
             if draws.kinds.any_nucleus:
