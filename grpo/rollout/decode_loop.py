@@ -31,7 +31,13 @@ class DecodeLoop:
         self.engine = engine
 
     def run(
-        self, feed: RequestFeed, *, rows: int, extra_columns: int, park: bool, join_wait_steps: int = 0
+        self,
+        feed: RequestFeed,
+        *,
+        rows: int,
+        extra_columns: int,
+        park: bool,
+        join_wait_steps: int = 0,
     ) -> None:
         """Decode the feed's requests until it closes. A batch's cache has `rows` rows and
         columns for its first prompts, their token budgets and `extra_columns` more (for the
@@ -438,4 +444,5 @@ _METRICS = (
 prefix saved (it ran once instead of once per distinct prompt); `kept_prefix_tokens` those a
 batch's kept prefix saved (written into joining rows instead of prefilled); and
 `prefix_attention_steps` the decode steps that attended the kept prefix once for all rows;
-`steps_with_draws` the decode steps that also drew the rows' next tokens (`sample_in_decode_step`)."""
+`steps_with_draws` the decode steps that also drew the rows' next tokens
+(`sample_in_decode_step`)."""

@@ -281,7 +281,10 @@ class LiveBatch:
         self.presampled += [False] * n
         if self.drawn is not None:
             tokens, logprobs = self.drawn
-            self.drawn = (torch.cat([tokens, tokens.new_zeros(n)]), torch.cat([logprobs, logprobs.new_zeros(n)]))
+            self.drawn = (
+                torch.cat([tokens, tokens.new_zeros(n)]),
+                torch.cat([logprobs, logprobs.new_zeros(n)]),
+            )
         rests = [self.pos - len(j.prompt) + shared for j in joiners]  # each rest's first column
         allowed = self._up_to_pos(torch.tensor(rests, device=self.device))  # [n, capacity]
         allowed[:, lo : lo + shared] = True
@@ -393,7 +396,8 @@ class LiveBatch:
         return sample_next_tokens(logits, temperature, top_p, uniforms, kinds=kinds)
 
     def draws(self) -> Draws:
-        """What a decode step needs to draw every row's next token (grpo/rollout/decode_graphs.py)."""
+        """What a decode step needs to draw every row's next token
+        (grpo/rollout/decode_graphs.py)."""
         return Draws(self.keys, self.steps, self.temperature, self.top_p, self.kinds)
 
     def compact(self) -> None:
