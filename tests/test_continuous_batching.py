@@ -12,7 +12,6 @@ from collector_helpers import GoOnEnvironment, make_collector
 
 from environments.tasks.loading import generate_tasks
 from grpo.rollout.base import GenerationRequest, RequestFeed, SamplingParams
-from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.hf import HFEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -117,38 +116,6 @@ def test_joining_requests_sample_what_they_sample_alone(model, tokenizer, prompt
     assert metrics["tokens_generated"] == sum(len(r.token_ids) for r in feed.results.values())
     # Results leave when their sequence ends: the 6-token request long before the 16-token one.
     assert feed.delivered_at[0] == 6 and feed.delivered_at[2] == 16
-
-
-def test_requests_joining_a_running_batch_wait_a_few_steps_to_join_together(model, tokenizer, prompts):
-    def schedule():
-        return {
-            0: [request(prompts[0], max_new_tokens=20, seed=1)],
-            3: [request(prompts[1], max_new_tokens=5, seed=2)],
-            4: [request(prompts[2], max_new_tokens=5, seed=3)],
-            5: [request(prompts[3], max_new_tokens=5, seed=4)],
-        }
-
-    at_once = HFEngine(model, tokenizer, dtype=torch.float32, join_wait_steps=0)
-    eager_feed = ScheduledFeed(schedule())
-    at_once.serve(eager_feed)
-    assert (at_once.last_metrics["joins"], at_once.last_metrics["joined_requests"]) == (3, 3)
-    patient = HFEngine(model, tokenizer, dtype=torch.float32, join_wait_steps=2)
-    feed = ScheduledFeed(schedule())
-    patient.serve(feed)
-    # The request of step 3 waits two steps and joins with those of steps 4 and 5: one prefill.
-    assert (patient.last_metrics["joins"], patient.last_metrics["joined_requests"]) == (1, 3)
-    assert [feed.delivered_at[t] - eager_feed.delivered_at[t] for t in range(4)] == [0, 2, 1, 0]
-    for ticket, want in enumerate(_alone(at_once, feed.tickets)):
-        _assert_same(want, feed.results[ticket])
-        _assert_same(want, eager_feed.results[ticket])
-    # generate's requests beyond the batch join as rows free up, at once
-    waves = HFEngine(model, tokenizer, dtype=torch.float32, max_batch_size=1, join_wait_steps=5)
-    two = [request(prompts[0], max_new_tokens=3, seed=1), request(prompts[1], max_new_tokens=3, seed=2)]
-    waves.generate(two)
-    assert waves.last_metrics["decode_steps"] == 4  # 2 + 2: no step without a live row
-    with pytest.raises(ValueError, match="join_wait_steps must be >= 0"):
-        HFEngine(model, tokenizer, join_wait_steps=-1)
-    assert (HFEngine(model, tokenizer).join_wait_steps, HFEngineConfig().join_wait_for("cuda")) == (0, 4)
 
 
 def test_a_request_that_does_not_fit_waits_for_the_batch_to_drain(model, tokenizer, prompts):

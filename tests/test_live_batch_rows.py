@@ -12,8 +12,8 @@ import pytest
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.live_batch import Joiner, LiveBatch
-from grpo.rollout.sequence import LiveSequence
+from grpo.rollout.live_batch import LiveBatch
+from grpo.rollout.sequence import Joiner, LiveSequence
 
 SAMPLING = SamplingParams(max_new_tokens=4)
 

@@ -380,45 +380,6 @@ def test_static_decode_equals_dynamic_with_compaction_waves_and_reuse(model, tok
     assert {rows for rows, _ in static._static.buckets} == {4, 8}
 
 
-def test_static_steps_draw_the_tokens_the_sampler_draws_after_them(model, tokenizer, prompts):
-    requests = _seeded_requests(prompts, 5) + _seeded_requests(prompts, 2, temperature=0.0)
-    requests += _seeded_requests(prompts, 2, temperature=0.7)
-    after = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static",
-                     sample_in_decode_step=False)
-    inside = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static")
-    assert inside.sample_in_decode_step and make_engine(
-        "hf", policy=model, tokenizer=tokenizer, decode_mode="static").sample_in_decode_step
-    expected = after.generate(requests)
-    _assert_same_results(expected, inside.generate(requests))
-    assert after.last_metrics["steps_with_draws"] == 0
-    assert inside.last_metrics["steps_with_draws"] == inside.last_metrics["decode_steps"] > 0
-    # A nucleus row is sampled after the step: steps run without draws while it is live.
-    nucleus = requests[:2] + [request(prompts[1], max_new_tokens=6, seed=7, top_p=0.8)]
-    _assert_same_results(after.generate(nucleus), inside.generate(nucleus))
-    metrics = inside.last_metrics
-    assert 0 < metrics["steps_with_draws"] < metrics["decode_steps"]
-
-
-def test_a_graph_steps_draws_survive_its_next_replay(model, tokenizer, prompts):
-    # A CUDA graph's outputs are static buffers: the next replay overwrites the draws the batch
-    # was handed. Stand-in: a step hands over buffers, which are overwritten after sampling.
-    from grpo.rollout.kv_cache import PreallocatedCache
-    from grpo.rollout.live_batch import Joiner, LiveBatch
-
-    batch = LiveBatch(PreallocatedCache(2, 2, 64, zero_columns=0), 2, torch.device("cpu"))
-    batch.pos = 10
-    joiners = [Joiner(t, request(prompts[0][:5], max_new_tokens=8, seed=t), t) for t in range(2)]
-    vocab = model.config.vocab_size
-    batch.append(joiners, torch.zeros(2, vocab))
-    batch.sample(tokenizer, lambda row, result: None)
-    tokens, logprobs = torch.tensor([5, 6]), torch.tensor([-1.0, -2.0])
-    batch.advance(torch.zeros(2, vocab), [True, True], (tokens, logprobs))
-    batch.sample(tokenizer, lambda row, result: None)
-    assert [row.tokens[-1] for row in batch.rows] == [5, 6]
-    tokens.copy_(torch.tensor([7, 8]))  # the graph's next replay
-    assert batch.tokens.tolist() == [5, 6]
-
-
 def test_decode_mode_is_checked(model, tokenizer):
     with pytest.raises(ValueError, match="decode_mode must be one of"):
         HFEngine(model, tokenizer, decode_mode="fast")

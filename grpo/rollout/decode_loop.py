@@ -19,9 +19,9 @@ import torch
 from grpo.rollout.base import GenerationResult, RequestFeed
 from grpo.rollout.kept_prefix import adopt, decode_window, may_keep, starts_with_kept
 from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.live_batch import Joiner, LiveBatch
+from grpo.rollout.live_batch import LiveBatch
 from grpo.rollout.prefill import left_padded, prefill_chunks, shared_prefix_length
-from grpo.rollout.sequence import LiveSequence
+from grpo.rollout.sequence import Joiner, LiveSequence
 
 
 class DecodeLoop:

@@ -27,13 +27,11 @@ the engine (grpo/rollout/hf.py) runs the prefill and decode forwards.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from grpo.rollout.base import GenerationRequest, GenerationResult
+from grpo.rollout.base import GenerationResult
 from grpo.rollout.decode_graphs import Draws
 from grpo.rollout.kv_cache import PreallocatedCache
 from grpo.rollout.sampling import (
@@ -44,27 +42,7 @@ from grpo.rollout.sampling import (
     uniforms_per_row,
     wide_dtype,
 )
-from grpo.rollout.sequence import LiveSequence
-
-
-@dataclass
-class Joiner:
-    """A request waiting for a row: the feed's ticket and the seed of its random stream."""
-
-    ticket: int
-    request: GenerationRequest
-    seed: int
-    arrived: float = 0.0
-    """The decode step (of the engine call) at which it arrived."""
-
-    @functools.cached_property
-    def prompt(self) -> tuple[int, ...]:
-        """The prompt ids as a tuple (a dict key, compared and sliced while it waits)."""
-        return tuple(self.request.prompt_ids)
-
-    @property
-    def budget(self) -> int:
-        return self.request.sampling.max_new_tokens
+from grpo.rollout.sequence import Joiner, LiveSequence
 
 
 class LiveBatch:

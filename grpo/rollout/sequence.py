@@ -1,10 +1,12 @@
-"""One sequence being sampled by an engine: its prompt, tokens, log-probs and stop rules."""
+"""One sequence being sampled by an engine (its prompt, tokens, log-probs and stop rules), and a
+request waiting for a row of its own."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
-from grpo.rollout.base import FinishReason, GenerationResult, SamplingParams
+from grpo.rollout.base import FinishReason, GenerationRequest, GenerationResult, SamplingParams
 
 
 @dataclass
@@ -60,3 +62,23 @@ class LiveSequence:
                 "completion_tokens": float(len(self.tokens)),
             },
         )
+
+
+@dataclass
+class Joiner:
+    """A request waiting for a row: the feed's ticket and the seed of its random stream."""
+
+    ticket: int
+    request: GenerationRequest
+    seed: int
+    arrived: float = 0.0
+    """The decode step (of the engine call) at which it arrived."""
+
+    @functools.cached_property
+    def prompt(self) -> tuple[int, ...]:
+        """The prompt ids as a tuple (a dict key, compared and sliced while it waits)."""
+        return tuple(self.request.prompt_ids)
+
+    @property
+    def budget(self) -> int:
+        return self.request.sampling.max_new_tokens
