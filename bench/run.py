@@ -183,6 +183,8 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
     # Our sections' attention kernels as a run's `model.cudnn_attention` sets them, also where a
     # section builds its policy or engine without the trainer.
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+    # The sections that run a training config get the same setting, then the caller's overrides.
+    trainer_overrides = (f"model.cudnn_attention={str(cudnn_attention).lower()}", *overrides)
     if "calculator512" in sections and not cuda:
         raise ValueError("section calculator512 needs --device cuda (512 episodes a step)")
     report: dict = {
@@ -208,8 +210,7 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
             report["tools"] = _tools(tool_calls)
         elif section == "multiturn":
             report["multiturn"] = multi_turn_step(
-                threads=threads, overrides=(f"device={device}", f"model.cudnn_attention={str(cudnn_attention).lower()}",
-                                            *overrides))
+                threads=threads, overrides=(f"device={device}", *trainer_overrides))
         elif section == "trl":
             # TRL with torch's own attention kernels, as its users get them (our sections may
             # have switched cuDNN's off: model.cudnn_attention).
@@ -225,7 +226,7 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
         elif section == "calculator512":
             report["calculator512"] = multi_turn_step(
                 steps=3, config_path="configs/gpu.yaml", threads=threads, tasks_per_step=64,
-                group_size=8, overrides=(f"model.cudnn_attention={str(cudnn_attention).lower()}", *overrides))
+                group_size=8, overrides=trainer_overrides)
         timings[section] = round(time.perf_counter() - start, 1)
         print(f"[bench] {section}: {timings[section]} s (load average {os.getloadavg()[0]:.2f})", flush=True)
     report["section_seconds"] = timings

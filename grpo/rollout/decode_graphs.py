@@ -49,13 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.sampling import (
-    BatchKinds,
-    counter_uniforms,
-    sample_next_tokens,
-    uniforms_per_row,
-    wide_dtype,
-)
+from grpo.rollout.sampling import BatchKinds, draw_next_tokens
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PreallocatedCache], torch.Tensor]
 """(input_ids [R, 1], allowed mask [R, 1, 1, W], position_ids [R, 1], cache) -> logits [R, V]."""
@@ -216,18 +210,9 @@ class StaticDecoder:
         )
         if kinds is None:
             return (logits,)
-        uniforms = (
-            None
-            if kinds.all_greedy
-            else counter_uniforms(
-                self._keys[:rows],
-                self._steps[:rows],
-                uniforms_per_row(logits.shape[-1]),
-                wide_dtype(self.device),
-            )
-        )
-        tokens, logprobs = sample_next_tokens(
-            logits, self._temperature[:rows], self._top_p[:rows], uniforms, kinds=kinds
+        tokens, logprobs = draw_next_tokens(
+            logits, self._keys[:rows], self._steps[:rows], self._temperature[:rows],
+            self._top_p[:rows], kinds,
         )
         return logits, tokens, logprobs
 

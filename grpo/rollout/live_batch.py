@@ -34,14 +34,7 @@ import torch
 from grpo.rollout.base import GenerationResult
 from grpo.rollout.decode_graphs import Draws
 from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.sampling import (
-    BatchKinds,
-    counter_uniforms,
-    row_keys,
-    sample_next_tokens,
-    uniforms_per_row,
-    wide_dtype,
-)
+from grpo.rollout.sampling import BatchKinds, draw_next_tokens, row_keys
 from grpo.rollout.sequence import Joiner, LiveSequence
 
 
@@ -363,15 +356,7 @@ class LiveBatch:
             logits, keys, steps = self.logits[index], self.keys[index], self.steps[index]
             temperature, top_p = self.temperature[index], self.top_p[index]
             kinds = BatchKinds.of([self.rows[b] for b in rows])
-        # [n, U]; an all-greedy batch (held-out evaluation) draws nothing
-        uniforms = (
-            None
-            if kinds.all_greedy
-            else counter_uniforms(
-                keys, steps, uniforms_per_row(logits.shape[-1]), wide_dtype(self.device)
-            )
-        )
-        return sample_next_tokens(logits, temperature, top_p, uniforms, kinds=kinds)
+        return draw_next_tokens(logits, keys, steps, temperature, top_p, kinds)
 
     def draws(self) -> Draws:
         """What a decode step needs to draw every row's next token

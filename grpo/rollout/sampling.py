@@ -161,6 +161,27 @@ def _nucleus_threshold(
     return threshold
 
 
+def draw_next_tokens(
+    logits: torch.Tensor,
+    keys: torch.Tensor,
+    steps: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    kinds: BatchKinds,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_next_tokens` with each row's uniforms drawn from its own stream: row b's key
+    `keys[b]` at its step `steps[b]` ([B] int64 each; `counter_uniforms`). An all-greedy batch
+    draws nothing. Returns (tokens [B], behavior_logprobs [B])."""
+    uniforms = (
+        None
+        if kinds.all_greedy
+        else counter_uniforms(
+            keys, steps, uniforms_per_row(logits.shape[-1]), wide_dtype(logits.device)
+        )  # [B, U]
+    )
+    return sample_next_tokens(logits, temperature, top_p, uniforms, kinds=kinds)
+
+
 @torch.inference_mode()
 def sample_next_tokens(
     logits: torch.Tensor,
