@@ -76,9 +76,10 @@ class HFEngineConfig(Section):
     join_wait_steps: int | None = Field(default=None, ge=0)
     """With continuous batching, requests that arrive while rows are decoding (mostly episodes
     back from their tools) wait until the first of them has waited this many decode steps, then
-    join in one prefill forward instead of one forward per step. null: 4 on CUDA (a decode step
-    there takes a few ms, and each prefill forward ~15-20 ms of kernel launches whatever its
-    size), else 0 (a CPU's prefill cost grows with its tokens: nothing to gain by waiting)."""
+    join in one prefill forward instead of one forward per step. null: 4 on CUDA (one H200: a
+    decode step 4-6 ms, an admission ~0.1 s on average in a 512-episode step; the wait's own
+    gain there was within two steps' spread), else 0 (a CPU's prefill cost grows with its
+    tokens: nothing to gain by waiting)."""
     kv_cache_dtype: Literal["auto", "model", "bfloat16", "float16", "float32"] = "auto"
     """The KV cache's dtype. auto: on a CPU or a CUDA GPU the engine copy's matmul dtype (bf16:
     decode steps read the cache at every step: 4-10% faster than fp32 at batch 64 on this
