@@ -72,11 +72,11 @@ from grpo.rollout.weights import copy_weights_into, inference_copy
 
 DECODE_MODES = get_args(DecodeMode)
 GRAPH_MIN_ROWS = 64
-"""CUDA-graph decode steps run at least this many rows (padding): a step of SmolLM2-135M costs
-about the same at 16 rows as at 64 on a GPU (H200: 16 rows ~4.2 ms a generated token's step,
-64 rows ~4.5 ms, `make bench` generation), and the 1-32-row buckets of a draining batch's tail
-each needed graphs of their own at every width (a 512-episode step still captured new ones
-after two steps)."""
+"""CUDA-graph decode steps run at least this many rows (padding), so the 1-32-row buckets of a
+draining batch's tail need no graphs of their own at every width (a 512-episode step still
+captured new graphs after two steps). The price: on one H200 (`bench.run --sections generation`,
+2026-11-27) a step took ~4.7 ms at 16 rows and ~5.7 ms at 64 (3,390 and 11,177 tokens/s); the
+trade's net effect on a training step was not measured on its own."""
 
 
 def _check_full_attention(model) -> None:
