@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="sample after each decode step, not inside it (hf.sample_in_decode_step=false)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "model"), default="auto",
                         help="the engine's KV cache dtype (hf.kv_cache_dtype; model: the copy's states' dtype)")
+    parser.add_argument("--unfused-norms", action="store_true",
+                        help="the RMSNorm layers as transformers writes them (hf.fuse_norms=false)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     device = args.device
@@ -156,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = compute_dtype(torch.device(device), args.dtype)
     engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), dtype=dtype,
                       sample_in_decode_step=not args.sample_after_step,
-                      kv_cache_dtype="auto" if args.kv_cache_dtype == "auto" else None)
+                      kv_cache_dtype="auto" if args.kv_cache_dtype == "auto" else None,
+                      fuse_norms=not args.unfused_norms)
     results = []
     for batch in args.batches:
         requests = [
@@ -168,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": str(engine.device), "dtype": str(dtype).removeprefix("torch."),
               "decode_mode": engine.decode_mode, "sample_in_decode_step": engine.sample_in_decode_step,
               "kv_cache_dtype": str(engine.kv_cache_dtype).removeprefix("torch."),
-              "new_tokens": args.new_tokens, "results": results}
+              "fuse_norms": not args.unfused_norms, "new_tokens": args.new_tokens, "results": results}
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()
     text = json.dumps(report, indent=2)

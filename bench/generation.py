@@ -1,4 +1,4 @@
-"""Measure HFEngine sampling speed on the embedded default model against the CPU's bf16 peak.
+"""Measure HFEngine sampling speed on the embedded default model against the machine's matmul peak.
 
     .venv/bin/python -m bench.generation                     # batches 1, 16, 64
     .venv/bin/python -m bench.generation --batches 64 --variants bf16 fp32
@@ -11,9 +11,11 @@ The work: SmolLM2-135M-Instruct, chat-template prompts "What is A * B? Answer wi
 only." (48 tokens, random 3-digit A and B, every prompt distinct unless --group G makes groups of
 G identical prompts; --system-tokens N puts a system prompt of tool docs, at least N tokens, before
 every one, as a multi-turn run's prompts have), 64 new tokens each at temperature 1 and no stop token, so every row runs
-to the end (--stop: rows end at the eos token instead, at different steps). The peak is measured
-in the same run: a 2048² bf16 matmul on the same threads (on CUDA: 8192², timed with events).
-Fraction of peak = tokens/s × 2 × parameters (FLOP per token of the forward) / peak.
+to the end (--stop: rows end at the eos token instead, at different steps). The peaks are
+measured in the same run: 2048² fp32 and bf16 matmuls on the same threads (on CUDA: 8192², timed
+with events). Fraction of peak = tokens/s × 2 × parameters (FLOP per token of the forward) / the
+peak of the dtype the variant's products compute in (`matmul_dtype`: on a CPU without bf16
+instructions bf16 is emulated, slower than fp32, so fp32 work is measured against fp32's peak).
 
 Variants (the engine's weight copy, grpo/rollout/weights.py):
   bf16             Linear weights bf16 (packed, fused), the rest fp32: the engine's default
@@ -28,6 +30,8 @@ Variants (the engine's weight copy, grpo/rollout/weights.py):
   bf16-no-kept-prefix as bf16, without the kept prefix (decode steps read every row's prefix from
                    the cache; grpo/rollout/kept_prefix.py)
   fp32             an fp32 copy
+  fp32-unfused-norms  as fp32, the RMSNorm layers in transformers' forward (fuse_norms=False;
+                   the default runs each as one torch.rms_norm op: grpo/rollout/fused_norms.py)
   autocast         no copy: the fp32 policy under bf16 autocast
 One warm-up call per variant and batch precedes the timed repeats, which alternate between the
 variants (the median of each is reported).
@@ -57,8 +61,19 @@ VARIANTS = {
     },
     "bf16-no-kept-prefix": {"dtype": torch.bfloat16, "prefix_attention_min_tokens": 0},
     "fp32": {"dtype": None},
+    "fp32-unfused-norms": {"dtype": None, "fuse_norms": False},
     "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
 }
+
+
+PEAK_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def matmul_dtype(variant: str) -> torch.dtype:
+    """The dtype a variant's products compute in (its `% peak` is of that dtype's peak): the
+    copy's dtype, autocast's, or the model's own (fp32) where the copy keeps it."""
+    options = VARIANTS[variant]
+    return options.get("dtype") or options.get("autocast_dtype") or torch.float32
 
 
 def best_seconds(work, repeats: int, device: str) -> float:
@@ -170,11 +185,11 @@ def main(argv: list[str] | None = None) -> None:
     model = load_causal_lm(args.model).eval().to(args.device)
     n_params = sum(p.numel() for p in model.parameters())  # tied embedding counted once
     flop_per_token = 2 * n_params
-    peak = measure_peak_gflops(device=args.device)
+    peaks = {dtype: measure_peak_gflops(dtype, device=args.device) for dtype in PEAK_DTYPES}
     where = torch.cuda.get_device_name() if cuda else f"{args.threads} threads"
     print(
         f"model {args.model}: {n_params / 1e6:.1f}M parameters, {flop_per_token / 1e6:.0f} MFLOP/token; "
-        f"bf16 peak ({where}): {peak:.0f} GFLOP/s"
+        f"peak ({where}): fp32 {peaks[torch.float32]:.0f}, bf16 {peaks[torch.bfloat16]:.0f} GFLOP/s"
         + (f"; copy bandwidth {measure_bandwidth_gbs(args.device):.0f} GB/s" if cuda else "")
     )
     header = (
@@ -217,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
             tps = m["tokens_generated"] / m["seconds"]
             decode_tps = m["tokens_generated"] / m["decode_seconds"]
             step_ms = 1000 * m["decode_seconds"] / max(m["decode_steps"], 1)
-            share = tps * flop_per_token / (peak * 1e9)
+            share = tps * flop_per_token / (peaks[matmul_dtype(variant)] * 1e9)
             print(
                 f"{variant:<20}{compact:>8.2f}{batch:>6}{tps:>9.1f}{decode_tps:>14.1f}"
                 f"{m['prefill_seconds']:>10.2f}{m['decode_seconds']:>9.2f}{step_ms:>8.1f}{share:>8.1%}"
@@ -227,7 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     for engine in engines.values():
         engine.close()
     print(
-        f"bf16 peak re-measured after the runs: {measure_peak_gflops(device=args.device):.0f} GFLOP/s "
+        f"peaks re-measured after the runs: fp32 {measure_peak_gflops(torch.float32, device=args.device):.0f}, "
+        f"bf16 {measure_peak_gflops(device=args.device):.0f} GFLOP/s "
         "(a large drift means the machine was shared meanwhile)"
     )
 

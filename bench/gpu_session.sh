@@ -79,19 +79,17 @@ piece cuda_tests 120 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf
   tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
 piece calculator512 130 $B --sections calculator512 --out "$OUT/calculator512"
 piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
-# The same step with the engine as it was before: the sampler run eagerly after each graph
-# replay, the KV cache in the copy's fp32 states' dtype, joining requests admitted at every step;
-# then with only the last of those, to compare in the same session.
-piece calculator512_after 110 $B --set hf.sample_in_decode_step=false --set hf.kv_cache_dtype=model \
-  --set hf.join_wait_steps=0 --sections calculator512 --out "$OUT/calculator512_after"
-piece calculator512_joinnow 100 $B --set hf.join_wait_steps=0 --sections calculator512 \
-  --out "$OUT/calculator512_joinnow"
-# Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; the engine
-# as it is and as it was (sampling after the replay, fp32 cache).
+# The same steps with the engine copy's RMSNorm layers as transformers writes them (~7 kernels
+# each instead of one torch.rms_norm: hf.fuse_norms), to compare in the same session.
+piece standard_unfused 60 $B --set hf.fuse_norms=false --sections standard --out "$OUT/standard_unfused"
+piece calculator512_unfused 110 $B --set hf.fuse_norms=false --sections calculator512 \
+  --out "$OUT/calculator512_unfused"
+# Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; with the
+# norms fused and not.
 piece decode_profile 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
   --out "$OUT/decode_profile/report.json"
-piece decode_profile_after 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
-  --sample-after-step --kv-cache-dtype model --out "$OUT/decode_profile_after/report.json"
+piece decode_profile_unfused 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
+  --unfused-norms --out "$OUT/decode_profile_unfused/report.json"
 piece generation 90 $B --sections peak generation --out "$OUT/generation"
 piece segment_cost 80 $PY -m bench.segment_cost --device "$DEVICE" --shapes 16x96 64x384 --rounds 3
 piece training 40 $B --sections training --out "$OUT/training"
@@ -104,7 +102,7 @@ def report(name):
     return json.loads(path.read_text()) if path.is_file() else {}
 gen, std = report("generation"), report("standard_trl")
 print("[gpu-session] summary")
-for name in ("calculator512", "calculator512_after", "calculator512_joinnow"):
+for name in ("calculator512", "calculator512_unfused"):
     c = report(name)
     print(f"  512-episode calculator step ({name}), median s:", c.get("calculator512_step_s"), "(target <= 5)")
     for row in c.get("calculator512", {}).get("steps", []):
@@ -118,7 +116,10 @@ print("  generated tok/s at batch 16/64/256/512:", [g.get(f"b{b}_tokens_per_s") 
 print("  standard step s:", std.get("standard_step_median_s"), " TRL s:",
       std.get("trl", {}).get("trl_step_median_s", std.get("trl", {}).get("skipped")),
       " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4)")
-for name in ("decode_profile", "decode_profile_after"):
+unfused = report("standard_unfused").get("standard", {})
+print("  standard step with hf.fuse_norms=false, s:", unfused.get("standard_step_median_s"),
+      unfused.get("split_median_s"))
+for name in ("decode_profile", "decode_profile_unfused"):
     for row in report(name).get("results", []):
         print(f"  {name}: decode step at batch {row['rows']}, ms: plain {row['plain_ms_per_step']}, attributed",
               row["attributed_ms_per_step"], "per step:", row["per_step"])

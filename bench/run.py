@@ -11,9 +11,12 @@ on a shared machine every wall time is an upper bound):
               seconds per optimizer step over `--steps` steps after a warm-up, split into rollout,
               reference, update and weight push
   generation  HF engine sampled tokens/s at batch 1, 16, 64 (64 new tokens, no stop) and the share
-              of the bf16 peak that the model's forward FLOPs (2 x parameters per token) reach
-  training    forward+backward tokens/s on 16 x 128-token sequences (fp32 weights, bf16 autocast,
-              full fine-tuning) and its share of the bf16 peak (6 x parameters per token)
+              of the peak that the model's forward FLOPs (2 x parameters per token) reach, and of
+              the decode-shape matmul ceiling: both in the engine's dtype (`model.dtype: auto`:
+              bf16, or fp32 on a CPU without bf16 instructions, where bf16 is only emulated)
+  training    forward+backward tokens/s on 16 x 128-token sequences (fp32 weights, autocast to
+              the compute dtype, full fine-tuning) and its share of that dtype's peak (6 x
+              parameters per token)
   tools       calls/s and p50/p99 latency through SharedToolManager vs the raw SDK client
   multiturn   one step of configs/cpu.yaml (calculator server, 8 tasks x G=4) through the trainer:
               seconds, and the share generating / waiting on tools / updating
@@ -26,13 +29,13 @@ on a shared machine every wall time is an upper bound):
 
 On CUDA (`--device cuda`, the default where a GPU is visible) the same sections run on the GPU:
 peak is the bf16 8192³ matmul and the device-to-device copy bandwidth; generation runs batches
-16, 64, 256 and 512 and reports the share of the bf16 peak and of the copy bandwidth (a decode
+16, 64, 256 and 512 and reports the share of the peak and of the copy bandwidth (a decode
 step reads every weight once: steps/s x weight bytes); training reports tokens/s; the matmul
 ceiling (a CPU measure) is skipped.
 
-`--set KEY=VALUE` (repeatable) overrides the training config of multiturn and calculator512, e.g.
-`--set hf.sample_in_decode_step=false` for the step as it ran before the sampler moved into the
-decode graphs; `--cudnn-attention` lets our sections' attention use cuDNN (off by default:
+`--set KEY=VALUE` (repeatable) overrides the training config of standard, multiturn and
+calculator512, e.g. `--set hf.fuse_norms=false` for the engine's RMSNorm layers as transformers
+writes them; `--cudnn-attention` lets our sections' attention use cuDNN (off by default:
 `model.cudnn_attention`); the TRL section always runs with torch's own setting.
 
 Writes `<out>/report.json` (default outputs/bench) and prints a short table.
@@ -89,14 +92,15 @@ def _n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())  # a tied embedding is counted once
 
 
-def decode_matmul_ceiling(model, batch: int = 64, repeats: int = 5) -> float:
+def decode_matmul_ceiling(model, batch: int = 64, repeats: int = 5, dtype: torch.dtype = torch.bfloat16) -> float:
     """GFLOP/s of one decode step's matmuls alone: every Linear of `model` (and its LM head) as a
-    bf16 [batch, in] x [in, out] product, each timed best-of-`repeats`. What a decode step could
-    reach if norms, attention, sampling and Python cost nothing: the ceiling for generation."""
+    [batch, in] x [in, out] product in `dtype` (the engine's: bf16, or fp32 on a CPU without bf16
+    instructions), each timed best-of-`repeats`. What a decode step could reach if norms,
+    attention, sampling and Python cost nothing: the ceiling for generation."""
 
     shapes = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    weights = {shape: torch.randn(shape).to(torch.bfloat16) for shape in set(shapes)}
-    x = {shape: torch.randn(batch, shape[1]).to(torch.bfloat16) for shape in weights}
+    weights = {shape: torch.randn(shape).to(dtype) for shape in set(shapes)}
+    x = {shape: torch.randn(batch, shape[1]).to(dtype) for shape in weights}
     best = {shape: float("inf") for shape in weights}
     for sweep in range(3):  # the first sweep only warms up (oneDNN picks kernels on first use)
         for shape, w in weights.items():
@@ -116,10 +120,10 @@ def _generation(batches: list[int], new_tokens: int = 64, device: str = "cpu") -
     dtype = compute_dtype(torch.device(device), "auto")
     engine = HFEngine(model, tok, dtype=dtype, max_batch_size=max(batches))
     out = {"parameters": _n_params(model), "new_tokens": new_tokens,
-           "decode_mode": engine.decode_mode,
+           "decode_mode": engine.decode_mode, "dtype": str(dtype).removeprefix("torch."),
            "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters())}
     if device == "cpu":
-        out["b64_decode_matmul_ceiling_gflops"] = round(decode_matmul_ceiling(model, 64), 1)
+        out["b64_decode_matmul_ceiling_gflops"] = round(decode_matmul_ceiling(model, 64, dtype=dtype), 1)
     for batch in batches:
         requests = [
             GenerationRequest(p, SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i))
@@ -201,7 +205,7 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
         elif section == "standard":
             report["standard"] = standard_step(steps=steps, threads=threads,
                                                skip_zero_advantage=skip_zero_advantage, device=device,
-                                               cudnn_attention=cudnn_attention)
+                                               cudnn_attention=cudnn_attention, overrides=overrides)
         elif section == "generation":
             report["generation"] = _generation(CUDA_BATCHES if cuda else [1, 16, 64], device=device)
         elif section == "training":
@@ -235,28 +239,40 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
     return report
 
 
+_SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16"}
+"""The peak section's name for a dtype (`fp32_gflops`, `bf16_gflops`)."""
+
+
 def headline(report: dict) -> dict:
     """The report's top-level figures (null where a section did not run)."""
-    peak = report.get("peak", {}).get("bf16_gflops")
+    peaks = report.get("peak", {})
     gen, train = report.get("generation", {}), report.get("training", {})
+    # Each share is of the peak of the dtype its work computes in (fp32 on a CPU without bf16
+    # instructions, where bf16 products are emulated and slower than fp32 ones).
+    gen_dtype = gen.get("dtype", "bfloat16") if gen else None
+    train_dtype = train.get("compute_dtype", "bfloat16") if train else None
     out = {
         "standard_step_median_s": report.get("standard", {}).get("standard_step_median_s"),
         "gen_tokens_per_s_b64": gen.get("b64_tokens_per_s"),
-        "gen_fraction_of_bf16_peak": None,
+        "gen_dtype": gen_dtype,
+        "gen_fraction_of_peak": None,
         "gen_fraction_of_decode_matmul_ceiling": None,
         "train_tokens_per_s": train.get("tokens_per_s"),
-        "train_fraction_of_bf16_peak": None,
+        "train_dtype": train_dtype,
+        "train_fraction_of_peak": None,
         "tool_overhead_fraction": None,
         "multi_turn_step_s": report.get("multiturn", {}).get("multi_turn_step_s"),
     }
-    if peak and gen.get("b64_tokens_per_s"):
-        out["gen_fraction_of_bf16_peak"] = round(gen["b64_tokens_per_s"] * 2 * gen["parameters"] / (peak * 1e9), 3)
+    gen_peak = peaks.get(f"{_SHORT_DTYPE.get(gen_dtype)}_gflops")
+    if gen_peak and gen.get("b64_tokens_per_s"):
+        out["gen_fraction_of_peak"] = round(gen["b64_tokens_per_s"] * 2 * gen["parameters"] / (gen_peak * 1e9), 3)
     if gen.get("b64_tokens_per_s") and gen.get("b64_decode_matmul_ceiling_gflops"):
         # The same FLOPs against what the decode step's own matmul shapes reach on this CPU.
         out["gen_fraction_of_decode_matmul_ceiling"] = round(
             gen["b64_tokens_per_s"] * 2 * gen["parameters"] / (gen["b64_decode_matmul_ceiling_gflops"] * 1e9), 3)
-    if peak and train.get("tokens_per_s"):
-        out["train_fraction_of_bf16_peak"] = round(train["tokens_per_s"] * 6 * train["parameters"] / (peak * 1e9), 3)
+    train_peak = peaks.get(f"{_SHORT_DTYPE.get(train_dtype)}_gflops")
+    if train_peak and train.get("tokens_per_s"):
+        out["train_fraction_of_peak"] = round(train["tokens_per_s"] * 6 * train["parameters"] / (train_peak * 1e9), 3)
     copy = report.get("peak", {}).get("copy_gbs")
     for b in CUDA_BATCHES:
         if gen.get(f"b{b}_tokens_per_s") is not None:
@@ -300,12 +316,13 @@ def print_table(report: dict) -> None:
             rows.append((f"  b{b} weight reads, share of copy bandwidth",
                          report[f"gen_b{b}_fraction_of_copy_bandwidth"], ""))
     rows += [
-        ("generation b64, share of bf16 peak", report["gen_fraction_of_bf16_peak"], "2048² matmul peak"),
+        ("generation b64, share of peak", report["gen_fraction_of_peak"],
+         f"{report['gen_dtype'] or ''} 2048² matmul peak"),
         ("  decode-shape matmul ceiling, GFLOP/s", gen.get("b64_decode_matmul_ceiling_gflops"),
-         "[64, in] x [in, out] bf16, every Linear"),
+         f"[64, in] x [in, out] {gen.get('dtype', '')}, every Linear"),
         ("  share of that ceiling", report["gen_fraction_of_decode_matmul_ceiling"], "target >= 0.40"),
         ("training fwd+bwd, tokens/s", report["train_tokens_per_s"], "16 x 128"),
-        ("training, share of bf16 peak", report["train_fraction_of_bf16_peak"], ""),
+        ("training, share of peak", report["train_fraction_of_peak"], report["train_dtype"] or ""),
         ("tool manager overhead (worst of c=1, c=32)", report["tool_overhead_fraction"], "target <= 0.10"),
         ("multi-turn step (8 x G=4), s", report["multi_turn_step_s"], ""),
     ]

@@ -25,7 +25,7 @@ import torch
 import environments  # noqa: F401  (registers the environments)
 from grpo.algorithm.reference import make_reference
 from grpo.algorithm.update import UpdateSettings, make_optimizer, make_scheduler, train_step
-from grpo.config import RunConfig, load_config
+from grpo.config import RunConfig, apply_overrides, config_from_dict, load_config
 from grpo.models.devices import select_attention_kernels
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
@@ -49,8 +49,8 @@ def closeness_reward(text: str, truth: int) -> float:
 
 def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
                      model: str = "smollm2-135m-instruct", device: str = "cpu",
-                     cudnn_attention: bool = False):
-    return RunConfig.model_validate({
+                     cudnn_attention: bool = False, overrides: tuple[str, ...] = ()) -> RunConfig:
+    data = {
         "threads": threads,
         "device": device,
         "model": {"name_or_path": model, "weights_dtype": "float32", "cudnn_attention": cudnn_attention},
@@ -63,20 +63,24 @@ def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: b
             "loss": {"skip_zero_advantage": skip_zero_advantage},
         },
         "rollout": {"temperature": 1.0, "max_new_tokens": 48},
-    })
+    }
+    return config_from_dict(apply_overrides(data, list(overrides)), "the standard work (bench/steps.py)")
 
 
 def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, seed: int = 0,
                   skip_zero_advantage: bool = True, model: str = "smollm2-135m-instruct",
-                  device: str = "cpu", cudnn_attention: bool = False) -> dict:
+                  device: str = "cpu", cudnn_attention: bool = False, overrides: tuple[str, ...] = ()) -> dict:
     """Run 1 warm-up + `steps` timed steps of the standard work; medians and per-step times.
     `skip_zero_advantage=False` trains every sequence (for comparisons of the other levers: which
     groups have zero variance depends on what was sampled). `model` is for tests (tiny-random).
-    `cudnn_attention`: `model.cudnn_attention` (CUDA: SDPA may use cuDNN), as a run sets it."""
+    `cudnn_attention`: `model.cudnn_attention` (CUDA: SDPA may use cuDNN), as a run sets it.
+    `overrides`: `KEY=VALUE` config overrides (`bench.run --set`), e.g. `hf.fuse_norms=false`;
+    the loop itself (prompts, sampling, one update per step) is the standard work's."""
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model, device, cudnn_attention)
+    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model, device, cudnn_attention,
+                           overrides)
     select_attention_kernels(torch.device(device), cfg.model)
     policy, tok = PolicyWithValueHead.from_config(cfg.model, cfg.lora, device, seed=seed)
     reference = make_reference(policy, cfg.algorithm.reference)
@@ -161,6 +165,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
         "steps": records,
         "micro_batch_size": micro_batch_size,
         "skip_zero_advantage": skip_zero_advantage,
+        "overrides": list(overrides),
     }
 
 

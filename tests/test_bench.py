@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from bench.continuous import measure, parse_args
-from bench.generation import make_prompts
-from bench.run import headline, main
+from bench.generation import make_prompts, matmul_dtype
+from bench.run import decode_matmul_ceiling, headline, main
 from bench.segment_cost import column_cuts
 from bench.segment_cost import measure as segment_cost
 from bench.steps import closeness_reward, standard_step
 from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
+from grpo.config import ConfigError
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.prefix_tree import PackedRows
@@ -40,24 +41,62 @@ def test_closeness_reward(text, truth, expected):
     assert closeness_reward(text, truth) == pytest.approx(expected, abs=1e-12)
 
 
-def test_headline_fractions_of_the_bf16_peak_and_worst_tool_overhead():
+def test_headline_fractions_of_the_peak_and_worst_tool_overhead():
     report = {
         "peak": {"fp32_gflops": 200.0, "bf16_gflops": 1000.0},
         "standard": {"standard_step_median_s": 5.0},
-        "generation": {"parameters": 100_000_000, "b64_tokens_per_s": 500.0,
+        "generation": {"parameters": 100_000_000, "b64_tokens_per_s": 500.0, "dtype": "bfloat16",
                        "b64_decode_matmul_ceiling_gflops": 250.0},
-        "training": {"parameters": 100_000_000, "tokens_per_s": 400.0},
+        "training": {"parameters": 100_000_000, "tokens_per_s": 400.0, "compute_dtype": "bfloat16"},
         "tools": {"c1": {"overhead_pct": 2.0}, "c32": {"overhead_pct": 7.5}},
         "multiturn": {"multi_turn_step_s": 40.0},
     }
     out = headline(report)
     assert out["standard_step_median_s"] == 5.0
-    assert out["gen_fraction_of_bf16_peak"] == pytest.approx(500 * 2 * 1e8 / 1e12)  # 0.1
+    assert out["gen_fraction_of_peak"] == pytest.approx(500 * 2 * 1e8 / 1e12)  # 0.1 of bf16's
     assert out["gen_fraction_of_decode_matmul_ceiling"] == pytest.approx(500 * 2 * 1e8 / 2.5e11)  # 0.4
-    assert out["train_fraction_of_bf16_peak"] == pytest.approx(400 * 6 * 1e8 / 1e12)  # 0.24
+    assert out["train_fraction_of_peak"] == pytest.approx(400 * 6 * 1e8 / 1e12)  # 0.24
+    assert (out["gen_dtype"], out["train_dtype"]) == ("bfloat16", "bfloat16")
     assert out["tool_overhead_fraction"] == 0.075
     assert out["multi_turn_step_s"] == 40.0
-    assert headline({})["gen_fraction_of_bf16_peak"] is None  # sections that did not run
+    assert headline({})["gen_fraction_of_peak"] is None  # sections that did not run
+
+
+def test_headline_measures_fp32_work_against_the_fp32_peak():
+    """A CPU without bf16 instructions generates and trains in fp32: its shares are of the fp32
+    peak (the bf16 one is emulated there, slower than fp32, and a share of it can exceed 1)."""
+    report = {
+        "peak": {"fp32_gflops": 250.0, "bf16_gflops": 50.0},
+        "generation": {"parameters": 100_000_000, "b64_tokens_per_s": 300.0, "dtype": "float32",
+                       "b64_decode_matmul_ceiling_gflops": 150.0},
+        "training": {"parameters": 100_000_000, "tokens_per_s": 100.0, "compute_dtype": "float32"},
+    }
+    out = headline(report)
+    assert out["gen_fraction_of_peak"] == pytest.approx(300 * 2 * 1e8 / 2.5e11)  # 0.24, not 1.2
+    assert out["gen_fraction_of_decode_matmul_ceiling"] == pytest.approx(300 * 2 * 1e8 / 1.5e11)  # 0.4
+    assert out["train_fraction_of_peak"] == pytest.approx(100 * 6 * 1e8 / 2.5e11)  # 0.24
+    assert (out["gen_dtype"], out["train_dtype"]) == ("float32", "float32")
+
+
+def test_the_decode_matmul_ceiling_runs_in_the_engines_dtype():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(16, 8, bias=False))
+    seen = []
+    real_linear = torch.nn.functional.linear
+
+    def spy(x, w, *rest):
+        seen.append((x.dtype, w.dtype, x.shape[0]))
+        return real_linear(x, w, *rest)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "linear", spy)
+        assert decode_matmul_ceiling(model, batch=4, repeats=1, dtype=torch.float32) > 0
+    assert set(seen) == {(torch.float32, torch.float32, 4)}
+
+
+def test_each_generation_variant_is_measured_against_its_own_dtypes_peak():
+    assert matmul_dtype("bf16") == matmul_dtype("bf16-fp32-cache") == torch.bfloat16
+    assert matmul_dtype("fp32") == matmul_dtype("fp32-unfused-norms") == torch.float32
+    assert matmul_dtype("autocast") == torch.bfloat16  # the fp32 policy under bf16 autocast
 
 
 def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
@@ -68,6 +107,28 @@ def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
     assert all(step["generated_tokens"] > 0 for step in report["steps"])
     assert report["standard_step_median_s"] == round(report["steps"][1]["step_s"], 3)
     assert report["step_0_logprob_mismatch"] is not None
+
+
+def test_the_standard_step_takes_config_overrides(monkeypatch):
+    """`bench.run --set KEY=VALUE` reaches the standard step's engine too (e.g. to compare
+    `hf.fuse_norms=false` side by side); a key the config does not have is refused by name."""
+    from bench import steps
+
+    built = []
+    real = steps.make_engine
+
+    def spy(*args, **kwargs):
+        built.append(kwargs["config"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "make_engine", spy)
+    report = standard_step(steps=0, threads=1, micro_batch_size=4, model="tiny-random",
+                           overrides=("hf.fuse_norms=false", "hf.park_steps=3"))
+    assert (built[0].hf.fuse_norms, built[0].hf.park_steps) == (False, 3)
+    assert built[0].rollout.max_new_tokens == 48  # the standard work's own settings stay
+    assert report["overrides"] == ["hf.fuse_norms=false", "hf.park_steps=3"]
+    with pytest.raises(ConfigError, match="fuse_normz"):
+        standard_step(steps=0, threads=1, model="tiny-random", overrides=("hf.fuse_normz=false",))
 
 
 def test_headline_cuda_bandwidth_share_trl_ratio_and_calculator512():

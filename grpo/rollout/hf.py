@@ -99,6 +99,7 @@ class HFEngine(RolloutEngine):
     dtype: dtype of the copy's Linear weights, i.e. of its matmuls (None: the policy's dtype).
         Everything else keeps the policy's dtype (grpo/rollout/weights.py).
     head_dtype: dtype of the copy's LM head (None: `dtype`).
+    fuse_norms: the copy's RMSNorm layers as one `torch.rms_norm` op each (fused_norms.py).
     autocast_dtype: run forwards under `torch.autocast` in this dtype (for `copy_weights=False`).
     compact_fraction: compact the batch once this fraction of its rows has finished (0: at every
         finish; > 1: never).
@@ -154,6 +155,7 @@ class HFEngine(RolloutEngine):
         dtype: torch.dtype | None = torch.bfloat16,
         head_dtype: torch.dtype | None = None,
         copy_weights: bool = True,
+        fuse_norms: bool = True,
         autocast_dtype: torch.dtype | None = None,
         max_batch_size: int | None = None,
         compact_fraction: float = 0.25,
@@ -229,7 +231,7 @@ class HFEngine(RolloutEngine):
             self.device.type
         )
         if copy_weights:
-            self.model = inference_copy(lm, dtype, head_dtype, self.device)
+            self.model = inference_copy(lm, dtype, head_dtype, self.device, fuse_norms)
             # Our 4-D masks are boolean SDPA masks; the copy is ours to configure.
             self.model.set_attn_implementation(
                 ENGINE_ATTENTION if decode_attention == "grouped" else "sdpa"

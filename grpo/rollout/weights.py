@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from grpo.models.peft_weights import dequantize_linears_, is_peft, language_model_of, lm_tensors
+from grpo.rollout.fused_norms import fuse_rms_norms
 
 _LOW_PRECISION_OUTPUTS = {"o_proj", "down_proj", "gate_proj", "up_proj"}
 """Linear layers whose output may stay in the matmul dtype, as under autocast: it only feeds the
@@ -264,11 +265,13 @@ def _lower_linears(model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype
 
 
 def inference_copy(
-    policy, matmul_dtype: torch.dtype | None, head_dtype: torch.dtype | None, device: torch.device
+    policy, matmul_dtype: torch.dtype | None, head_dtype: torch.dtype | None, device: torch.device,
+    fuse_norms: bool = True,
 ) -> nn.Module:
     """An inference copy of the policy's causal LM: LoRA merged (4-bit bases dequantized), Linear
     weights in `matmul_dtype` (the LM head in `head_dtype`), the rest in the policy's dtype; eval
-    mode, no grads. The weights come from `lm_tensors`, as every later `copy_weights_into` does."""
+    mode, no grads. The weights come from `lm_tensors`, as every later `copy_weights_into` does.
+    `fuse_norms`: its RMSNorm layers run as one op each (grpo/rollout/fused_norms.py)."""
     model = language_model_of(policy)
     with torch.no_grad():
         clone = copy.deepcopy(model)
@@ -286,6 +289,8 @@ def inference_copy(
         fp32 = matmul_dtype == head_dtype == torch.float32
         if matmul_dtype != base_dtype or head_dtype != base_dtype or (fp32 and packs_fp32(device)):
             _lower_linears(clone, matmul_dtype, head_dtype)
+        if fuse_norms:
+            fuse_rms_norms(clone)
     clone.eval()
     return clone
 
