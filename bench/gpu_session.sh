@@ -84,6 +84,9 @@ piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
 piece standard_unfused 60 $B --set hf.fuse_norms=false --sections standard --out "$OUT/standard_unfused"
 piece calculator512_unfused 110 $B --set hf.fuse_norms=false --sections calculator512 \
   --out "$OUT/calculator512_unfused"
+# And with 1,024 columns for later turns (the CPU default; on CUDA 512): does a batch still drain?
+piece calculator512_cols1024 110 $B --set hf.join_columns=1024 --sections calculator512 \
+  --out "$OUT/calculator512_cols1024"
 # Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; with the
 # norms fused and not.
 piece decode_profile 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
@@ -91,7 +94,6 @@ piece decode_profile 60 $PY -m bench.decode_profile --device "$DEVICE" --batches
 piece decode_profile_unfused 60 $PY -m bench.decode_profile --device "$DEVICE" --batches 16 512 \
   --unfused-norms --out "$OUT/decode_profile_unfused/report.json"
 piece generation 90 $B --sections peak generation --out "$OUT/generation"
-piece segment_cost 80 $PY -m bench.segment_cost --device "$DEVICE" --shapes 16x96 64x384 --rounds 3
 piece training 40 $B --sections training --out "$OUT/training"
 
 $PY - "$OUT" <<'EOF'
@@ -102,7 +104,7 @@ def report(name):
     return json.loads(path.read_text()) if path.is_file() else {}
 gen, std = report("generation"), report("standard_trl")
 print("[gpu-session] summary")
-for name in ("calculator512", "calculator512_unfused"):
+for name in ("calculator512", "calculator512_unfused", "calculator512_cols1024"):
     c = report(name)
     print(f"  512-episode calculator step ({name}), median s:", c.get("calculator512_step_s"), "(target <= 5)")
     for row in c.get("calculator512", {}).get("steps", []):
@@ -123,16 +125,6 @@ for name in ("decode_profile", "decode_profile_unfused"):
     for row in report(name).get("results", []):
         print(f"  {name}: decode step at batch {row['rows']}, ms: plain {row['plain_ms_per_step']}, attributed",
               row["attributed_ms_per_step"], "per step:", row["per_step"])
-log = out / "segment_cost.log"
-if log.is_file():
-    text = log.read_text()
-    try:
-        cost = json.loads(text[text.index("{"):])
-        print("  segment cost, token-rows (grad, no grad):",
-              [(r["batch"], r["length"], r["grad"]["per_segment_token_rows"], r["no_grad"]["per_segment_token_rows"])
-               for r in cost["results"]])
-    except ValueError:
-        print("  segment cost: unreadable, see segment_cost.log")
 tests = out / "cuda_tests.log"
 if tests.is_file():
     print("  CUDA tests:", (tests.read_text().strip().splitlines() or ["(no output)"])[-1])

@@ -160,7 +160,7 @@ def test_a_bad_request_fails_alone(model, tokenizer, prompts):
 class ConversationFeed(ScheduledFeed):
     """ScheduledFeed whose first-turn requests (sessions) come back for a second turn, their
     prompt extended by their result and an observation, `delay[session]` take calls after
-    their result (the episode's tool call)."""
+    their result (the episode's tool call); `observation` may be one per session (a dict)."""
 
     def __init__(self, schedule, observation: list[int], delay: dict[str, int]) -> None:
         super().__init__(schedule)
@@ -171,7 +171,9 @@ class ConversationFeed(ScheduledFeed):
         super().deliver(ticket, result)
         request = self.tickets[ticket]
         if request.turn == 0 and request.session in self.delay:
-            extended = list(request.prompt_ids) + result.token_ids + self.observation
+            seen = self.observation
+            seen = seen[request.session] if isinstance(seen, dict) else seen
+            extended = list(request.prompt_ids) + result.token_ids + seen
             follow = GenerationRequest(
                 extended,
                 SamplingParams(max_new_tokens=6, seed=100 + ticket),
@@ -219,6 +221,31 @@ def test_a_sessions_next_turn_prefills_only_its_new_tokens(
     new_tokens = sum(len(observation) + 1 for _ in second_turns)  # the last token + observation
     shared_first = sum(len(p) for p in prompts[:4])
     assert metrics["prefill_tokens"] <= shared_first + new_tokens
+
+
+@pytest.mark.parametrize("call_tokens,forwards", [(None, 1), (32, 2)])
+def test_turns_resuming_together_split_where_padding_costs_more_than_a_forward(
+    model, tokenizer, prompts, call_tokens, forwards
+):
+    """b comes back with a 60-token observation, c with a 1-token one, in the same step: padding
+    c's 2 new tokens to b's 61 costs more than a second forward (32 tokens' worth on a CPU)."""
+    first = [GenerationRequest(prompts[i], SamplingParams(max_new_tokens=4, seed=i), session=name)
+             for i, name in enumerate("bc")]
+    first.append(GenerationRequest(prompts[3], SamplingParams(max_new_tokens=30, seed=9), session="d"))
+    observation = {"b": tokenizer.encode(" The tool says 42." * 12)[:60], "c": [13], "d": []}
+    engine = HFEngine(model, tokenizer, dtype=torch.float32)
+    engine.prefill_call_tokens = call_tokens
+    chunks = []
+    real = engine._loop._resume_chunk
+    engine._loop._resume_chunk = lambda batch, returning, cached: (
+        chunks.append(len(returning)), real(batch, returning, cached))
+    feed = ConversationFeed({0: first}, observation, delay={"b": 0, "c": 0})
+    engine.serve(feed)
+    assert engine.last_metrics["resumed_requests"] == 2
+    assert chunks == ([2] if forwards == 1 else [1, 1])  # both came back in one step
+    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    for ticket, want in enumerate(expected):
+        _assert_same(want, feed.results[ticket])
 
 
 @pytest.mark.parametrize("decode_mode", [

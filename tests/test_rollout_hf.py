@@ -388,10 +388,13 @@ def test_decode_mode_is_checked(model, tokenizer):
     engine = HFEngine(model, tokenizer)
     assert engine.decode_mode == "dynamic"  # auto on a CPU
     assert (engine.max_batch_size, engine.prefill_chunk_tokens) == (64, 4096)
+    assert (engine.join_columns, engine.prefill_call_tokens) == (1024, 32)
     gpu = HFEngineConfig()
     assert (gpu.batch_size_for("cuda"), gpu.prefill_chunk_for("cuda")) == (512, 32768)
-    chosen = HFEngineConfig(max_batch_size=8, prefill_chunk_tokens=100)
+    assert (gpu.join_columns_for("cuda"), gpu.join_columns_for("cpu")) == (512, 1024)
+    chosen = HFEngineConfig(max_batch_size=8, prefill_chunk_tokens=100, join_columns=64)
     assert (chosen.batch_size_for("cuda"), chosen.prefill_chunk_for("cpu")) == (8, 100)
+    assert chosen.join_columns_for("cpu") == 64
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")

@@ -73,10 +73,14 @@ class HFEngineConfig(Section):
     park_wait_s: float = Field(default=2.0, ge=0.0)
     """How long the engine, with nothing else to decode, waits for the next turns of those rows
     (episodes in their tool calls) before it lets them go."""
-    join_columns: int = Field(default=512, ge=0)
+    join_columns: int | None = Field(default=None, ge=0)
     """Cache columns a batch keeps beyond its first prompts and their token budgets, for the
     longer prompts of later turns that join it; a request that does not fit waits until the
-    batch has drained (memory: columns x rows x layers x 2 x kv heads x head dim x dtype size)."""
+    batch has drained, then its whole conversation is prefilled again (memory: columns x rows x
+    layers x 2 x kv heads x head dim x dtype size). null: 512 on CUDA (its cache is allocated and
+    zeroed whole), else 1024: a CPU cache's columns take memory only once written, and at 512
+    `python -m bench.collector --repeats 4` (configs/cpu.yaml, 8 tasks x G=4) drained once in its
+    third collection, which then re-prefilled 3,259 tokens instead of 2,019."""
     join_wait_steps: int | None = Field(default=None, ge=0)
     """With continuous batching, requests that arrive while rows are decoding (mostly episodes
     back from their tools) wait until the first of them has waited this many decode steps, then
@@ -108,6 +112,11 @@ class HFEngineConfig(Section):
         if self.max_batch_size is not None:
             return self.max_batch_size
         return 512 if device_type == "cuda" else 64
+
+    def join_columns_for(self, device_type: str) -> int:
+        if self.join_columns is not None:
+            return self.join_columns
+        return 512 if device_type == "cuda" else 1024
 
     def join_wait_for(self, device_type: str) -> int:
         if self.join_wait_steps is not None:

@@ -68,9 +68,7 @@ class DecodeLoop:
                 # Only parked rows left: wait a little for their sessions' next turns.
                 idle = self.engine.park_wait_s if parked and not live and not waiting else 0.0
                 t_take = time.perf_counter()
-                taken = feed.take(
-                    close_if_empty=not live and not parked and not waiting, wait_s=idle
-                )
+                taken = feed.take(close_if_empty=not live and not parked and not waiting, wait_s=idle)
                 if idle:
                     metrics["idle_seconds"] += time.perf_counter() - t_take
                 if not live and not parked and not waiting and not taken:
@@ -265,7 +263,7 @@ class DecodeLoop:
         by_length = sorted(returning, key=lambda entry: len(entry[1].prompt) - cached[entry[0]])
         by_length.reverse()
         lengths = [len(j.prompt) - cached[b] for b, j in by_length]
-        for start, end in prefill_chunks(lengths, self.engine.prefill_chunk_tokens):
+        for start, end in self._chunks(lengths):
             self._resume_chunk(
                 batch, by_length[start:end], [cached[b] for b, _ in by_length[start:end]]
             )
@@ -283,6 +281,11 @@ class DecodeLoop:
         logits = self._prefill_after(batch.cache, index, deltas, cached, history, lo, pos)
         starts = torch.tensor([pos - len(d) for d in deltas], device=self.engine.device)  # [n]
         batch.resume(index, returning, logits, starts)
+
+    def _chunks(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """Prefill chunks of these lengths (longest first) on this engine's device."""
+        engine = self.engine
+        return prefill_chunks(lengths, engine.prefill_chunk_tokens, engine.prefill_call_tokens)
 
     def _prefill_after(
         self,
@@ -362,9 +365,7 @@ class DecodeLoop:
         each ending at column pos - 1; returns the logits of each one's first sampled token,
         [U, V]."""
         logits = []
-        for start, end in prefill_chunks(
-            [len(p) for p in prompts], self.engine.prefill_chunk_tokens
-        ):
+        for start, end in self._chunks([len(p) for p in prompts]):
             ids, positions, allowed = left_padded(
                 prompts[start:end], self.engine._pad_id, self.engine.device
             )
@@ -400,7 +401,7 @@ class DecodeLoop:
             cache.copy_rows(source, lo, lo + shared, first=first + 1)
         rests = [prompt[shared:] for prompt in prompts]  # longest first, as the prompts
         logits = []
-        for start, end in prefill_chunks([len(r) for r in rests], self.engine.prefill_chunk_tokens):
+        for start, end in self._chunks([len(r) for r in rests]):
             width = len(rests[start])
             history = torch.zeros(end - start, pos - width - lo, dtype=torch.bool)
             history[:, :shared] = True

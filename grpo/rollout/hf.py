@@ -68,6 +68,7 @@ from grpo.rollout.config import DecodeMode, HFEngineConfig
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.decode_graphs import StaticDecoder
 from grpo.rollout.decode_loop import DecodeLoop
+from grpo.rollout.prefill import PREFILL_CALL_TOKENS
 from grpo.rollout.weights import copy_weights_into, inference_copy
 
 DECODE_MODES = get_args(DecodeMode)
@@ -122,7 +123,8 @@ class HFEngine(RolloutEngine):
         session's next turn (grpo/rollout/live_batch.py): at most `park_steps` decode steps, and
         at most `park_wait_s` seconds of waiting when nothing else is live (0 steps: never).
     join_columns: `serve` sizes a batch's cache for its first prompts, their token budgets and
-        this many columns more, for the longer prompts of requests that join later.
+        this many columns more, for the longer prompts of requests that join later (None: 512
+        on CUDA, else 1024).
     join_wait_steps: in `serve`, requests that arrive while rows are decoding wait until the
         first of them has waited this many decode steps, then join together in one prefill
         (0: each decode step admits what arrived).
@@ -165,7 +167,7 @@ class HFEngine(RolloutEngine):
         decode_mode: str = "auto",
         sample_in_decode_step: bool = True,
         continuous_batching: bool = True,
-        join_columns: int = 512,
+        join_columns: int | None = None,
         join_wait_steps: int = 0,
         shared_prefix_min_tokens: int = 64,
         prefix_attention_min_tokens: int = 64,
@@ -197,9 +199,11 @@ class HFEngine(RolloutEngine):
         defaults = HFEngineConfig()  # the device-dependent defaults of the `hf:` config section
         self.max_batch_size = max_batch_size or defaults.batch_size_for(self.device.type)
         self.compact_fraction = compact_fraction
-        if join_columns < 0:
+        if join_columns is not None and join_columns < 0:
             raise ValueError(f"join_columns must be >= 0, got {join_columns}")
-        self.join_columns = join_columns
+        self.join_columns = (
+            defaults.join_columns_for(self.device.type) if join_columns is None else join_columns
+        )
         if join_wait_steps < 0:
             raise ValueError(f"join_wait_steps must be >= 0, got {join_wait_steps}")
         self.join_wait_steps = join_wait_steps
@@ -230,6 +234,7 @@ class HFEngine(RolloutEngine):
         self.prefill_chunk_tokens = prefill_chunk_tokens or defaults.prefill_chunk_for(
             self.device.type
         )
+        self.prefill_call_tokens = PREFILL_CALL_TOKENS.get(self.device.type)
         if copy_weights:
             self.model = inference_copy(lm, dtype, head_dtype, self.device, fuse_norms)
             # Our 4-D masks are boolean SDPA masks; the copy is ours to configure.

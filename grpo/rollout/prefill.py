@@ -1,10 +1,11 @@
 """Prompt prefill for HFEngine: unique prompts, longest first, in left-padded chunks.
 
 Prompts are right-aligned at one column (the longest prompt's length), so every row's first
-sampled token lands in the same cache column. A chunk holds as many prompts as fit
-`chunk_tokens` padded tokens (rows x the chunk's first, longest, prompt): it bounds a prefill
-forward's activation memory, and on a GPU, where a forward's cost is mostly launches, larger
-chunks mean fewer forwards (H100, 179k prompt tokens: 1.17 s in chunks of 4096, 0.58 s in 32768).
+sampled token lands in the same cache column. A chunk holds at most `chunk_tokens` padded tokens
+(rows x the chunk's first, longest, prompt): it bounds a prefill forward's activation memory, and
+on a GPU, where a forward's cost is mostly launches, larger chunks mean fewer forwards (H100, 179k
+prompt tokens: 1.17 s in chunks of 4096, 0.58 s in 32768). Within that bound the engine splits
+where the padding saved is worth more than a forward (`prefill_chunks`, PREFILL_CALL_TOKENS).
 
 Prompts that join together and start alike (a chat template's system prompt, the tool docs, the
 task instructions) share one prefill of their common prefix: it runs once in one row and is
@@ -18,10 +19,46 @@ import torch
 
 from grpo.models.common_prefix import leading_prefix_length
 
+PREFILL_CALL_TOKENS = {"cpu": 32, "cuda": 5700}
+"""A prefill forward's fixed cost in prompt tokens' worth, per device type (`prefill_chunks`:
+where the padding a split saves is worth more than one more forward). CPU: SmolLM2-135M's fp32
+engine copy, 2 threads, one row of 8 / 32 / 128 / 512 tokens: 68 / 91 / 195 / 760 ms, i.e.
+~50 ms a forward (its weights read once) plus ~1.4 ms a token. CUDA (H100, 179k prompt tokens in
+chunks of 4,096 and of 32,768 tokens: 1.17 and 0.58 s): ~15.5 ms a forward plus ~2.7 µs a token.
+A device type not listed keeps the fewest forwards the budget allows."""
 
-def prefill_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
+
+def prefill_chunks(
+    lengths: list[int], chunk_tokens: int, call_tokens: int | None = None
+) -> list[tuple[int, int]]:
     """[start, end) ranges over prompts sorted longest first: each holds at least one prompt and
-    otherwise at most `chunk_tokens` padded tokens."""
+    otherwise at most `chunk_tokens` padded tokens (rows x its first, longest, prompt).
+
+    `call_tokens` None: as few chunks as that allows, each filled in turn. Otherwise the split
+    with the fewest padded tokens plus `call_tokens` per chunk (a forward's fixed cost,
+    PREFILL_CALL_TOKENS), so one long prompt does not pad every short one beside it to its
+    length: the episodes that come back from their tools together carry new parts of 16 to 500+
+    tokens."""
+    if call_tokens is None or not lengths or lengths[0] == lengths[-1]:
+        return _filled_chunks(lengths, chunk_tokens)
+    # cost[end]: the cheapest split of lengths[:end]; its last chunk starts at first[end].
+    cost = [0] + [float("inf")] * len(lengths)
+    first = [0] * (len(lengths) + 1)
+    for end in range(1, len(lengths) + 1):
+        for start in range(end - 1, -1, -1):  # the chunk [start, end), growing leftwards
+            padded = (end - start) * lengths[start]
+            if end - start > 1 and padded > chunk_tokens:
+                break  # longer chunks start at longer prompts: only more padded tokens
+            if cost[start] + call_tokens + padded < cost[end]:
+                cost[end], first[end] = cost[start] + call_tokens + padded, start
+    chunks, end = [], len(lengths)
+    while end:
+        chunks.append((first[end], end))
+        end = first[end]
+    return chunks[::-1]
+
+
+def _filled_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
     chunks: list[tuple[int, int]] = []
     start = 0
     while start < len(lengths):

@@ -36,7 +36,7 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
         options.setdefault("compact_fraction", config.hf.compact_fraction)
         options.setdefault("prefill_chunk_tokens", config.hf.prefill_chunk_for(device.type))
         options.setdefault("continuous_batching", config.hf.continuous_batching)
-        options.setdefault("join_columns", config.hf.join_columns)
+        options.setdefault("join_columns", config.hf.join_columns_for(device.type))
         options.setdefault("join_wait_steps", config.hf.join_wait_for(device.type))
         options.setdefault("park_steps", config.hf.park_steps)
         options.setdefault("park_wait_s", config.hf.park_wait_s)
