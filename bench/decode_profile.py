@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the engine's KV cache dtype (hf.kv_cache_dtype; model: the copy's states' dtype)")
     parser.add_argument("--unfused-norms", action="store_true",
                         help="the RMSNorm layers as transformers writes them (hf.fuse_norms=false)")
+    parser.add_argument("--transformers-forward", action="store_true",
+                        help="each forward through transformers' modules (hf.lean_forward=false)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     device = args.device
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), dtype=dtype,
                       sample_in_decode_step=not args.sample_after_step,
                       kv_cache_dtype="auto" if args.kv_cache_dtype == "auto" else None,
-                      fuse_norms=not args.unfused_norms)
+                      fuse_norms=not args.unfused_norms, lean_forward=not args.transformers_forward)
     results = []
     for batch in args.batches:
         requests = [
@@ -167,11 +169,13 @@ def main(argv: list[str] | None = None) -> int:
             for i, prompt in enumerate(make_prompts(tokenizer, batch, group=4))
         ]
         results.append(profile_batch(engine, requests))
+    lean = engine.lean is not None
     engine.close()
     report = {"device": str(engine.device), "dtype": str(dtype).removeprefix("torch."),
               "decode_mode": engine.decode_mode, "sample_in_decode_step": engine.sample_in_decode_step,
               "kv_cache_dtype": str(engine.kv_cache_dtype).removeprefix("torch."),
-              "fuse_norms": not args.unfused_norms, "new_tokens": args.new_tokens, "results": results}
+              "fuse_norms": not args.unfused_norms, "lean_forward": lean,
+              "new_tokens": args.new_tokens, "results": results}
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()
     text = json.dumps(report, indent=2)

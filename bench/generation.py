@@ -32,6 +32,9 @@ Variants (the engine's weight copy, grpo/rollout/weights.py):
   fp32             an fp32 copy
   fp32-unfused-norms  as fp32, the RMSNorm layers in transformers' forward (fuse_norms=False;
                    the default runs each as one torch.rms_norm op: grpo/rollout/fused_norms.py)
+  fp32-transformers-forward  as fp32, each forward through transformers' modules (lean_forward=False;
+                   the default skips their plumbing: grpo/rollout/lean_forward.py)
+  bf16-transformers-forward  the same for bf16
   autocast         no copy: the fp32 policy under bf16 autocast
 One warm-up call per variant and batch precedes the timed repeats, which alternate between the
 variants (the median of each is reported).
@@ -62,6 +65,8 @@ VARIANTS = {
     "bf16-no-kept-prefix": {"dtype": torch.bfloat16, "prefix_attention_min_tokens": 0},
     "fp32": {"dtype": None},
     "fp32-unfused-norms": {"dtype": None, "fuse_norms": False},
+    "fp32-transformers-forward": {"dtype": None, "lean_forward": False},
+    "bf16-transformers-forward": {"dtype": torch.bfloat16, "lean_forward": False},
     "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
 }
 

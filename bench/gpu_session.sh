@@ -74,11 +74,18 @@ DEVICE=${DEVICE:-cuda}  # cpu only to try this script out on a machine without a
 B="$PY -m bench.run --device $DEVICE"
 # Most wanted first: a piece that finds too little time left is skipped, not cut short.
 # The CUDA-only tests first: graph decode with the draws inside the graphs, continuous batching
-# with CUDA graphs, the reference's offload, the fused LM head on CUDA.
+# with CUDA graphs, the lean forward in decode graphs, the reference's offload, the fused LM head
+# on CUDA.
 piece cuda_tests 120 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf.py tests/test_logprobs.py \
-  tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
+  tests/test_lean_forward.py tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
 piece calculator512 130 $B --sections calculator512 --out "$OUT/calculator512"
 piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
+# The same steps with each engine forward through transformers' modules (hf.lean_forward=false;
+# the default runs the same ops without their plumbing): the eager prefills of joining turns.
+piece standard_transformers_forward 60 $B --set hf.lean_forward=false --sections standard \
+  --out "$OUT/standard_transformers_forward"
+piece calculator512_transformers_forward 110 $B --set hf.lean_forward=false --sections calculator512 \
+  --out "$OUT/calculator512_transformers_forward"
 # The same steps with the engine copy's RMSNorm layers as transformers writes them (~7 kernels
 # each instead of one torch.rms_norm: hf.fuse_norms), to compare in the same session.
 piece standard_unfused 60 $B --set hf.fuse_norms=false --sections standard --out "$OUT/standard_unfused"
@@ -104,7 +111,8 @@ def report(name):
     return json.loads(path.read_text()) if path.is_file() else {}
 gen, std = report("generation"), report("standard_trl")
 print("[gpu-session] summary")
-for name in ("calculator512", "calculator512_unfused", "calculator512_cols1024"):
+for name in ("calculator512", "calculator512_transformers_forward", "calculator512_unfused",
+             "calculator512_cols1024"):
     c = report(name)
     print(f"  512-episode calculator step ({name}), median s:", c.get("calculator512_step_s"), "(target <= 5)")
     for row in c.get("calculator512", {}).get("steps", []):
@@ -118,9 +126,9 @@ print("  generated tok/s at batch 16/64/256/512:", [g.get(f"b{b}_tokens_per_s") 
 print("  standard step s:", std.get("standard_step_median_s"), " TRL s:",
       std.get("trl", {}).get("trl_step_median_s", std.get("trl", {}).get("skipped")),
       " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4)")
-unfused = report("standard_unfused").get("standard", {})
-print("  standard step with hf.fuse_norms=false, s:", unfused.get("standard_step_median_s"),
-      unfused.get("split_median_s"))
+for name, setting in (("standard_transformers_forward", "hf.lean_forward"), ("standard_unfused", "hf.fuse_norms")):
+    other = report(name).get("standard", {})
+    print(f"  standard step with {setting}=false, s:", other.get("standard_step_median_s"), other.get("split_median_s"))
 for name in ("decode_profile", "decode_profile_unfused"):
     for row in report(name).get("results", []):
         print(f"  {name}: decode step at batch {row['rows']}, ms: plain {row['plain_ms_per_step']}, attributed",

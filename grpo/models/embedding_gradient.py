@@ -117,6 +117,21 @@ class ReusedEmbeddingGradient:
     def remove(self) -> None:
         self._handle.remove()
 
+    @classmethod
+    def remove_from(cls, model: nn.Module) -> int:
+        """Detach the hook from every module of `model`, a copy that never trains (an engine's
+        weight copy inherits it through deepcopy, and transformers' forward would call it at
+        every step); returns how many were detached."""
+        removed = 0
+        for module in model.modules():
+            for key, hook in list(module._forward_hooks.items()):
+                if hook is cls._lookup:
+                    del module._forward_hooks[key]
+                    module._forward_hooks_with_kwargs.pop(key, None)
+                    module._forward_hooks_always_called.pop(key, None)
+                    removed += 1
+        return removed
+
     @staticmethod
     def _lookup(module: nn.Embedding, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
         weight = module.weight

@@ -57,6 +57,11 @@ class HFEngineConfig(Section):
     """The engine copy's RMSNorm layers run as one `torch.rms_norm` op each (a fused kernel on
     CUDA, so a decode step's CUDA graph launches ~6 fewer kernels per norm) where their own
     forward computes that function (grpo/rollout/fused_norms.py); false: transformers' forward."""
+    lean_forward: bool = True
+    """The engine copy's forwards skip transformers' module plumbing: the same tensor ops in the
+    same order, so the same logits bit for bit (a probe checks at start;
+    grpo/rollout/lean_forward.py). Llama models (SmolLM2, Llama 3, ...); others keep transformers'
+    forward. On a CPU a decode step's Python is a large share of it at small batches."""
     compact_fraction: float = Field(default=0.25, ge=0.0)
     """Compact the batch once this fraction of its rows has finished (0: at every finish)."""
     continuous_batching: bool = True

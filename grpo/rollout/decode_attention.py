@@ -130,7 +130,8 @@ def engine_attention(
         and all(kwargs.get(name) is None for name in _UNSUPPORTED_KWARGS)
     )
     out_dtype = query.dtype
-    query = query.to(key.dtype)  # a bf16 KV cache under fp32 states: attend in bf16
+    if query.dtype != key.dtype:  # a bf16 KV cache under fp32 states: attend in bf16
+        query = query.to(key.dtype)
     if not decode:
         if shared_prefix is not None:
             raise ValueError("shared_prefix attention covers decode steps only (one query per row)")
@@ -145,7 +146,7 @@ def engine_attention(
         )
     else:
         out = _grouped_decode(query, key, value, attention_mask, scaling)
-    return out.to(out_dtype), None
+    return (out if out.dtype == out_dtype else out.to(out_dtype)), None
 
 
 AttentionInterface.register(ENGINE_ATTENTION, engine_attention)

@@ -68,6 +68,7 @@ from grpo.rollout.config import DecodeMode, HFEngineConfig
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.decode_graphs import StaticDecoder
 from grpo.rollout.decode_loop import DecodeLoop
+from grpo.rollout.lean_forward import LeanForward
 from grpo.rollout.prefill import PREFILL_CALL_TOKENS
 from grpo.rollout.weights import copy_weights_into, inference_copy
 
@@ -101,6 +102,8 @@ class HFEngine(RolloutEngine):
         Everything else keeps the policy's dtype (grpo/rollout/weights.py).
     head_dtype: dtype of the copy's LM head (None: `dtype`).
     fuse_norms: the copy's RMSNorm layers as one `torch.rms_norm` op each (fused_norms.py).
+    lean_forward: run the copy's forwards without transformers' module plumbing, the same ops
+        and logits (lean_forward.py), where the model is a Llama; `lean_reason` says why not.
     autocast_dtype: run forwards under `torch.autocast` in this dtype (for `copy_weights=False`).
     compact_fraction: compact the batch once this fraction of its rows has finished (0: at every
         finish; > 1: never).
@@ -158,6 +161,7 @@ class HFEngine(RolloutEngine):
         head_dtype: torch.dtype | None = None,
         copy_weights: bool = True,
         fuse_norms: bool = True,
+        lean_forward: bool = True,
         autocast_dtype: torch.dtype | None = None,
         max_batch_size: int | None = None,
         compact_fraction: float = 0.25,
@@ -243,6 +247,9 @@ class HFEngine(RolloutEngine):
             )
         else:
             self.model = lm
+        self.lean, self.lean_reason = (
+            LeanForward.build(self.model) if lean_forward else (None, "lean_forward is off")
+        )
         self._mask_kind = self._attention_mask_kind()
         self._cache_keyword = cache_keyword(self.model)
         self.kv_cache_dtype = self._cache_dtype(
@@ -334,7 +341,7 @@ class HFEngine(RolloutEngine):
             if self._static is not None:
                 self._static.release()
             if self.copy_weights:
-                self.model = None
+                self.model = self.lean = None
 
     # --------------------------------------------------------------- generation
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -390,6 +397,8 @@ class HFEngine(RolloutEngine):
     ) -> torch.Tensor:
         """Logits of the last position: [n, V] (the model's output dtype; the sampler upcasts).
         `shared_prefix`: a decode step's kept prefix (decode_attention.py `PrefixAttention`)."""
+        if self.lean is not None:
+            return self.lean(input_ids, attention_mask, position_ids, cache, shared_prefix)
         extra = {} if shared_prefix is None else {"shared_prefix": shared_prefix}
         out = self.model(
             input_ids=input_ids,

@@ -121,7 +121,8 @@ class _PreallocatedLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         w = self.window
         # Index-tensor rows write through index_put, which does not cast: cast here.
-        key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
+        if key_states.dtype != self.dtype or value_states.dtype != self.dtype:
+            key_states, value_states = key_states.to(self.dtype), value_states.to(self.dtype)
         if w.write_index is not None:
             self.key_view[w.rows].index_copy_(2, w.write_index, key_states)
             self.values[w.rows].index_copy_(2, w.write_index, value_states)

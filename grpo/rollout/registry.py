@@ -33,6 +33,7 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
         options.setdefault("decode_mode", config.hf.decode_mode)
         options.setdefault("sample_in_decode_step", config.hf.sample_in_decode_step)
         options.setdefault("fuse_norms", config.hf.fuse_norms)
+        options.setdefault("lean_forward", config.hf.lean_forward)
         options.setdefault("compact_fraction", config.hf.compact_fraction)
         options.setdefault("prefill_chunk_tokens", config.hf.prefill_chunk_for(device.type))
         options.setdefault("continuous_batching", config.hf.continuous_batching)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.peft_weights import dequantize_linears_, is_peft, language_model_of, lm_tensors
 from grpo.rollout.fused_norms import fuse_rms_norms
 
@@ -129,7 +130,8 @@ class _Matmul:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, self.batch_hint)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.weight.dtype)
+        if x.dtype != self.weight.dtype:  # (a same-dtype `to` costs a dispatch per call)
+            x = x.to(self.weight.dtype)
         if self.packer == "mkl":
             rows = x.numel() // x.shape[-1]
             if rows:  # torch's op computes with the pack only when told the input's row count
@@ -166,7 +168,7 @@ class LowPrecisionLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.matmul(x)
-        return out.to(x.dtype) if self.cast_back else out
+        return out.to(x.dtype) if self.cast_back and out.dtype != x.dtype else out
 
 
 class _FusedGroup:
@@ -209,7 +211,7 @@ class _FusedGroup:
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if x is not self._input or index not in self._unserved:
             out = self.matmul(x)
-            self._output = out.to(x.dtype) if self.cast_back else out
+            self._output = out.to(x.dtype) if self.cast_back and out.dtype != x.dtype else out
             self._input, self._unserved = x, set(range(len(self.bounds) - 1))
         self._unserved.discard(index)
         out = self._output[..., self.bounds[index] : self.bounds[index + 1]]
@@ -278,6 +280,7 @@ def inference_copy(
         if is_peft(clone):
             clone = clone.unload()  # the plain module tree; the merged values are copied in below
         dequantize_linears_(clone)
+        ReusedEmbeddingGradient.remove_from(clone)
         for param in clone.parameters():
             param.grad = None
             param.requires_grad_(False)

@@ -116,6 +116,8 @@ class GRPOTrainer:
         log.info("rollout engine: %s (%s)", self.engine_name, why)
         self.engine = make_engine(self.engine_name, policy=self.policy, tokenizer=self.tokenizer,
                                   config=cfg, device=self.device)
+        if getattr(self.engine, "lean_reason", None) not in (None, "lean_forward is off"):
+            log.info("engine forward: transformers' modules (%s)", self.engine.lean_reason)
         self.logger = MetricsLogger(
             self.run_dir if main else None,
             is_main_process=main,

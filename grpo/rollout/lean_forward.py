@@ -1,0 +1,205 @@
+"""The engine copy's forward for Llama models without transformers' module plumbing.
+
+HFEngine runs one forward of its weight copy per decode step (and per prefill chunk). Through
+transformers that forward walks ~14 modules per layer (each `nn.Module.__call__` with its hook
+checks), keyword plumbing and decorators, the mask preprocessing, the fused q/k/v and gate/up
+members handing out their slices, and the attention interface lookup. At decode shapes, where
+the matmuls are small, that Python is a large share of the step: a 30-layer Llama of hidden
+size 64 (no math to speak of) took 24.4 ms a decode step at one row on this project's 2-core
+CPU, 0.74 ms a layer (`python -m bench.generation --variants fp32-transformers-forward fp32`
+compares the two forwards on SmolLM2-135M; README, "Performance").
+
+`LeanForward` runs the same tensor operations in the same order on the same weights: each
+RMSNorm's and Linear's own `forward` (the engine copy's fused norms and packed matmuls), the
+rotary embedding module once per forward, Llama's rotary formula, the cache's `update`, and the
+engine's attention function (decode_attention.py) with the 4-D boolean mask the engine built.
+So its logits are bit for bit those of `model(...)`: `build` checks that on a probe (a two-row
+left-padded prefill, then a decode step, through both) before the engine uses it, and
+tests/test_lean_forward.py checks whole generations, joins, resumed sessions and the kept prefix.
+
+It covers the model classes it was written from: transformers' Llama (SmolLM2, Llama 3, ...)
+with the engine's own weight copy (q/k/v and gate/up fused into one matmul each) and its
+attention. For anything else `build` says why not and the engine keeps transformers' forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.cache_utils import DynamicCache
+from transformers.models.llama import modeling_llama as llama
+
+from grpo.models.cache_argument import cache_keyword
+from grpo.rollout.decode_attention import ENGINE_ATTENTION, PrefixAttention, engine_attention
+from grpo.rollout.weights import _FusedGroup, _FusedMember
+
+_LLAMA_CLASSES = {
+    "the model": llama.LlamaForCausalLM,
+    "its base model": llama.LlamaModel,
+    "a decoder layer": llama.LlamaDecoderLayer,
+    "an attention layer": llama.LlamaAttention,
+    "an MLP": llama.LlamaMLP,
+}
+PROBE_TOKENS = 6
+"""Prompt length of the build-time probe (its second row is left-padded by 2)."""
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Llama's rotation: the halves of the last dimension swapped, the new first half negated."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: Callable[[torch.Tensor], torch.Tensor]
+    qkv: _FusedGroup
+    attention: nn.Module  # the layer's LlamaAttention: layer index, scaling, head size
+    o_proj: Callable[[torch.Tensor], torch.Tensor]
+    post_norm: Callable[[torch.Tensor], torch.Tensor]
+    gate_up: _FusedGroup
+    act: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _fused_output(group: _FusedGroup, x: torch.Tensor) -> torch.Tensor:
+    """What the group's first member computes for its siblings (weights.py `_FusedGroup.output`)."""
+    out = group.matmul(x)
+    return out.to(x.dtype) if group.cast_back and out.dtype != x.dtype else out
+
+
+def _group_of(members: list[nn.Module]) -> _FusedGroup | None:
+    """The fused group these members are, in order, all of; else None."""
+    if not all(isinstance(m, _FusedMember) for m in members):
+        return None
+    group = members[0].group
+    same = all(m.group is group and m.index == i for i, m in enumerate(members))
+    return group if same and len(group.bounds) == len(members) + 1 else None
+
+
+def unsupported(model: nn.Module) -> str | None:
+    """Why `model` (an HFEngine weight copy) cannot run the lean forward, or None."""
+    base = getattr(model, "model", None)
+    parts = [("the model", model), ("its base model", base)]
+    for layer in getattr(base, "layers", []):
+        parts += [("a decoder layer", layer), ("an attention layer", layer.self_attn),
+                  ("an MLP", layer.mlp)]
+    for what, module in parts:
+        if type(module) is not _LLAMA_CLASSES[what]:
+            return f"{what} is {type(module).__name__}, not transformers' {_LLAMA_CLASSES[what].__name__}"
+        if "forward" in vars(module):
+            return f"{what} has a forward of its own"
+    if model.config._attn_implementation != ENGINE_ATTENTION:
+        return f"its attention is {model.config._attn_implementation!r}, not the engine's"
+    hooked = [name for name, m in model.named_modules() if m._forward_hooks or m._forward_pre_hooks]
+    if hooked:
+        return f"forward hooks are registered on {hooked[:3]}"
+    if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
+        return "global forward hooks are registered"
+    for layer in base.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if _group_of([attn.q_proj, attn.k_proj, attn.v_proj]) is None:
+            return "q/k/v are not one fused matmul (HFEngine's own weight copy fuses them)"
+        if _group_of([mlp.gate_proj, mlp.up_proj]) is None:
+            return "gate/up are not one fused matmul (HFEngine's own weight copy fuses them)"
+    return None
+
+
+class LeanForward:
+    """`forward(input_ids, attention_mask, position_ids, cache, shared_prefix)` -> the logits of
+    each row's last position, [n, V]: what HFEngine._forward gets from `model(...)`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        base = model.model
+        self.embed, self.rotary = base.embed_tokens, base.rotary_emb
+        self.norm, self.head = base.norm.forward, model.lm_head.forward
+        self.layers = [
+            _Layer(
+                input_norm=layer.input_layernorm.forward,
+                qkv=layer.self_attn.q_proj.group,
+                attention=layer.self_attn,
+                o_proj=layer.self_attn.o_proj.forward,
+                post_norm=layer.post_attention_layernorm.forward,
+                gate_up=layer.mlp.gate_proj.group,
+                act=layer.mlp.act_fn,
+                down=layer.mlp.down_proj.forward,
+            )
+            for layer in base.layers
+        ]
+
+    @classmethod
+    def build(cls, model: nn.Module) -> tuple[LeanForward | None, str | None]:
+        """The lean forward of `model` and None, or None and why not (`unsupported`, or the probe
+        gave other logits than the model's own forward)."""
+        reason = unsupported(model)
+        if reason is not None:
+            return None, reason
+        lean = cls(model)
+        mismatch = lean._probe(model)
+        return (None, mismatch) if mismatch else (lean, None)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache,
+        shared_prefix: PrefixAttention | None = None,
+    ) -> torch.Tensor:
+        hidden = self.embed(input_ids)  # [n, T, hidden]
+        cos, sin = self.rotary(hidden, position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads: [n, 1, T, D]
+        rows, width = input_ids.shape
+        extra = {} if shared_prefix is None else {"shared_prefix": shared_prefix}
+        for layer in self.layers:
+            attn = layer.attention
+            shape = (rows, width, -1, attn.head_dim)
+            qkv = _fused_output(layer.qkv, layer.input_norm(hidden))
+            _, q_end, k_end, v_end = layer.qkv.bounds
+            # Queries and keys side by side: one rotation for both (elementwise: the same bits).
+            qk = qkv[..., :k_end].view(shape).transpose(1, 2)  # [n, H + Hkv, T, D]
+            qk = (qk * cos) + (rotate_half(qk) * sin)
+            heads = q_end // attn.head_dim
+            query, key = qk[:, :heads], qk[:, heads:]
+            value = qkv[..., k_end:v_end].view(shape).transpose(1, 2)
+            key, value = cache.update(key, value, attn.layer_idx)
+            out, _ = engine_attention(
+                attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **extra
+            )
+            hidden = hidden + layer.o_proj(out.reshape(rows, width, -1).contiguous())
+            gate_up = _fused_output(layer.gate_up, layer.post_norm(hidden))
+            split = layer.gate_up.bounds[1]
+            hidden = hidden + layer.down(layer.act(gate_up[..., :split]) * gate_up[..., split:])
+        return self.head(self.norm(hidden)[:, -1:])[:, -1]
+
+    __call__ = forward
+
+    def _probe(self, model: nn.Module) -> str | None:
+        """None if this forward gives the model's own logits, bit for bit, on a two-row prefill
+        (the second row left-padded) and a decode step after it; else what differed."""
+        device = model.lm_head.weight.device
+        vocab = model.config.vocab_size
+        ids = torch.arange(2 * PROBE_TOKENS, device=device).view(2, PROBE_TOKENS) * 7919 % vocab
+        real = torch.ones(2, PROBE_TOKENS, dtype=torch.bool, device=device)
+        real[1, :2] = False  # row 1: two pad columns on the left
+        positions = (real.long().cumsum(-1) - 1).clamp_(min=0)
+        causal = torch.ones(PROBE_TOKENS, PROBE_TOKENS, dtype=torch.bool, device=device).tril()
+        allowed = causal & real[:, None, :]
+        allowed |= torch.eye(PROBE_TOKENS, dtype=torch.bool, device=device)  # pads see themselves
+        steps = [(ids, allowed[:, None], positions)]
+        steps.append((ids[:, :1], torch.cat([real, real[:, :1]], -1)[:, None, None],
+                      positions[:, -1:] + 1))
+        caches = (DynamicCache(config=model.config), DynamicCache(config=model.config))
+        for step, (step_ids, mask, pos) in enumerate(steps):
+            with torch.no_grad():
+                want = model(input_ids=step_ids, attention_mask=mask, position_ids=pos,
+                             **{cache_keyword(model): caches[0]}, use_cache=True, logits_to_keep=1).logits[:, -1]
+            got = self.forward(step_ids, mask, pos, caches[1])
+            if not torch.equal(want, got):
+                gap = (want.float() - got.float()).abs().max().item()
+                return f"the probe's {('prefill', 'decode step')[step]} logits differ from the model's by up to {gap:.3g}"
+        return None

@@ -1,0 +1,198 @@
+"""The engine copy's lean forward (grpo/rollout/lean_forward.py): the same logits as the model's
+own forward, bit for bit, so an engine samples the same tokens and log-probs with it as without
+it, in every path a forward serves; and where it does not apply, the reason and the old forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import test_prefix_attention
+import torch
+from test_continuous_batching import ConversationFeed
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.models.llama.modeling_llama import rotate_half as llamas
+
+from grpo.models.embedding_gradient import ReusedEmbeddingGradient
+from grpo.models.source import build_tiny_model
+from grpo.rollout import lean_forward
+from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.decode_attention import ENGINE_ATTENTION
+from grpo.rollout.hf import HFEngine
+from grpo.rollout.lean_forward import LeanForward, rotate_half
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+# The varied tiny Llama, and prompts that start with one 20-token system prompt.
+model, prefix, prompts = test_prefix_attention.model, test_prefix_attention.prefix, test_prefix_attention.prompts
+
+
+def _engine(model, tokenizer, lean: bool, **options) -> HFEngine:
+    return HFEngine(model, tokenizer, dtype=torch.float32, lean_forward=lean, **options)
+
+
+def _counts(metrics: dict) -> dict:
+    """An engine's metrics without its timings."""
+    return {k: v for k, v in metrics.items() if "second" not in k and not k.endswith("_s")}
+
+
+def _results(results) -> list[tuple]:
+    return [(r.token_ids, r.behavior_logprobs, r.finish_reason) for r in results]
+
+
+def test_rotate_half_is_llamas():
+    x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(rotate_half(x), llamas(x))
+    assert torch.equal(rotate_half(torch.arange(4.0)), torch.tensor([-2.0, -3.0, 0.0, 1.0]))
+
+
+def test_the_engine_copy_of_a_llama_runs_lean_and_never_calls_the_models_forward(model, tokenizer, prompts):
+    engine = _engine(model, tokenizer, lean=True)
+    assert isinstance(engine.lean, LeanForward) and engine.lean_reason is None
+    plain = _engine(model, tokenizer, lean=False)
+    assert plain.lean is None and plain.lean_reason == "lean_forward is off"
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model's own forward ran")
+
+    engine.model.forward = refuse
+    requests = [GenerationRequest(p, SamplingParams(max_new_tokens=8, seed=i)) for i, p in enumerate(prompts)]
+    assert _results(engine.generate(requests)) == _results(plain.generate(requests))
+
+
+@pytest.mark.parametrize("decode_mode", ["dynamic", "static"])
+@pytest.mark.parametrize("kept_prefix", [0, 10])
+def test_generate_samples_the_same_tokens_and_logprobs_lean_or_not(
+    model, tokenizer, prompts, decode_mode, kept_prefix
+):
+    # Waves (batch of 4 for 8 requests), a group sharing one prefill, shared-prefix prefill of
+    # distinct prompts, compaction, greedy and top-p rows; with kept_prefix the decode steps
+    # attend the prompts' shared prefix once (dynamic decode only).
+    requests = [
+        GenerationRequest(prompts[0], SamplingParams(max_new_tokens=9, seed=1)),
+        *[GenerationRequest(prompts[1], SamplingParams(max_new_tokens=5 + k, seed=10 + k)) for k in range(3)],
+        GenerationRequest(prompts[2], SamplingParams(max_new_tokens=12, seed=2, temperature=0.7, top_p=0.9)),
+        GenerationRequest(prompts[0], SamplingParams(max_new_tokens=6, temperature=0.0)),
+        GenerationRequest(prompts[2], SamplingParams(max_new_tokens=7, seed=3)),
+        GenerationRequest(prompts[1], SamplingParams(max_new_tokens=11, seed=4)),
+    ]
+    options = {"decode_mode": decode_mode, "max_batch_size": 4, "shared_prefix_min_tokens": 1,
+               "prefix_attention_min_tokens": kept_prefix, "prefix_attention_min_cells": 1}
+    lean = _engine(model, tokenizer, lean=True, **options)
+    plain = _engine(model, tokenizer, lean=False, **options)
+    assert _results(lean.generate(requests)) == _results(plain.generate(requests))
+    assert _counts(lean.last_metrics) == _counts(plain.last_metrics)
+    if kept_prefix and decode_mode == "dynamic":
+        assert lean.last_metrics["prefix_attention_steps"] > 0
+
+
+@pytest.mark.parametrize("decode_mode", ["dynamic", "static"])
+def test_serve_with_joins_and_resumed_sessions_samples_the_same_lean_or_not(
+    model, tokenizer, prompts, decode_mode
+):
+    def feed():
+        first = [
+            GenerationRequest(prompts[i], SamplingParams(max_new_tokens=5 + 3 * i, seed=i), session=name)
+            for i, name in enumerate("abc")
+        ]
+        schedule = {0: first, 3: [GenerationRequest(prompts[1], SamplingParams(max_new_tokens=9, seed=7))]}
+        return ConversationFeed(schedule, tokenizer.encode(" The tool says 42."), delay={"a": 0, "b": 4, "c": 1})
+
+    got = {}
+    for lean in (True, False):
+        engine = _engine(model, tokenizer, lean=lean, decode_mode=decode_mode, shared_prefix_min_tokens=1,
+                         prefix_attention_min_tokens=10, prefix_attention_min_cells=1)
+        served = feed()
+        engine.serve(served)
+        assert not served.failed and len(served.results) == 7
+        got[lean] = ([served.tickets[t].prompt_ids for t in sorted(served.results)],
+                     _results(served.results[t] for t in sorted(served.results)),
+                     {k: engine.last_metrics[k] for k in ("resumed_requests", "joins", "prefix_attention_steps")})
+    assert got[True] == got[False]
+    assert got[True][2]["resumed_requests"] == 3  # the second turns resumed their sessions' rows
+    assert (got[True][2]["prefix_attention_steps"] > 0) == (decode_mode == "dynamic")
+
+
+def test_sync_weights_reaches_the_lean_forward(model, tokenizer, prompts):
+    engine = _engine(model, tokenizer, lean=True)
+    request = GenerationRequest(prompts[0], SamplingParams(max_new_tokens=6, temperature=0.0))
+    before = engine.generate([request])[0]
+    changed = type(model)(model.config)
+    changed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for name, param in changed.named_parameters():
+            if "mlp" in name or "self_attn" in name:
+                param.mul_(-1.0)
+    engine.sync_weights(changed)
+    after = engine.generate([request])[0]
+    assert after.token_ids == _engine(changed, tokenizer, lean=False).generate([request])[0].token_ids
+    assert after.behavior_logprobs != before.behavior_logprobs
+
+
+def test_an_unsupported_model_says_why_and_keeps_transformers_forward(model, tokenizer, prompts):
+    request = GenerationRequest(prompts[1], SamplingParams(max_new_tokens=4, seed=0))
+    # The policy itself: transformers' attention, and q/k/v as three Linear layers.
+    assert lean_forward.unsupported(model) == f"its attention is {model.config._attn_implementation!r}, not the engine's"
+    plain = copy.deepcopy(model)
+    plain.set_attn_implementation(ENGINE_ATTENTION)
+    assert lean_forward.unsupported(plain) == "q/k/v are not one fused matmul (HFEngine's own weight copy fuses them)"
+    qwen = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
+    )).eval()
+    engine = HFEngine(qwen, tokenizer, dtype=torch.float32)
+    assert engine.lean is None
+    assert engine.lean_reason == "the model is Qwen2ForCausalLM, not transformers' LlamaForCausalLM"
+    assert len(engine.generate([request])[0].token_ids) == 4
+
+
+def test_hooks_and_forward_overrides_keep_transformers_forward(model, tokenizer):
+    engine = _engine(model, tokenizer, lean=False)
+    weights = engine.model
+    assert lean_forward.unsupported(weights) is None
+    handle = weights.model.layers[1].mlp.register_forward_hook(lambda module, args, out: out)
+    assert lean_forward.unsupported(weights) == "forward hooks are registered on ['model.layers.1.mlp']"
+    handle.remove()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out)
+    try:
+        assert lean_forward.unsupported(weights) == "global forward hooks are registered"
+    finally:
+        handle.remove()
+    weights.model.layers[0].forward = lambda *args, **kwargs: None
+    assert lean_forward.unsupported(weights) == "a decoder layer has a forward of its own"
+    del weights.model.layers[0].forward
+    weights.config._attn_implementation = "sdpa"
+    assert lean_forward.unsupported(weights) == "its attention is 'sdpa', not the engine's"
+
+
+def test_a_lean_forward_that_disagrees_with_the_model_is_refused_by_the_probe(model, tokenizer, monkeypatch):
+    weights = _engine(model, tokenizer, lean=False).model
+    lean, reason = LeanForward.build(weights)
+    assert lean is not None and reason is None
+    # A rotation off in the fourth significant digit: the probe's prefill logits move.
+    monkeypatch.setattr(lean_forward, "rotate_half", lambda x: rotate_half(x) * 1.0001)
+    lean, reason = LeanForward.build(weights)
+    assert lean is None and reason.startswith("the probe's prefill logits differ from the model's by up to ")
+
+
+def test_an_engine_copy_of_a_policy_drops_its_training_hook_and_runs_lean(tokenizer):
+    # The policy's embedding carries the hook that reuses its gradient buffer
+    # (grpo/models/embedding_gradient.py); the engine's copy never trains, so it goes.
+    policy = build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
+    embedding = policy.get_input_embeddings()
+    assert ReusedEmbeddingGradient.install(embedding) is not None
+    engine = HFEngine(policy, tokenizer, dtype=torch.float32)
+    assert engine.lean is not None and engine.lean_reason is None
+    assert not engine.model.get_input_embeddings()._forward_hooks
+    assert len(embedding._forward_hooks) == 1  # the policy keeps its own
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+def test_cuda_graph_decode_samples_the_same_lean_or_not(model, tokenizer, prompts):
+    # The probe ran on the GPU at build; here the lean forward is captured into decode graphs.
+    requests = [GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=i)) for i, p in enumerate(prompts * 3)]
+    got = {}
+    for lean in (True, False):
+        engine = HFEngine(model.cuda(), tokenizer, dtype=torch.float32, lean_forward=lean, decode_mode="graph")
+        assert (engine.lean is not None) == lean
+        got[lean] = _results(engine.generate(requests))
+    assert got[True] == got[False]
