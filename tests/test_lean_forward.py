@@ -196,3 +196,14 @@ def test_cuda_graph_decode_samples_the_same_lean_or_not(model, tokenizer, prompt
         assert (engine.lean is not None) == lean
         got[lean] = _results(engine.generate(requests))
     assert got[True] == got[False]
+
+
+def test_a_probe_that_fails_leaves_transformers_forward_and_says_why(model, tokenizer, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no cache here")
+
+    monkeypatch.setattr(lean_forward, "DynamicCache", broken)
+    engine = _engine(model, tokenizer, lean=True)
+    assert engine.lean is None and engine.lean_reason == "the probe failed: RuntimeError: no cache here"
+    request = GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=3, seed=0))
+    assert len(engine.generate([request])[0].token_ids) == 3

@@ -138,7 +138,10 @@ class LeanForward:
         if reason is not None:
             return None, reason
         lean = cls(model)
-        mismatch = lean._probe(model)
+        try:
+            mismatch = lean._probe(model)
+        except Exception as error:  # noqa: BLE001 (whatever it was, transformers' forward stays)
+            return None, f"the probe failed: {type(error).__name__}: {error}"
         return (None, mismatch) if mismatch else (lean, None)
 
     @torch.no_grad()
