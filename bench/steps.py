@@ -67,6 +67,23 @@ def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: b
     return config_from_dict(apply_overrides(data, list(overrides)), "the standard work (bench/steps.py)")
 
 
+def standard_requests(tok, gen: torch.Generator, group: int, seed: int
+                      ) -> tuple[list[tuple[int, int]], list[GenerationRequest]]:
+    """One step's work: 4 random (A, B) pairs from `gen` and their prompts, each G times, at most
+    48 new tokens to the end-of-turn token, temperature 1; request i is seeded `seed + i`."""
+    pairs = [tuple(int(x) for x in torch.randint(100, 1000, (2,), generator=gen)) for _ in range(4)]
+    prompts = []
+    for a, b in pairs:
+        messages = [{"role": "user", "content": PROMPT.format(a=a, b=b)}]
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    sampling = [
+        SamplingParams(temperature=1.0, max_new_tokens=48, stop_token_ids=(tok.eos_token_id,), seed=seed + i)
+        for i in range(len(prompts) * group)
+    ]
+    return pairs, [GenerationRequest(prompts[i // group], sampling[i]) for i in range(len(sampling))]
+
+
 def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, seed: int = 0,
                   skip_zero_advantage: bool = True, model: str = "smollm2-135m-instruct",
                   device: str = "cpu", cudnn_attention: bool = False, overrides: tuple[str, ...] = ()) -> dict:
@@ -92,18 +109,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
     group = cfg.algorithm.group_size
     records = []
     for step in range(steps + 1):
-        pairs = [tuple(int(x) for x in torch.randint(100, 1000, (2,), generator=gen)) for _ in range(4)]
-        prompts = []
-        for a, b in pairs:
-            messages = [{"role": "user", "content": PROMPT.format(a=a, b=b)}]
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True)
-            prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-        sampling = [
-            SamplingParams(temperature=1.0, max_new_tokens=48, stop_token_ids=(tok.eos_token_id,),
-                           seed=seed * 100_003 + step * 1000 + i)
-            for i in range(len(prompts) * group)
-        ]
-        requests = [GenerationRequest(prompts[i // group], sampling[i]) for i in range(len(sampling))]
+        pairs, requests = standard_requests(tok, gen, group, seed * 100_003 + step * 1000)
         t0 = time.perf_counter()
         results = engine.generate(requests)
         t_rollout = time.perf_counter() - t0

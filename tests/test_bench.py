@@ -5,6 +5,7 @@ measurement on the tiny model."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 
@@ -328,3 +329,37 @@ def test_scripted_collection_times_the_host_side_work_alone():
         # Every gold script calls the calculator, then answers right.
         assert (run["episodes"], run["rollout/success_rate"], run["rollout/tool_calls_per_episode"]) == (6, 1.0, 1.0)
         assert run["collect_s"] > 0 and run["sample_assistant_texts"][0].startswith("<tool_call>")
+
+
+def test_rollout_ab_alternates_two_engines_on_the_same_requests(monkeypatch):
+    """`python -m bench.rollout_ab`: one policy, two engines (the second with the overrides), the
+    same requests each round in alternating order, the same tokens required."""
+    from bench import rollout_ab as module
+    from bench.rollout_ab import rollout_ab
+
+    report = rollout_ab(("hf.lean_forward=false",), rounds=2, threads=1, model="tiny-random")
+    assert report["overrides"] == ["hf.lean_forward=false"]
+    assert [r["round"] for r in report["rounds"]] == [0, 1]
+    assert report["median_s"] == {k: report["rounds"][1][f"{k}_s"] for k in ("base", "set")}
+    assert report["set_faster_rounds"] == int(report["rounds"][1]["set_s"] < report["rounds"][1]["base_s"])
+    assert all(r["generated_tokens"] > 0 for r in report["rounds"])
+    # An engine that samples something else is refused unless asked for.
+    built = []
+
+    def make_engine(*args, **kwargs):
+        engine = real_make_engine(*args, **kwargs)
+        if built:  # the second engine: one token more in every result
+            generate = engine.generate
+            engine.generate = lambda requests: [
+                dataclasses.replace(r, token_ids=r.token_ids + [0]) for r in generate(requests)
+            ]
+        built.append(engine)
+        return engine
+
+    real_make_engine = module.make_engine
+    monkeypatch.setattr(module, "make_engine", make_engine)
+    with pytest.raises(AssertionError, match="round 0: the two engines sampled different tokens"):
+        rollout_ab(("hf.park_steps=3",), rounds=1, threads=1, model="tiny-random")
+    built.clear()
+    report = rollout_ab(("hf.park_steps=3",), rounds=1, threads=1, model="tiny-random", allow_different=True)
+    assert len(report["rounds"]) == 1
