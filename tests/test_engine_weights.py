@@ -12,8 +12,8 @@ from grpo.rollout.hf import HFEngine
 from grpo.rollout.weights import (
     _HEAD_PACK_BATCH_HINT,
     _PACK_BATCH_HINT,
+    FusedMember,
     LowPrecisionLinear,
-    _FusedMember,
     _Matmul,
     packs_fp32,
 )
@@ -125,7 +125,7 @@ def test_an_fp32_copy_on_a_cpu_is_packed_fused_and_follows_sync(model, tokenizer
     weights stay fp32 and sync_weights reaches the packed ones."""
     engine = HFEngine(model, tokenizer, dtype=torch.float32)
     layer = engine.model.model.layers[0]
-    assert isinstance(layer.self_attn.k_proj, _FusedMember)
+    assert isinstance(layer.self_attn.k_proj, FusedMember)
     assert isinstance(layer.mlp.down_proj, LowPrecisionLinear)
     head = engine.model.get_output_embeddings()
     assert isinstance(head, LowPrecisionLinear) and head.matmul.packed is not None

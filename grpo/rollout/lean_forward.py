@@ -34,7 +34,7 @@ from transformers.models.llama import modeling_llama as llama
 
 from grpo.models.cache_argument import cache_keyword
 from grpo.rollout.decode_attention import ENGINE_ATTENTION, PrefixAttention, engine_attention
-from grpo.rollout.weights import _FusedGroup, _FusedMember
+from grpo.rollout.weights import FusedGroup, FusedMember
 
 _LLAMA_CLASSES = {
     "the model": llama.LlamaForCausalLM,
@@ -56,24 +56,24 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class _Layer:
     input_norm: Callable[[torch.Tensor], torch.Tensor]
-    qkv: _FusedGroup
+    qkv: FusedGroup
     attention: nn.Module  # the layer's LlamaAttention: layer index, scaling, head size
     o_proj: Callable[[torch.Tensor], torch.Tensor]
     post_norm: Callable[[torch.Tensor], torch.Tensor]
-    gate_up: _FusedGroup
+    gate_up: FusedGroup
     act: Callable[[torch.Tensor], torch.Tensor]
     down: Callable[[torch.Tensor], torch.Tensor]
 
 
-def _fused_output(group: _FusedGroup, x: torch.Tensor) -> torch.Tensor:
-    """What the group's first member computes for its siblings (weights.py `_FusedGroup.output`)."""
+def _fused_output(group: FusedGroup, x: torch.Tensor) -> torch.Tensor:
+    """What the group's first member computes for its siblings (weights.py `FusedGroup.output`)."""
     out = group.matmul(x)
     return out.to(x.dtype) if group.cast_back and out.dtype != x.dtype else out
 
 
-def _group_of(members: list[nn.Module]) -> _FusedGroup | None:
+def _group_of(members: list[nn.Module]) -> FusedGroup | None:
     """The fused group these members are, in order, all of; else None."""
-    if not all(isinstance(m, _FusedMember) for m in members):
+    if not all(isinstance(m, FusedMember) for m in members):
         return None
     group = members[0].group
     same = all(m.group is group and m.index == i for i, m in enumerate(members))

@@ -171,7 +171,7 @@ class LowPrecisionLinear(nn.Linear):
         return out.to(x.dtype) if self.cast_back and out.dtype != x.dtype else out
 
 
-class _FusedGroup:
+class FusedGroup:
     """One matmul for sibling Linear layers that read the same input (q/k/v, gate/up).
 
     The members' weights are views into one concatenated weight, so copying into a member's
@@ -195,8 +195,8 @@ class _FusedGroup:
         self._output: torch.Tensor | None = None
         self._unserved: set[int] = set()
 
-    def member(self, index: int, linear: nn.Linear) -> _FusedMember:
-        member = _FusedMember(
+    def member(self, index: int, linear: nn.Linear) -> FusedMember:
+        member = FusedMember(
             linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta"
         )
         lo, hi = self.bounds[index], self.bounds[index + 1]
@@ -220,8 +220,8 @@ class _FusedGroup:
         return out
 
 
-class _FusedMember(nn.Linear):
-    group: _FusedGroup
+class FusedMember(nn.Linear):
+    group: FusedGroup
     index: int
 
     def repack(self) -> None:
@@ -246,7 +246,7 @@ def _lower_linears(model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype
                 or len({(m.in_features, m.bias is None) for m in members}) > 1
             ):
                 continue
-            group = _FusedGroup(members, dtype, cast_back=not set(names) <= _LOW_PRECISION_OUTPUTS)
+            group = FusedGroup(members, dtype, cast_back=not set(names) <= _LOW_PRECISION_OUTPUTS)
             for index, (name, linear) in enumerate(zip(names, members)):
                 setattr(parent, name, group.member(index, linear))
                 del linears[name]
@@ -303,7 +303,7 @@ def copy_weights_into(target: nn.Module, policy) -> None:
     """Copy the policy's current tensors (LoRA merged) into `target` by name, casting dtypes."""
     _copy_tensors(target, lm_tensors(language_model_of(policy)))
     for module in target.modules():
-        if isinstance(module, (LowPrecisionLinear, _FusedMember)):
+        if isinstance(module, (LowPrecisionLinear, FusedMember)):
             module.repack()
 
 
