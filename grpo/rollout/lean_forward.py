@@ -20,6 +20,8 @@ tests/test_lean_forward.py checks whole generations, joins, resumed sessions and
 It covers the model classes it was written from: transformers' Llama (SmolLM2, Llama 3, ...)
 with the engine's own weight copy (q/k/v and gate/up fused into one matmul each) and its
 attention. For anything else `build` says why not and the engine keeps transformers' forward.
+Hooks are looked for when the engine is built: a forward hook registered on the copy (or
+globally) later is not called by the lean forward.
 """
 
 from __future__ import annotations
