@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from bench.steps import _standard_config, standard_requests
+from bench.steps import standard_config, standard_requests
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import make_engine
 
@@ -30,8 +30,8 @@ from grpo.rollout.registry import make_engine
 def rollout_ab(overrides: tuple[str, ...], rounds: int = 9, threads: int = 2, device: str = "cpu",
                model: str = "smollm2-135m-instruct", allow_different: bool = False) -> dict:
     torch.set_num_threads(threads)
-    base = _standard_config(threads, 16, model=model, device=device)
-    other = _standard_config(threads, 16, model=model, device=device, overrides=overrides)
+    base = standard_config(threads, 16, model=model, device=device)
+    other = standard_config(threads, 16, model=model, device=device, overrides=overrides)
     policy, tok = PolicyWithValueHead.from_config(base.model, base.lora, device, seed=0)
     engines = {name: make_engine("hf", policy=policy, tokenizer=tok, config=cfg, device=device)
                for name, cfg in (("base", base), ("set", other))}

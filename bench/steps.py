@@ -47,7 +47,7 @@ def closeness_reward(text: str, truth: int) -> float:
     return 1.0 / (1.0 + abs(math.log(int(digits) / truth)))
 
 
-def _standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
+def standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
                      model: str = "smollm2-135m-instruct", device: str = "cpu",
                      cudnn_attention: bool = False, overrides: tuple[str, ...] = ()) -> RunConfig:
     data = {
@@ -96,7 +96,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = _standard_config(threads, micro_batch_size, skip_zero_advantage, model, device, cudnn_attention,
+    cfg = standard_config(threads, micro_batch_size, skip_zero_advantage, model, device, cudnn_attention,
                            overrides)
     select_attention_kernels(torch.device(device), cfg.model)
     policy, tok = PolicyWithValueHead.from_config(cfg.model, cfg.lora, device, seed=seed)

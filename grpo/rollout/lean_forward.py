@@ -67,12 +67,6 @@ class _Layer:
     down: Callable[[torch.Tensor], torch.Tensor]
 
 
-def _fused_output(group: FusedGroup, x: torch.Tensor) -> torch.Tensor:
-    """What the group's first member computes for its siblings (weights.py `FusedGroup.output`)."""
-    out = group.matmul(x)
-    return out.to(x.dtype) if group.cast_back and out.dtype != x.dtype else out
-
-
 def _group_of(members: list[nn.Module]) -> FusedGroup | None:
     """The fused group these members are, in order, all of; else None."""
     if not all(isinstance(m, FusedMember) for m in members):
@@ -163,7 +157,7 @@ class LeanForward:
         for layer in self.layers:
             attn = layer.attention
             shape = (rows, width, -1, attn.head_dim)
-            qkv = _fused_output(layer.qkv, layer.input_norm(hidden))
+            qkv = layer.qkv.compute(layer.input_norm(hidden))
             _, q_end, k_end, v_end = layer.qkv.bounds
             # Queries and keys side by side: one rotation for both (elementwise: the same bits).
             qk = qkv[..., :k_end].view(shape).transpose(1, 2)  # [n, H + Hkv, T, D]
@@ -176,7 +170,7 @@ class LeanForward:
                 attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **extra
             )
             hidden = hidden + layer.o_proj(out.reshape(rows, width, -1).contiguous())
-            gate_up = _fused_output(layer.gate_up, layer.post_norm(hidden))
+            gate_up = layer.gate_up.compute(layer.post_norm(hidden))
             split = layer.gate_up.bounds[1]
             hidden = hidden + layer.down(layer.act(gate_up[..., :split]) * gate_up[..., split:])
         return self.head(self.norm(hidden)[:, -1:])[:, -1]

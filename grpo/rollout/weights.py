@@ -208,10 +208,14 @@ class FusedGroup:
         member.group, member.index = self, index
         return member
 
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's output side by side, [..., sum N] (`bounds` splits it)."""
+        out = self.matmul(x)
+        return out.to(x.dtype) if self.cast_back and out.dtype != x.dtype else out
+
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if x is not self._input or index not in self._unserved:
-            out = self.matmul(x)
-            self._output = out.to(x.dtype) if self.cast_back and out.dtype != x.dtype else out
+            self._output = self.compute(x)
             self._input, self._unserved = x, set(range(len(self.bounds) - 1))
         self._unserved.discard(index)
         out = self._output[..., self.bounds[index] : self.bounds[index + 1]]

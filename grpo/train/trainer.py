@@ -116,7 +116,7 @@ class GRPOTrainer:
         log.info("rollout engine: %s (%s)", self.engine_name, why)
         self.engine = make_engine(self.engine_name, policy=self.policy, tokenizer=self.tokenizer,
                                   config=cfg, device=self.device)
-        if getattr(self.engine, "lean_reason", None) not in (None, "lean_forward is off"):
+        if self.engine_name == "hf" and cfg.hf.lean_forward and self.engine.lean is None:
             log.info("engine forward: transformers' modules (%s)", self.engine.lean_reason)
         self.logger = MetricsLogger(
             self.run_dir if main else None,
