@@ -114,7 +114,8 @@ print("[gpu-session] summary")
 for name in ("calculator512", "calculator512_transformers_forward", "calculator512_unfused",
              "calculator512_cols1024"):
     c = report(name)
-    print(f"  512-episode calculator step ({name}), median s:", c.get("calculator512_step_s"), "(target <= 5)")
+    print(f"  512-episode calculator step ({name}), median s:", c.get("calculator512_step_s"), "(target <= 5);",
+          "engine forward:", c.get("calculator512", {}).get("engine_forward"))
     for row in c.get("calculator512", {}).get("steps", []):
         print("    step:", json.dumps(row, separators=(",", ":")))
     last = c.get("calculator512", {}).get("last_step_metrics", {})
@@ -125,7 +126,8 @@ print("  generated tok/s at batch 16/64/256/512:", [g.get(f"b{b}_tokens_per_s") 
       "(target >= 20000 at 512)")
 print("  standard step s:", std.get("standard_step_median_s"), " TRL s:",
       std.get("trl", {}).get("trl_step_median_s", std.get("trl", {}).get("skipped")),
-      " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4)")
+      " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4);", "engine forward:",
+      std.get("standard", {}).get("engine_forward"))
 for name, setting in (("standard_transformers_forward", "hf.lean_forward"), ("standard_unfused", "hf.fuse_norms")):
     other = report(name).get("standard", {})
     print(f"  standard step with {setting}=false, s:", other.get("standard_step_median_s"), other.get("split_median_s"))

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import statistics
@@ -45,6 +46,14 @@ def closeness_reward(text: str, truth: int) -> float:
     if not digits or int(digits) == 0 or match.group().startswith("-"):
         return 0.0
     return 1.0 / (1.0 + abs(math.log(int(digits) / truth)))
+
+
+def engine_forward(engine) -> str:
+    """How `engine` runs its weight copy's forward: "lean" (grpo/rollout/lean_forward.py), or
+    transformers' modules and why; what the report says, since the setting alone can be refused."""
+    if getattr(engine, "lean", None) is not None:
+        return "lean"
+    return f"transformers' modules ({getattr(engine, 'lean_reason', None) or 'not the HF engine'})"
 
 
 def standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
@@ -105,6 +114,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
     scheduler = make_scheduler(optimizer, cfg.algorithm.optimizer)
     settings = UpdateSettings.from_config(cfg, pad_token_id=tok.pad_token_id)
     engine = make_engine("hf", policy=policy, tokenizer=tok, config=cfg, device=device)
+    forward = engine_forward(engine)
     gen = torch.Generator().manual_seed(seed)
     group = cfg.algorithm.group_size
     records = []
@@ -171,6 +181,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
         "steps": records,
         "micro_batch_size": micro_batch_size,
         "skip_zero_advantage": skip_zero_advantage,
+        "engine_forward": forward,
         "overrides": list(overrides),
     }
 
@@ -189,7 +200,9 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
             "logging.progress=false", *overrides,
         ])
         trainer = GRPOTrainer(cfg)
-        trainer.run()  # the closing checkpoint is written after the timed steps
+        trainer.setup()  # what `run` does first; the engine exists from here until the run closes it
+        forward = engine_forward(trainer.engine)
+        asyncio.run(trainer.run_async())  # the closing checkpoint is written after the timed steps
         metrics = trainer.history  # every step's float metrics, in order
     rows = []
     for m in metrics:
@@ -219,5 +232,6 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
         "share_generating": round(last["generate_s"] / last["step_s"], 3),
         "share_waiting_on_tools": round(last["tool_wait_s"] / last["step_s"], 3),
         "share_updating": round(last["update_s"] / last["step_s"], 3),
+        "engine_forward": forward,
         "steps": rows,
     }

@@ -17,7 +17,7 @@ from bench.generation import make_prompts, matmul_dtype
 from bench.run import decode_matmul_ceiling, headline, main
 from bench.segment_cost import column_cuts
 from bench.segment_cost import measure as segment_cost
-from bench.steps import closeness_reward, standard_step
+from bench.steps import closeness_reward, multi_turn_step, standard_step
 from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
 from grpo.config import ConfigError
 from grpo.models.config import LoraConfig, ModelConfig
@@ -108,6 +108,7 @@ def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
     assert all(step["generated_tokens"] > 0 for step in report["steps"])
     assert report["standard_step_median_s"] == round(report["steps"][1]["step_s"], 3)
     assert report["step_0_logprob_mismatch"] is not None
+    assert report["engine_forward"] == "lean"  # what ran, not just what the config asked for
 
 
 def test_the_standard_step_takes_config_overrides(monkeypatch):
@@ -128,6 +129,9 @@ def test_the_standard_step_takes_config_overrides(monkeypatch):
     assert (built[0].hf.fuse_norms, built[0].hf.park_steps) == (False, 3)
     assert built[0].rollout.max_new_tokens == 48  # the standard work's own settings stay
     assert report["overrides"] == ["hf.fuse_norms=false", "hf.park_steps=3"]
+    off = standard_step(steps=0, threads=1, micro_batch_size=4, model="tiny-random",
+                        overrides=("hf.lean_forward=false",))
+    assert off["engine_forward"] == "transformers' modules (lean_forward is off)"
     with pytest.raises(ConfigError, match="fuse_normz"):
         standard_step(steps=0, threads=1, model="tiny-random", overrides=("hf.fuse_normz=false",))
 
@@ -363,3 +367,13 @@ def test_rollout_ab_alternates_two_engines_on_the_same_requests(monkeypatch):
     built.clear()
     report = rollout_ab(("hf.park_steps=3",), rounds=1, threads=1, model="tiny-random", allow_different=True)
     assert len(report["rounds"]) == 1
+
+
+def test_the_multi_turn_step_runs_the_trainer_and_says_how_its_engine_ran():
+    """The `multiturn` and `calculator512` sections: real steps of configs/cpu.yaml through
+    GRPOTrainer (the calculator server as a subprocess), on the tiny model."""
+    report = multi_turn_step(steps=1, threads=1, tasks_per_step=1, group_size=2, overrides=(
+        "model.name_or_path=tiny-random", "rollout.max_new_tokens=8", "device=cpu"))
+    assert len(report["steps"]) == 1 and report["multi_turn_step_s"] == report["steps"][0]["step_s"]
+    assert report["engine_forward"] == "lean"
+    assert report["last_step_metrics"]["rollout/episodes"] == 2.0

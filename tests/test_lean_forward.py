@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import rotate_half as llamas
 
 from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.source import build_tiny_model
-from grpo.rollout import lean_forward
+from grpo.rollout import lean_forward, weights
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.hf import HFEngine
@@ -132,9 +132,6 @@ def test_an_unsupported_model_says_why_and_keeps_transformers_forward(model, tok
     request = GenerationRequest(prompts[1], SamplingParams(max_new_tokens=4, seed=0))
     # The policy itself: transformers' attention, and q/k/v as three Linear layers.
     assert lean_forward.unsupported(model) == f"its attention is {model.config._attn_implementation!r}, not the engine's"
-    plain = copy.deepcopy(model)
-    plain.set_attn_implementation(ENGINE_ATTENTION)
-    assert lean_forward.unsupported(plain) == "q/k/v are not one fused matmul (HFEngine's own weight copy fuses them)"
     qwen = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
@@ -186,14 +183,37 @@ def test_an_engine_copy_of_a_policy_drops_its_training_hook_and_runs_lean(tokeni
     assert len(embedding._forward_hooks) == 1  # the policy keeps its own
 
 
+def test_a_copy_with_separate_projections_runs_lean_with_the_same_logits(model, tokenizer, prompts, monkeypatch):
+    # Where the engine copy keeps q/k/v and gate/up as separate Linear layers (an fp32 copy on a
+    # GPU, on MPS, on an ARM CPU), the lean forward calls each as transformers' modules do.
+    plain = copy.deepcopy(model)
+    plain.set_attn_implementation(ENGINE_ATTENTION)
+    assert lean_forward.unsupported(plain) is None
+    lean, reason = LeanForward.build(plain)
+    assert reason is None and lean.layers[0].qkv == (plain.model.layers[0].self_attn.q_proj.forward,
+                                                     plain.model.layers[0].self_attn.k_proj.forward,
+                                                     plain.model.layers[0].self_attn.v_proj.forward)
+    monkeypatch.setattr(weights, "packs_fp32", lambda device: False)  # no packing: no fused siblings
+    request = GenerationRequest(prompts[2], SamplingParams(max_new_tokens=10, seed=5))
+    got = {}
+    for on in (True, False):
+        engine = _engine(model, tokenizer, lean=on)
+        assert type(engine.model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+        assert (engine.lean is not None) == on
+        got[on] = _results(engine.generate([request] * 3))
+    assert got[True] == got[False]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-def test_cuda_graph_decode_samples_the_same_lean_or_not(model, tokenizer, prompts):
-    # The probe ran on the GPU at build; here the lean forward is captured into decode graphs.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_graph_decode_samples_the_same_lean_or_not(model, tokenizer, prompts, dtype):
+    # The probe ran on the GPU at build; here the lean forward is captured into decode graphs. A
+    # bf16 copy fuses q/k/v and gate/up; an fp32 one on a GPU keeps them separate.
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=i)) for i, p in enumerate(prompts * 3)]
     got = {}
     for lean in (True, False):
-        engine = HFEngine(model.cuda(), tokenizer, dtype=torch.float32, lean_forward=lean, decode_mode="graph")
-        assert (engine.lean is not None) == lean
+        engine = HFEngine(model.cuda(), tokenizer, dtype=dtype, lean_forward=lean, decode_mode="graph")
+        assert (engine.lean is not None) == lean, engine.lean_reason
         got[lean] = _results(engine.generate(requests))
     assert got[True] == got[False]
 

@@ -18,8 +18,11 @@ left-padded prefill, then a decode step, through both) before the engine uses it
 tests/test_lean_forward.py checks whole generations, joins, resumed sessions and the kept prefix.
 
 It covers the model classes it was written from: transformers' Llama (SmolLM2, Llama 3, ...)
-with the engine's own weight copy (q/k/v and gate/up fused into one matmul each) and its
-attention. For anything else `build` says why not and the engine keeps transformers' forward.
+with the engine's own weight copy and its attention. Where the copy fuses q/k/v and gate/up into
+one matmul each (bf16 copies, fp32 ones on an x86-64 CPU), queries and keys are rotated as one
+tensor; where it keeps them as separate Linear layers (an fp32 copy on a GPU, MPS or an ARM CPU),
+each is called in transformers' order. For anything else `build` says why not and the engine
+keeps transformers' forward.
 Hooks are looked for when the engine is built: a forward hook registered on the copy (or
 globally) later is not called by the lean forward.
 """
@@ -55,16 +58,19 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+Projection = Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class _Layer:
-    input_norm: Callable[[torch.Tensor], torch.Tensor]
-    qkv: FusedGroup
+    input_norm: Projection
+    qkv: FusedGroup | tuple[Projection, Projection, Projection]  # one matmul, or q, k, v
     attention: nn.Module  # the layer's LlamaAttention: layer index, scaling, head size
-    o_proj: Callable[[torch.Tensor], torch.Tensor]
-    post_norm: Callable[[torch.Tensor], torch.Tensor]
-    gate_up: FusedGroup
-    act: Callable[[torch.Tensor], torch.Tensor]
-    down: Callable[[torch.Tensor], torch.Tensor]
+    o_proj: Projection
+    post_norm: Projection
+    gate_up: FusedGroup | tuple[Projection, Projection]  # one matmul, or gate, up
+    act: Projection
+    down: Projection
 
 
 def _group_of(members: list[nn.Module]) -> FusedGroup | None:
@@ -74,6 +80,13 @@ def _group_of(members: list[nn.Module]) -> FusedGroup | None:
     group = members[0].group
     same = all(m.group is group and m.index == i for i, m in enumerate(members))
     return group if same and len(group.bounds) == len(members) + 1 else None
+
+
+def _projections(members: list[nn.Module]) -> FusedGroup | tuple[Projection, ...]:
+    """One fused matmul for all `members`, or each member's own forward (called in this order,
+    as transformers' modules call them)."""
+    group = _group_of(members)
+    return tuple(m.forward for m in members) if group is None else group
 
 
 def unsupported(model: nn.Module) -> str | None:
@@ -95,12 +108,6 @@ def unsupported(model: nn.Module) -> str | None:
         return f"forward hooks are registered on {hooked[:3]}"
     if nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks:
         return "global forward hooks are registered"
-    for layer in base.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        if _group_of([attn.q_proj, attn.k_proj, attn.v_proj]) is None:
-            return "q/k/v are not one fused matmul (HFEngine's own weight copy fuses them)"
-        if _group_of([mlp.gate_proj, mlp.up_proj]) is None:
-            return "gate/up are not one fused matmul (HFEngine's own weight copy fuses them)"
     return None
 
 
@@ -115,11 +122,11 @@ class LeanForward:
         self.layers = [
             _Layer(
                 input_norm=layer.input_layernorm.forward,
-                qkv=layer.self_attn.q_proj.group,
+                qkv=_projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
                 attention=layer.self_attn,
                 o_proj=layer.self_attn.o_proj.forward,
                 post_norm=layer.post_attention_layernorm.forward,
-                gate_up=layer.mlp.gate_proj.group,
+                gate_up=_projections([layer.mlp.gate_proj, layer.mlp.up_proj]),
                 act=layer.mlp.act_fn,
                 down=layer.mlp.down_proj.forward,
             )
@@ -156,23 +163,20 @@ class LeanForward:
         extra = {} if shared_prefix is None else {"shared_prefix": shared_prefix}
         for layer in self.layers:
             attn = layer.attention
-            shape = (rows, width, -1, attn.head_dim)
-            qkv = layer.qkv.compute(layer.input_norm(hidden))
-            _, q_end, k_end, v_end = layer.qkv.bounds
-            # Queries and keys side by side: one rotation for both (elementwise: the same bits).
-            qk = qkv[..., :k_end].view(shape).transpose(1, 2)  # [n, H + Hkv, T, D]
-            qk = (qk * cos) + (rotate_half(qk) * sin)
-            heads = q_end // attn.head_dim
-            query, key = qk[:, :heads], qk[:, heads:]
-            value = qkv[..., k_end:v_end].view(shape).transpose(1, 2)
+            query, key, value = _attention_inputs(layer, layer.input_norm(hidden), cos, sin)
             key, value = cache.update(key, value, attn.layer_idx)
             out, _ = engine_attention(
                 attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **extra
             )
             hidden = hidden + layer.o_proj(out.reshape(rows, width, -1).contiguous())
-            gate_up = layer.gate_up.compute(layer.post_norm(hidden))
-            split = layer.gate_up.bounds[1]
-            hidden = hidden + layer.down(layer.act(gate_up[..., :split]) * gate_up[..., split:])
+            x = layer.post_norm(hidden)
+            if isinstance(layer.gate_up, FusedGroup):
+                gate_up = layer.gate_up.compute(x)
+                split = layer.gate_up.bounds[1]
+                gate, up = gate_up[..., :split], gate_up[..., split:]
+            else:
+                gate, up = layer.gate_up[0](x), layer.gate_up[1](x)
+            hidden = hidden + layer.down(layer.act(gate) * up)
         return self.head(self.norm(hidden)[:, -1:])[:, -1]
 
     __call__ = forward
@@ -202,3 +206,24 @@ class LeanForward:
                 gap = (want.float() - got.float()).abs().max().item()
                 return f"the probe's {('prefill', 'decode step')[step]} logits differ from the model's by up to {gap:.3g}"
         return None
+
+
+def _attention_inputs(
+    layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rotated queries and keys and the values of `x` [n, T, hidden], each [n, heads, T, D]."""
+    rows, width = x.shape[:2]
+    shape = (rows, width, -1, layer.attention.head_dim)
+    if not isinstance(layer.qkv, FusedGroup):
+        q_proj, k_proj, v_proj = layer.qkv
+        query = q_proj(x).view(shape).transpose(1, 2)
+        key = k_proj(x).view(shape).transpose(1, 2)
+        value = v_proj(x).view(shape).transpose(1, 2)
+        return (query * cos) + (rotate_half(query) * sin), (key * cos) + (rotate_half(key) * sin), value
+    qkv = layer.qkv.compute(x)
+    _, q_end, k_end, v_end = layer.qkv.bounds
+    # Queries and keys side by side: one rotation for both (elementwise: the same bits).
+    qk = qkv[..., :k_end].view(shape).transpose(1, 2)  # [n, H + Hkv, T, D]
+    qk = (qk * cos) + (rotate_half(qk) * sin)
+    heads = q_end // layer.attention.head_dim
+    return qk[:, :heads], qk[:, heads:], qkv[..., k_end:v_end].view(shape).transpose(1, 2)
