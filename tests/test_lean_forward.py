@@ -130,7 +130,7 @@ def test_sync_weights_reaches_the_lean_forward(model, tokenizer, prompts):
 
 def test_an_unsupported_model_says_why_and_keeps_transformers_forward(model, tokenizer, prompts):
     request = GenerationRequest(prompts[1], SamplingParams(max_new_tokens=4, seed=0))
-    # The policy itself: transformers' attention, and q/k/v as three Linear layers.
+    # The policy itself: transformers' attention, not the engine's.
     assert lean_forward.unsupported(model) == f"its attention is {model.config._attn_implementation!r}, not the engine's"
     qwen = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
