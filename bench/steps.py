@@ -49,11 +49,9 @@ def closeness_reward(text: str, truth: int) -> float:
 
 
 def engine_forward(engine) -> str:
-    """How `engine` runs its weight copy's forward: "lean" (grpo/rollout/lean_forward.py), or
-    transformers' modules and why; what the report says, since the setting alone can be refused."""
-    if getattr(engine, "lean", None) is not None:
-        return "lean"
-    return f"transformers' modules ({getattr(engine, 'lean_reason', None) or 'not the HF engine'})"
+    """How `engine` runs its weight copy's forward (HFEngine.forward_kind); what the report says,
+    since the setting alone can be refused."""
+    return getattr(engine, "forward_kind", "not the HF engine")
 
 
 def standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,

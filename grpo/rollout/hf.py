@@ -335,6 +335,11 @@ class HFEngine(RolloutEngine):
         with self._lock:
             copy_weights_into(self.model, lm)
 
+    @property
+    def forward_kind(self) -> str:
+        """"lean" (lean_forward.py), or "transformers' modules (<why not lean>)"."""
+        return "lean" if self.lean is not None else f"transformers' modules ({self.lean_reason})"
+
     def close(self) -> None:
         """Drop the engine's weight copy (the engine cannot generate afterwards)."""
         with self._lock:

@@ -117,7 +117,7 @@ class GRPOTrainer:
         self.engine = make_engine(self.engine_name, policy=self.policy, tokenizer=self.tokenizer,
                                   config=cfg, device=self.device)
         if self.engine_name == "hf" and cfg.hf.lean_forward and self.engine.lean is None:
-            log.info("engine forward: transformers' modules (%s)", self.engine.lean_reason)
+            log.info("engine forward: %s", self.engine.forward_kind)
         self.logger = MetricsLogger(
             self.run_dir if main else None,
             is_main_process=main,
