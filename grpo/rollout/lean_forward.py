@@ -52,10 +52,15 @@ PROBE_TOKENS = 6
 """Prompt length of the build-time probe (its second row is left-padded by 2)."""
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """Llama's rotation: the halves of the last dimension swapped, the new first half negated."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+rotate_half = llama.rotate_half
+"""Llama's rotation (the halves of the last dimension swapped, the new first half negated),
+transformers' own function: the lean forward rotates with the very ops the model's forward does."""
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Llama's rotary embedding of queries or keys x [n, heads, T, D] (`apply_rotary_pos_emb`'s
+    formula, with cos and sin already broadcast over heads)."""
+    return (x * cos) + (rotate_half(x) * sin)
 
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
@@ -219,11 +224,11 @@ def _attention_inputs(
         query = q_proj(x).view(shape).transpose(1, 2)
         key = k_proj(x).view(shape).transpose(1, 2)
         value = v_proj(x).view(shape).transpose(1, 2)
-        return (query * cos) + (rotate_half(query) * sin), (key * cos) + (rotate_half(key) * sin), value
+        return _rotated(query, cos, sin), _rotated(key, cos, sin), value
     qkv = layer.qkv.compute(x)
     _, q_end, k_end, v_end = layer.qkv.bounds
     # Queries and keys side by side: one rotation for both (elementwise: the same bits).
     qk = qkv[..., :k_end].view(shape).transpose(1, 2)  # [n, H + Hkv, T, D]
-    qk = (qk * cos) + (rotate_half(qk) * sin)
+    qk = _rotated(qk, cos, sin)
     heads = q_end // layer.attention.head_dim
     return qk[:, :heads], qk[:, heads:], qkv[..., k_end:v_end].view(shape).transpose(1, 2)
