@@ -30,12 +30,12 @@ import time
 import torch
 import torch._inductor.config
 
-import grpo.rollout.weights as engine_weights
+import grpo.rollout.hf.weights as engine_weights
 from bench.generation import make_prompts
 from grpo.models.devices import compute_dtype
 from grpo.models.source import load_causal_lm, load_tokenizer
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
 
 
 def _ms_per_call(fn, repeats: int) -> float:

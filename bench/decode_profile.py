@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.decode_profile --batches 16 64        # this CPU
 
 On a GPU a decode step is one CUDA-graph replay of the forward and the sampler
-(grpo/rollout/decode_graphs.py; `--sample-after-step`: the sampler runs eagerly after the
+(grpo/rollout/hf/decode_graphs.py; `--sample-after-step`: the sampler runs eagerly after the
 replay, as before), then the tokens are copied to the host, then the engine's Python bookkeeping
 (finish checks, compaction, admission) runs before the next replay. The host waits for the
 device at the copy and the device waits for the host until the next launch, so the step costs
@@ -46,8 +46,8 @@ from bench.generation import make_prompts
 from grpo.models.devices import compute_dtype
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.live_batch import LiveBatch
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.live_batch import LiveBatch
 
 
 def _sync(device: torch.device) -> None:

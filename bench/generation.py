@@ -17,23 +17,23 @@ with events). Fraction of peak = tokens/s × 2 × parameters (FLOP per token of 
 peak of the dtype the variant's products compute in (`matmul_dtype`: on a CPU without bf16
 instructions bf16 is emulated, slower than fp32, so fp32 work is measured against fp32's peak).
 
-Variants (the engine's weight copy, grpo/rollout/weights.py):
+Variants (the engine's weight copy, grpo/rollout/hf/weights.py):
   bf16             Linear weights bf16 (packed, fused), the rest fp32: the engine's default
   bf16-fp32-head   as bf16 with an fp32 LM head (closer log-probs, slower head)
   bf16-sdpa-decode as bf16 with transformers' SDPA for decode steps too (the engine's default is
-                   grpo/rollout/decode_attention.py)
+                   grpo/rollout/hf/decode_attention.py)
   bf16-dynamic     as bf16, decode_mode dynamic (the default on CPU; on CUDA the default is graph)
   bf16-static      as bf16, decode_mode static (fixed-shape steps, no graphs)
   bf16-fp32-cache  as bf16 with an fp32 KV cache (the CPU default is a bf16 one, keys transposed)
   bf16-whole-prefill as bf16, every prompt prefilled whole (no shared-prefix prefill)
   bf16-previous    both of the above: the engine before the bf16 cache and shared prefixes
   bf16-no-kept-prefix as bf16, without the kept prefix (decode steps read every row's prefix from
-                   the cache; grpo/rollout/kept_prefix.py)
+                   the cache; grpo/rollout/hf/kept_prefix.py)
   fp32             an fp32 copy
   fp32-unfused-norms  as fp32, the RMSNorm layers in transformers' forward (fuse_norms=False;
-                   the default runs each as one torch.rms_norm op: grpo/rollout/fused_norms.py)
+                   the default runs each as one torch.rms_norm op: grpo/rollout/hf/fused_norms.py)
   fp32-transformers-forward  as fp32, each forward through transformers' modules (lean_forward=False;
-                   the default skips their plumbing: grpo/rollout/lean_forward.py)
+                   the default skips their plumbing: grpo/rollout/hf/lean_forward.py)
   bf16-transformers-forward  the same for bf16
   autocast         no copy: the fp32 policy under bf16 autocast
 One warm-up call per variant and batch precedes the timed repeats, which alternate between the
@@ -49,7 +49,7 @@ import torch
 
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 
 VARIANTS = {
     "bf16": {"dtype": torch.bfloat16},

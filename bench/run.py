@@ -67,7 +67,7 @@ from grpo.models.devices import compute_dtype
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 
 SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512", "trl",
             "continuous")

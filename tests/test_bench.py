@@ -253,8 +253,8 @@ def test_our_sections_run_without_cudnn_attention_unless_asked_and_trl_with_torc
 def test_decode_profile_splits_the_step_and_leaves_the_engine_as_it_was(varied_tiny_model, tokenizer):
     from bench.decode_profile import profile_batch
     from grpo.rollout.base import GenerationRequest, SamplingParams
-    from grpo.rollout.hf import HFEngine
-    from grpo.rollout.live_batch import LiveBatch
+    from grpo.rollout.hf.engine import HFEngine
+    from grpo.rollout.hf.live_batch import LiveBatch
 
     engine = HFEngine(varied_tiny_model, tokenizer, dtype=None)
     sample, decode_step = LiveBatch.sample, engine._loop._decode_step
@@ -284,7 +284,7 @@ def test_generation_prompts_can_share_a_long_system_prompt(tokenizer):
 
 
 def test_compiled_decode_times_one_step_eager_and_compiled(varied_tiny_model, tokenizer, monkeypatch):
-    import grpo.rollout.weights as engine_weights
+    import grpo.rollout.hf.weights as engine_weights
     from bench import compiled_decode
 
     compiled = []

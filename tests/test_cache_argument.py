@@ -14,7 +14,7 @@ from torch import nn
 from grpo.models.cache_argument import cache_keyword, output_cache
 from grpo.models.common_prefix import CommonPrefix
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -26,7 +26,7 @@ import environments  # noqa: F401  (registers mcp_tool)
 from environments.tasks.loading import generate_tasks
 from grpo.collect import chat_tokens
 from grpo.collect.collector import turn_seed
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from collector_helpers import GoOnEnvironment, make_collector
 
 from environments.tasks.loading import generate_tasks
 from grpo.rollout.base import GenerationRequest, RequestFeed, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

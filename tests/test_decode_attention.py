@@ -1,4 +1,4 @@
-"""The engine's decode attention (grpo/rollout/decode_attention.py): the same attention as
+"""The engine's decode attention (grpo/rollout/hf/decode_attention.py): the same attention as
 transformers' SDPA path for one query token with grouped key/value heads and masked columns,
 SDPA itself for everything else, and only the engine's copy switched to it."""
 
@@ -11,8 +11,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.decode_attention import ENGINE_ATTENTION, engine_attention
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION, engine_attention
+from grpo.rollout.hf.engine import HFEngine
 
 
 class _Layer(torch.nn.Module):

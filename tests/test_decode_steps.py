@@ -9,11 +9,11 @@ from test_continuous_batching import ScheduledFeed, _alone, _assert_same
 from test_rollout_hf import _assert_same_results, _seeded_requests, request
 
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.live_batch import LiveBatch
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
+from grpo.rollout.hf.live_batch import LiveBatch
+from grpo.rollout.hf.sequence import Joiner
 from grpo.rollout.registry import make_engine
-from grpo.rollout.sequence import Joiner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""The engine's own weight copy (grpo/rollout/weights.py): Linear weights packed for oneDNN on a
+"""The engine's own weight copy (grpo/rollout/hf/weights.py): Linear weights packed for oneDNN on a
 CPU, in bf16 and in fp32, siblings fused, and `sync_weights` reaching the packed copies."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.weights import (
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.weights import (
     _HEAD_PACK_BATCH_HINT,
     _PACK_BATCH_HINT,
     FusedMember,

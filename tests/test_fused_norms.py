@@ -1,4 +1,4 @@
-"""The engine copy's RMSNorm layers as one `F.rms_norm` each (grpo/rollout/fused_norms.py): which
+"""The engine copy's RMSNorm layers as one `F.rms_norm` each (grpo/rollout/hf/fused_norms.py): which
 layers, the same results as transformers' forward, and sync_weights still reaching them."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.fused_norms import agrees_with_rms_norm, fuse_rms_norms
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.fused_norms import agrees_with_rms_norm, fuse_rms_norms
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""The engine's KV cache layouts (grpo/rollout/kv_cache.py): keys stored transposed hold and serve
+"""The engine's KV cache layouts (grpo/rollout/hf/kv_cache.py): keys stored transposed hold and serve
 the same values as the plain layout (so every request samples the same), a bf16 cache is what
 the CPU default picks for the bf16 copy and stays close to an fp32 forward, and the engine's
 attention takes fp32 queries against a bf16 cache."""
@@ -13,9 +13,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from grpo.config import config_from_dict
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.decode_attention import _grouped_decode, engine_attention
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.hf.decode_attention import _grouped_decode, engine_attention
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
 from grpo.rollout.registry import make_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""The engine copy's lean forward (grpo/rollout/lean_forward.py): the same logits as the model's
+"""The engine copy's lean forward (grpo/rollout/hf/lean_forward.py): the same logits as the model's
 own forward, bit for bit, so an engine samples the same tokens and log-probs with it as without
 it, in every path a forward serves; and where it does not apply, the reason and the old forward."""
 
@@ -15,11 +15,11 @@ from transformers.models.llama.modeling_llama import rotate_half as llamas
 
 from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.source import build_tiny_model
-from grpo.rollout import lean_forward, weights
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.decode_attention import ENGINE_ATTENTION
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.lean_forward import LeanForward, rotate_half
+from grpo.rollout.hf import lean_forward, weights
+from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.lean_forward import LeanForward, rotate_half
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # The varied tiny Llama, and prompts that start with one 20-token system prompt.

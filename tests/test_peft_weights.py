@@ -14,8 +14,8 @@ from grpo.models.export import save_pretrained
 from grpo.models.peft_weights import base_model_of, is_peft, language_model_of, lm_tensors
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import build_tiny_model
+from grpo.rollout.hf.weights import copy_weights_into, inference_copy
 from grpo.rollout.vllm_sync import export_base_model
-from grpo.rollout.weights import copy_weights_into, inference_copy
 
 
 def _lora(tokenizer, *, modules_to_save=None, seed=0):

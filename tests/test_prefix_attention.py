@@ -1,5 +1,5 @@
 """A batch's kept prefix (HFEngine `prefix_attention_min_tokens`): decode steps attend to the
-prompts' shared prefix once for all the rows that hold it (grpo/rollout/decode_attention.py
+prompts' shared prefix once for all the rows that hold it (grpo/rollout/hf/decode_attention.py
 `_shared_prefix_decode`), and requests that join later with that prefix get its keys and values
 written instead of prefilled (kv_cache.py `keep_prefix`, `write_prefix`). Every request still
 samples what it samples alone (fp32, seeded), in waves, joins, compaction and resumed sessions."""
@@ -12,14 +12,14 @@ from test_continuous_batching import ConversationFeed, ScheduledFeed, _alone, _a
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.decode_attention import (
+from grpo.rollout.hf.decode_attention import (
     PrefixAttention,
     _grouped_decode,
     _shared_prefix_decode,
     engine_attention,
 )
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,15 +8,15 @@ import torch
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.registry import ENGINES, make_engine
-from grpo.rollout.sampling import (
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.sampling import (
     _mul32,
     counter_uniforms,
     row_keys,
     sample_next_tokens,
     uniforms_per_row,
 )
+from grpo.rollout.registry import ENGINES, make_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

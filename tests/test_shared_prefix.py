@@ -11,8 +11,8 @@ from test_continuous_batching import ConversationFeed, ScheduledFeed, _alone, _a
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.prefill import shared_prefix_length
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.prefill import shared_prefix_length
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

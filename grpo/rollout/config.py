@@ -33,11 +33,11 @@ class RolloutConfig(Section):
 
 
 DecodeMode = Literal["auto", "dynamic", "static", "graph"]
-"""How HFEngine runs decode steps (grpo/rollout/hf.py, grpo/rollout/decode_graphs.py)."""
+"""How HFEngine runs decode steps (grpo/rollout/hf/engine.py, grpo/rollout/hf/decode_graphs.py)."""
 
 
 class HFEngineConfig(Section):
-    """Our KV-cached engine (`rollout.engine: hf`, grpo/rollout/hf.py)."""
+    """Our KV-cached engine (`rollout.engine: hf`, grpo/rollout/hf/engine.py)."""
 
     max_batch_size: int | None = Field(default=None, ge=1)
     """Rows decoded together; a generate call with more requests runs in waves of this many.
@@ -46,7 +46,7 @@ class HFEngineConfig(Section):
     or the collector never gathers that many requests."""
     decode_mode: DecodeMode = "auto"
     """How decode steps run: `graph` replays fixed-shape steps as CUDA graphs
-    (grpo/rollout/decode_graphs.py), `static` runs those steps eagerly, `dynamic` attends exactly
+    (grpo/rollout/hf/decode_graphs.py), `static` runs those steps eagerly, `dynamic` attends exactly
     the columns in use; `auto` = graph on CUDA, else dynamic."""
     sample_in_decode_step: bool = True
     """With `graph` (or `static`) decode, draw the next tokens inside the decode step's CUDA graph
@@ -56,11 +56,11 @@ class HFEngineConfig(Section):
     fuse_norms: bool = True
     """The engine copy's RMSNorm layers run as one `torch.rms_norm` op each (a fused kernel on
     CUDA, so a decode step's CUDA graph launches ~6 fewer kernels per norm) where their own
-    forward computes that function (grpo/rollout/fused_norms.py); false: transformers' forward."""
+    forward computes that function (grpo/rollout/hf/fused_norms.py); false: transformers' forward."""
     lean_forward: bool = True
     """The engine copy's forwards skip transformers' module plumbing: the same tensor ops in the
     same order, so the same logits bit for bit (a probe checks at start;
-    grpo/rollout/lean_forward.py). Llama models (SmolLM2, Llama 3, ...); others keep transformers'
+    grpo/rollout/hf/lean_forward.py). Llama models (SmolLM2, Llama 3, ...); others keep transformers'
     forward. On a CPU a decode step's Python is a large share of it at small batches."""
     compact_fraction: float = Field(default=0.25, ge=0.0)
     """Compact the batch once this fraction of its rows has finished (0: at every finish)."""
@@ -68,7 +68,7 @@ class HFEngineConfig(Section):
     """Requests of episodes coming back from their tools join the batch the engine is decoding
     (at its next step), and each result goes back the moment its sequence ends, instead of the
     collector gathering each turn's requests into one batch that waits for its longest row
-    (grpo/rollout/live_batch.py)."""
+    (grpo/rollout/hf/live_batch.py)."""
     park_steps: int = Field(default=64, ge=0)
     """With continuous batching, a finished turn's cache row waits this many decode steps for its
     episode's next turn, which then prefills only its new tokens (the observation) instead of the
@@ -107,7 +107,7 @@ class HFEngineConfig(Section):
     prefix_attention_min_tokens: int = Field(default=64, ge=0)
     """A batch keeps the prefix its rows' prompts share (chat template, system prompt, tool docs;
     at least this many tokens) once: decode steps attend to it once for all the rows that start
-    with it, and requests that join later with it skip its prefill (grpo/rollout/kept_prefix.py).
+    with it, and requests that join later with it skip its prefill (grpo/rollout/hf/kept_prefix.py).
     Dynamic decode only. 0: never."""
     prefill_chunk_tokens: int | None = Field(default=None, ge=1)
     """Padded prompt tokens per prefill forward (bounds its activation memory). null: 32768 on

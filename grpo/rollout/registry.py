@@ -1,6 +1,6 @@
 """The registry of rollout engines.
 
-One registry entry per engine (`ENGINES`): `hf` is grpo/rollout/hf.py (our KV-cached engine on
+One registry entry per engine (`ENGINES`): `hf` is grpo/rollout/hf/engine.py (our KV-cached engine on
 CPU, CUDA or MPS), `vllm` is grpo/rollout/vllm.py (CUDA and the vllm package; settings from the
 config's `vllm:` section and the VLLM_MAX_MODEL_LEN / VLLM_GPU_MEMORY_UTILIZATION variables).
 `choose_engine(requested, device)` resolves `rollout.engine: auto` and the `ENABLE_VLLM=0`
@@ -17,7 +17,7 @@ import torch
 from grpo.models.devices import compute_dtype
 from grpo.models.peft_weights import language_model_of
 from grpo.rollout.base import RolloutEngine
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 from grpo.rollout.vllm import VLLMEngine, check_vllm_available
 from grpo.rollout.vllm_params import ENV_ENABLE, vllm_enabled
 

@@ -1,37 +1,37 @@
 """HFEngine: batched, KV-cached sampling with a transformers causal LM (CPU first; CUDA/MPS work).
 
 A `generate` call decodes its requests in one live batch of up to `max_batch_size` rows
-(grpo/rollout/decode_loop.py); `serve` does the same for requests that keep arriving from the
+(grpo/rollout/hf/decode_loop.py); `serve` does the same for requests that keep arriving from the
 collector while it decodes (continuous batching):
 
 1. Requests with identical prompt ids (the G samples of a GRPO group) share one prefill: unique
-   prompts are prefilled in length-sorted, left-padded chunks (grpo/rollout/prefill.py) into a
-   preallocated KV cache (grpo/rollout/kv_cache.py), then the prompt's cache rows are copied out
+   prompts are prefilled in length-sorted, left-padded chunks (grpo/rollout/hf/prefill.py) into a
+   preallocated KV cache (grpo/rollout/hf/kv_cache.py), then the prompt's cache rows are copied out
    to every sample.
 2. A decode loop written over the model's own forward (its KV-cache argument, an explicit 4-D
    attention mask and per-row position ids, so left padding gives the same result as unpadded
-   sampling) samples one token per live row and step (grpo/rollout/sampling.py). The engine's copy
-   attends for decode steps with grpo/rollout/decode_attention.py (two small batched matmuls per
+   sampling) samples one token per live row and step (grpo/rollout/hf/sampling.py). The engine's copy
+   attends for decode steps with grpo/rollout/hf/decode_attention.py (two small batched matmuls per
    layer instead of SDPA's CPU kernel: batch-64 decode steps 14% faster).
 3. Rows that finish (stop token, stop string, max_new_tokens) are delivered at once and stop being
    sampled; once enough of them have finished, the batch and its cache are compacted so they stop
    costing compute. Requests waiting for a row join between two steps
-   (grpo/rollout/live_batch.py); in `serve`, a finished row of an episode waits a few steps for
+   (grpo/rollout/hf/live_batch.py); in `serve`, a finished row of an episode waits a few steps for
    the episode's next turn, which then prefills only its new tokens into the same row.
 4. On CUDA (`decode_mode="graph"`, the default there) the decode steps run with fixed shapes over
-   one persistent cache and are replayed as CUDA graphs (grpo/rollout/decode_graphs.py): a
+   one persistent cache and are replayed as CUDA graphs (grpo/rollout/hf/decode_graphs.py): a
    135M model's eager step launches ~1,200 kernels, 33-40 ms on an H100 whatever the batch.
 
 Weights: by default the engine keeps its own inference copy of the policy (LoRA merged in):
 Linear weights in bf16, pre-packed for oneDNN and with q/k/v and gate/up fused into one matmul
 each, everything else (embeddings, norms, residual stream, attention, KV cache) in the policy's
 fp32 -- what bf16 autocast computes, without autocast re-casting every weight at every call
-(grpo/rollout/weights.py has the measurements). `sync_weights` copies the policy's current
+(grpo/rollout/hf/weights.py has the measurements). `sync_weights` copies the policy's current
 weights into the copy. `copy_weights=False` samples from the policy module itself (optionally
 under autocast) instead, and `sync_weights` then has nothing to do.
 
 Reproducibility: a seeded request draws its random numbers from its own counter-based stream
-(grpo/rollout/sampling.py), so its tokens
+(grpo/rollout/hf/sampling.py), so its tokens
 do not depend on its batch company as long as its logits do not. In fp32 they do not (the real
 model, 20 seeded requests × 48 tokens, alone vs batched together: identical tokens and
 log-probs). In bf16, batch shape and padding change the last bits of some activations and bf16
@@ -39,7 +39,7 @@ rounding amplifies that: seeded requests reproduce exactly in the same batch, bu
 diverged somewhere within 48 tokens when batched. Use `dtype=None` (an fp32 copy, ~2.5x slower
 on a CPU with bf16 instructions) where batch-independent reproducibility matters more than speed.
 On a CPU without them `auto` is fp32 anyway, and the copy's packed fp32 products keep a row's
-results independent of its company (grpo/rollout/weights.py).
+results independent of its company (grpo/rollout/hf/weights.py).
 
 Thread safety: `generate` and `serve` may be called from a worker thread (the collector uses
 `asyncio.to_thread`); a lock serialises callers, and torch ops release the GIL while they run.
@@ -65,12 +65,12 @@ from grpo.rollout.base import (
     check_request,
 )
 from grpo.rollout.config import DecodeMode, HFEngineConfig
-from grpo.rollout.decode_attention import ENGINE_ATTENTION
-from grpo.rollout.decode_graphs import StaticDecoder
-from grpo.rollout.decode_loop import DecodeLoop
-from grpo.rollout.lean_forward import LeanForward
-from grpo.rollout.prefill import PREFILL_CALL_TOKENS
-from grpo.rollout.weights import copy_weights_into, inference_copy
+from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION
+from grpo.rollout.hf.decode_graphs import StaticDecoder
+from grpo.rollout.hf.decode_loop import DecodeLoop
+from grpo.rollout.hf.lean_forward import LeanForward
+from grpo.rollout.hf.prefill import PREFILL_CALL_TOKENS
+from grpo.rollout.hf.weights import copy_weights_into, inference_copy
 
 DECODE_MODES = get_args(DecodeMode)
 GRAPH_MIN_ROWS = 64
@@ -99,7 +99,7 @@ class HFEngine(RolloutEngine):
     model: a transformers causal LM, a peft model, or a wrapper holding one (`language_model_of`).
     tokenizer: needed only for `stop_strings` (and to find a pad id).
     dtype: dtype of the copy's Linear weights, i.e. of its matmuls (None: the policy's dtype).
-        Everything else keeps the policy's dtype (grpo/rollout/weights.py).
+        Everything else keeps the policy's dtype (grpo/rollout/hf/weights.py).
     head_dtype: dtype of the copy's LM head (None: `dtype`).
     fuse_norms: the copy's RMSNorm layers as one `torch.rms_norm` op each (fused_norms.py).
     lean_forward: run the copy's forwards without transformers' module plumbing, the same ops
@@ -111,19 +111,19 @@ class HFEngine(RolloutEngine):
     prefill_chunk_tokens: padded prompt tokens per prefill forward (bounds activation memory;
         None: 32768 on CUDA, else 4096).
     seed: seeds the engine's generator, which seeds requests that carry no seed of their own.
-    decode_attention: "grouped" (the copy's decode steps use grpo/rollout/decode_attention.py) or
+    decode_attention: "grouped" (the copy's decode steps use grpo/rollout/hf/decode_attention.py) or
         "sdpa" (transformers' SDPA throughout). Only the engine's own copy is switched.
     decode_mode: "dynamic" (each step attends exactly the columns in use, a fresh cache per
-        wave), "static" (fixed-shape steps over a persistent cache, grpo/rollout/decode_graphs.py),
+        wave), "static" (fixed-shape steps over a persistent cache, grpo/rollout/hf/decode_graphs.py),
         "graph" (static steps replayed as CUDA graphs; CUDA only) or "auto" (graph on CUDA with
         the engine's own weight copy, else dynamic).
     sample_in_decode_step: with "static" or "graph" decode, draw the rows' next tokens inside the
         decode step (in its CUDA graph), unless a row samples with top_p < 1
-        (grpo/rollout/decode_graphs.py); the same tokens either way.
+        (grpo/rollout/hf/decode_graphs.py); the same tokens either way.
     continuous_batching: offer `serve` to the collector (`joins_running_batches`); False: the
         collector batches each turn's requests into `generate` calls.
     park_steps, park_wait_s: how long `serve` keeps a finished row of a session for the
-        session's next turn (grpo/rollout/live_batch.py): at most `park_steps` decode steps, and
+        session's next turn (grpo/rollout/hf/live_batch.py): at most `park_steps` decode steps, and
         at most `park_wait_s` seconds of waiting when nothing else is live (0 steps: never).
     join_columns: `serve` sizes a batch's cache for its first prompts, their token budgets and
         this many columns more, for the longer prompts of requests that join later (None: 512
@@ -137,7 +137,7 @@ class HFEngine(RolloutEngine):
         where it pays).
     shared_prefix_min_tokens: distinct prompts that join together prefill the prefix they all
         start with once, where that saves at least this many prefill tokens (0: never;
-        grpo/rollout/prefill.py `shared_prefix_length`).
+        grpo/rollout/hf/prefill.py `shared_prefix_length`).
     prefix_attention_min_tokens: a batch keeps a shared prefix of at least this many tokens
         once (kv_cache.py `keep_prefix`): decode steps attend to it once for all the rows that
         start with it, and rows that join later with it are not prefilled with it again

@@ -33,7 +33,7 @@ from torch import nn
 
 from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.peft_weights import dequantize_linears_, is_peft, language_model_of, lm_tensors
-from grpo.rollout.fused_norms import fuse_rms_norms
+from grpo.rollout.hf.fused_norms import fuse_rms_norms
 
 _LOW_PRECISION_OUTPUTS = {"o_proj", "down_proj", "gate_proj", "up_proj"}
 """Linear layers whose output may stay in the matmul dtype, as under autocast: it only feeds the
@@ -277,7 +277,7 @@ def inference_copy(
     """An inference copy of the policy's causal LM: LoRA merged (4-bit bases dequantized), Linear
     weights in `matmul_dtype` (the LM head in `head_dtype`), the rest in the policy's dtype; eval
     mode, no grads. The weights come from `lm_tensors`, as every later `copy_weights_into` does.
-    `fuse_norms`: its RMSNorm layers run as one op each (grpo/rollout/fused_norms.py)."""
+    `fuse_norms`: its RMSNorm layers run as one op each (grpo/rollout/hf/fused_norms.py)."""
     model = language_model_of(policy)
     with torch.no_grad():
         clone = copy.deepcopy(model)

@@ -1,7 +1,7 @@
 """HFEngine's decode loop: the requests of a `generate` or `serve` call in one live batch.
 
 Each turn of the loop takes what the feed has (grpo/rollout/base.py `RequestFeed`), admits what
-fits into the batch (grpo/rollout/live_batch.py: new rows prefilled after the live ones; the next
+fits into the batch (grpo/rollout/hf/live_batch.py: new rows prefilled after the live ones; the next
 turns of parked sessions prefill only their new tokens into their own rows), samples one token
 per live row (results delivered as rows finish), compacts finished rows away, and runs one decode
 forward. It ends when nothing is live or parked and the feed has closed.
@@ -17,11 +17,11 @@ import time
 import torch
 
 from grpo.rollout.base import GenerationResult, RequestFeed
-from grpo.rollout.kept_prefix import adopt, decode_window, may_keep, starts_with_kept
-from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.live_batch import LiveBatch
-from grpo.rollout.prefill import left_padded, prefill_chunks, shared_prefix_length
-from grpo.rollout.sequence import Joiner, LiveSequence
+from grpo.rollout.hf.kept_prefix import adopt, decode_window, may_keep, starts_with_kept
+from grpo.rollout.hf.kv_cache import PreallocatedCache
+from grpo.rollout.hf.live_batch import LiveBatch
+from grpo.rollout.hf.prefill import left_padded, prefill_chunks, shared_prefix_length
+from grpo.rollout.hf.sequence import Joiner, LiveSequence
 
 
 class DecodeLoop:
@@ -205,7 +205,7 @@ class DecodeLoop:
         """Prefill `joiners` into the rows after the batch's, each prompt ending at pos - 1.
         Those whose prompts start with the batch's kept prefix get it written, not prefilled;
         the others' prompts are prefilled (a prefix they all share once: `_prefill_shared`).
-        (grpo/rollout/kept_prefix.py: when a batch keeps a prefix, and from which rows.)"""
+        (grpo/rollout/hf/kept_prefix.py: when a batch keeps a prefix, and from which rows.)"""
         adopt(batch, sorted({j.prompt for j in joiners}), self.engine.prefix_attention_min_tokens)
         holders = [j for j in joiners if starts_with_kept(batch, j.prompt)]
         tickets = {j.ticket for j in holders}
@@ -389,7 +389,7 @@ class DecodeLoop:
         in row `first`, at columns [lo, lo + shared) (lo = pos - the longest prompt's length), and
         are copied to the other rows' same columns; then each prompt's rest is prefilled after
         them, right-aligned to end at pos - 1 (a shorter prompt leaves a gap of unattended
-        columns between the two: grpo/rollout/live_batch.py `LiveBatch.append`). `kept`: the
+        columns between the two: grpo/rollout/hf/live_batch.py `LiveBatch.append`). `kept`: the
         shared tokens are the cache's kept prefix, written instead of prefilled."""
         lo = pos - len(prompts[0])
         if kept:

@@ -38,8 +38,8 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.llama import modeling_llama as llama
 
 from grpo.models.cache_argument import cache_keyword
-from grpo.rollout.decode_attention import ENGINE_ATTENTION, PrefixAttention, engine_attention
-from grpo.rollout.weights import FusedGroup, FusedMember
+from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION, PrefixAttention, engine_attention
+from grpo.rollout.hf.weights import FusedGroup, FusedMember
 
 _LLAMA_CLASSES = {
     "the model": llama.LlamaForCausalLM,

@@ -10,7 +10,7 @@ where the padding saved is worth more than a forward (`prefill_chunks`, PREFILL_
 Prompts that join together and start alike (a chat template's system prompt, the tool docs, the
 task instructions) share one prefill of their common prefix: it runs once in one row and is
 copied to the others, and only each prompt's own rest is prefilled per row
-(`shared_prefix_length`; the layout in grpo/rollout/live_batch.py `LiveBatch.append`).
+(`shared_prefix_length`; the layout in grpo/rollout/hf/live_batch.py `LiveBatch.append`).
 """
 
 from __future__ import annotations
