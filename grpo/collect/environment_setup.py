@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import grpo.local_models.judge  # noqa: F401  (registers judge.backend `local`)
+import grpo.local_models.judge  # (registers judge.backend `local`)
 import grpo.local_models.user  # noqa: F401  (registers τ²'s environment.tau2.user.backend `local`)
 from environments.config import EnvironmentConfig
 from environments.judge.judge import Judge, get_judge
