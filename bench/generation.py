@@ -49,25 +49,25 @@ import torch
 
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
+from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.hf.engine import HFEngine
 
-VARIANTS = {
-    "bf16": {"dtype": torch.bfloat16},
-    "bf16-fp32-head": {"dtype": torch.bfloat16, "head_dtype": torch.float32},
-    "bf16-sdpa-decode": {"dtype": torch.bfloat16, "decode_attention": "sdpa"},
-    "bf16-dynamic": {"dtype": torch.bfloat16, "decode_mode": "dynamic"},
-    "bf16-static": {"dtype": torch.bfloat16, "decode_mode": "static"},
-    "bf16-fp32-cache": {"dtype": torch.bfloat16, "kv_cache_dtype": None},
-    "bf16-whole-prefill": {"dtype": torch.bfloat16, "shared_prefix_min_tokens": 0},
-    "bf16-previous": {
-        "dtype": torch.bfloat16, "kv_cache_dtype": None, "shared_prefix_min_tokens": 0
-    },
-    "bf16-no-kept-prefix": {"dtype": torch.bfloat16, "prefix_attention_min_tokens": 0},
-    "fp32": {"dtype": None},
-    "fp32-unfused-norms": {"dtype": None, "fuse_norms": False},
-    "fp32-transformers-forward": {"dtype": None, "lean_forward": False},
-    "bf16-transformers-forward": {"dtype": torch.bfloat16, "lean_forward": False},
-    "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
+VARIANTS: dict[str, tuple[torch.dtype | None, dict]] = {
+    # name: (the engine's compute dtype (None: the model's fp32), its `rollout.hf` settings)
+    "bf16": (torch.bfloat16, {}),
+    "bf16-fp32-head": (torch.bfloat16, {"head_dtype": "float32"}),
+    "bf16-sdpa-decode": (torch.bfloat16, {"decode_attention": "sdpa"}),
+    "bf16-dynamic": (torch.bfloat16, {"decode_mode": "dynamic"}),
+    "bf16-static": (torch.bfloat16, {"decode_mode": "static"}),
+    "bf16-fp32-cache": (torch.bfloat16, {"kv_cache_dtype": "model"}),
+    "bf16-whole-prefill": (torch.bfloat16, {"shared_prefix_min_tokens": 0}),
+    "bf16-previous": (torch.bfloat16, {"kv_cache_dtype": "model", "shared_prefix_min_tokens": 0}),
+    "bf16-no-kept-prefix": (torch.bfloat16, {"prefix_attention_min_tokens": 0}),
+    "fp32": (None, {}),
+    "fp32-unfused-norms": (None, {"fuse_norms": False}),
+    "fp32-transformers-forward": (None, {"lean_forward": False}),
+    "bf16-transformers-forward": (torch.bfloat16, {"lean_forward": False}),
+    "autocast": (torch.bfloat16, {"copy_weights": False}),  # the policy itself under bf16 autocast
 }
 
 
@@ -77,8 +77,7 @@ PEAK_DTYPES = (torch.float32, torch.bfloat16)
 def matmul_dtype(variant: str) -> torch.dtype:
     """The dtype a variant's products compute in (its `% peak` is of that dtype's peak): the
     copy's dtype, autocast's, or the model's own (fp32) where the copy keeps it."""
-    options = VARIANTS[variant]
-    return options.get("dtype") or options.get("autocast_dtype") or torch.float32
+    return VARIANTS[variant][0] or torch.float32
 
 
 def best_seconds(work, repeats: int, device: str) -> float:
@@ -208,8 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     # alternate between them, so a busy spell on a shared machine hits them all alike.
     engines = {
         (variant, compact): HFEngine(
-            model, tokenizer, compact_fraction=compact, max_batch_size=max(args.batches),
-            **VARIANTS[variant],
+            model, tokenizer, HFEngineConfig(
+                compact_fraction=compact, max_batch_size=max(args.batches), **VARIANTS[variant][1]
+            ),
+            dtype=VARIANTS[variant][0],
         )
         for variant in args.variants
         for compact in args.compact

@@ -226,7 +226,7 @@ def test_qlora_weight_push_to_the_hf_engine_follows_the_dequantized_merge():
                 p.normal_(0.0, 0.02)
     engine = make_engine("hf", policy=policy, tokenizer=tokenizer, device="cuda")
     expected = lm_tensors(policy.model)
-    copied = engine.model.state_dict()
+    copied = engine.runner.model.state_dict()
     key = "model.layers.0.self_attn.o_proj.weight"
     assert copied[key].shape == expected[key].shape  # dequantized, not packed
     assert torch.allclose(copied[key].float(), expected[key].float(), atol=1e-2)
@@ -236,5 +236,5 @@ def test_qlora_weight_push_to_the_hf_engine_follows_the_dequantized_merge():
                 p.mul_(2.0)
     engine.sync_weights(policy)
     moved = lm_tensors(policy.model)
-    assert torch.allclose(engine.model.state_dict()[key].float(), moved[key].float(), atol=1e-2)
+    assert torch.allclose(engine.runner.model.state_dict()[key].float(), moved[key].float(), atol=1e-2)
     engine.close()

@@ -140,14 +140,12 @@ def request(prompt, **sampling) -> GenerationRequest:
     return GenerationRequest(list(prompt), SamplingParams(**sampling))
 
 
-def _engine(model, tokenizer, **options) -> HFEngine:
+def _engine(model, tokenizer, **settings) -> HFEngine:
     # shared_prefix_min_tokens 1: the tiny prompts' prefix is shared; the kept prefix needs 20
     # tokens, and every decode step that saves a column attends it once.
-    options = {"prefix_attention_min_cells": 1, **options}
-    return HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1,
-        prefix_attention_min_tokens=20, **options,
-    )
+    settings = {"prefix_attention_min_cells": 1, "shared_prefix_min_tokens": 1,
+                "prefix_attention_min_tokens": 20, **settings}
+    return HFEngine(model, tokenizer, HFEngineConfig(**settings), dtype=torch.float32)
 
 
 def _serve_as_alone(engine: HFEngine, feed, model, tokenizer) -> dict:
@@ -182,20 +180,14 @@ def test_rows_holding_the_prefix_sample_what_they_sample_alone(model, tokenizer,
     few = _engine(model, tokenizer, prefix_attention_min_cells=6 * len(prefix))
     few.generate(requests)
     assert few.last_metrics["prefix_attention_steps"] > 0  # the first steps, all 6 rows live
-    off = HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1,
-        prefix_attention_min_tokens=0,
-    )
+    off = HFEngine(model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=1, prefix_attention_min_tokens=0), dtype=torch.float32)
     off.generate(requests)
     assert off.last_metrics["prefix_attention_steps"] == 0
     assert off.last_metrics["decode_steps"] == metrics["decode_steps"]
 
 
 def test_a_prefix_shorter_than_the_minimum_is_not_kept(model, tokenizer, prompts, prefix):
-    engine = HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1,
-        prefix_attention_min_tokens=len(prefix) + 1,
-    )
+    engine = HFEngine(model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=1, prefix_attention_min_tokens=len(prefix) + 1), dtype=torch.float32)
     engine.generate([request(p, max_new_tokens=4, seed=i) for i, p in enumerate(prompts)])
     assert engine.last_metrics["prefix_attention_steps"] == 0
     assert engine.last_metrics["shared_prefix_tokens"] == 2 * len(prefix)
@@ -261,13 +253,13 @@ def test_sessions_come_back_to_rows_that_hold_the_prefix(model, tokenizer, promp
 
 
 def test_only_dynamic_decode_with_the_engines_attention_keeps_a_prefix(model, tokenizer):
-    assert _engine(model, tokenizer).prefix_attention_min_tokens == 20
-    assert _engine(model, tokenizer, decode_mode="static").prefix_attention_min_tokens == 0
-    assert _engine(model, tokenizer, decode_attention="sdpa").prefix_attention_min_tokens == 0
-    with pytest.raises(ValueError, match="prefix_attention_min_cells must be >= 1, got 0"):
-        HFEngine(model, tokenizer, prefix_attention_min_cells=0)
-    with pytest.raises(ValueError, match="prefix_attention_min_tokens must be >= 0, got -1"):
-        HFEngine(model, tokenizer, prefix_attention_min_tokens=-1)
+    assert _engine(model, tokenizer).settings.prefix_attention_min_tokens == 20
+    assert _engine(model, tokenizer, decode_mode="static").settings.prefix_attention_min_tokens == 0
+    assert _engine(model, tokenizer, decode_attention="sdpa").settings.prefix_attention_min_tokens == 0
+    with pytest.raises(ValueError, match="prefix_attention_min_cells\n  Input should be greater than or equal to 1"):
+        HFEngineConfig(prefix_attention_min_cells=0)
+    with pytest.raises(ValueError, match="prefix_attention_min_tokens\n  Input should be greater than or equal to 0"):
+        HFEngineConfig(prefix_attention_min_tokens=-1)
     with pytest.raises(ValueError, match="prefix_attention_min_tokens"):
         HFEngineConfig(prefix_attention_min_tokens=-5)
     assert HFEngineConfig().prefix_attention_min_tokens == 64

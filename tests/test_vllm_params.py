@@ -35,8 +35,8 @@ def _request(prompt=(1, 2, 3), rid="r", **sampling) -> GenerationRequest:
 def test_defaults_and_shipped_vllm_config():
     cfg = load_config("configs/vllm.yaml")
     assert (cfg.device, cfg.rollout.engine) == ("cuda", "vllm") and cfg.lora.enabled
-    assert cfg.vllm.gpu_memory_utilization == 0.3 and cfg.vllm.max_model_len is None
-    assert RunConfig().vllm == VLLMConfig()
+    assert cfg.rollout.vllm.gpu_memory_utilization == 0.3 and cfg.rollout.vllm.max_model_len is None
+    assert RunConfig().rollout.vllm == VLLMConfig()
     resolved = resolve_vllm_config(VLLMConfig(), environ={})
     assert resolved == VLLMConfig()
 
@@ -77,8 +77,8 @@ def test_enable_vllm_spellings():
 def test_config_rejects_out_of_range_fraction():
     from grpo.config import ConfigError, config_from_dict
 
-    with pytest.raises(ConfigError, match="vllm.gpu_memory_utilization"):
-        config_from_dict({"vllm": {"gpu_memory_utilization": 1.2}})
+    with pytest.raises(ConfigError, match="rollout.vllm.gpu_memory_utilization"):
+        config_from_dict({"rollout": {"vllm": {"gpu_memory_utilization": 1.2}}})
 
 
 # ----- log-prob mode --------------------------------------------------------------------------------

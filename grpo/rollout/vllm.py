@@ -162,11 +162,11 @@ class VLLMEngine(RolloutEngine):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, policy, tokenizer, config, device, **options) -> VLLMEngine:
-        """Build the engine from a RunConfig (its `vllm:` section with the environment applied);
+        """Build the engine from a RunConfig (its `rollout.vllm` section with the environment applied);
         `options` go to the constructor (e.g. `api`)."""
 
         device = torch.device(device)
-        settings = resolve_vllm_config(config.vllm)
+        settings = resolve_vllm_config(config.rollout.vllm)
         rollout = config.rollout
         dtype = settings.dtype
         if dtype == "auto":

@@ -1,7 +1,7 @@
 """What the vLLM engine asks of vLLM, computed without importing vllm (CPU-testable).
 
 - `vllm_enabled(environ)`: whether `ENABLE_VLLM` (when set) leaves vLLM on.
-- `resolve_vllm_config(section, environ)`: the `vllm:` config section with the environment
+- `resolve_vllm_config(section, environ)`: the `rollout.vllm` config section with the environment
   overrides `VLLM_MAX_MODEL_LEN`, `VLLM_GPU_MEMORY_UTILIZATION` applied.
 - `choose_logprobs_mode(...)` / `check_request_logprobs(...)`: which log-probs vLLM must return so
   that they equal the trainer's log softmax(logits / T) of the sampled token, before top-p.
@@ -59,7 +59,7 @@ def vllm_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def resolve_vllm_config(section, environ: Mapping[str, str] | None = None):
-    """A copy of the `vllm:` config section (grpo.rollout.config.VLLMConfig) with the environment
+    """A copy of the `rollout.vllm` config section (grpo.rollout.config.VLLMConfig) with the environment
     variables applied. Bad values raise VLLMSettingsError naming the variable."""
     environ = os.environ if environ is None else environ
     update: dict[str, Any] = {}
@@ -220,7 +220,7 @@ def engine_kwargs(
     logprobs_mode: str,
     worker_extension_cls: str,
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM(**kwargs)` for the resolved `vllm:` section."""
+    """Keyword arguments of `vllm.LLM(**kwargs)` for the resolved `rollout.vllm` section."""
     kwargs: dict[str, Any] = {
         "model": model_dir,
         "tokenizer": tokenizer_dir,

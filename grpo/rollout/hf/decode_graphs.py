@@ -1,8 +1,8 @@
 """Fixed-shape decode steps for HFEngine, replayed as CUDA graphs on a GPU.
 
-A decode step of a small model on a GPU is launch-bound: SmolLM2-135M's eager step launched
-~1,200 kernels from Python (H100 profile at batch 512, sampling included), each doing
-microseconds of work, so the step costs the same at batch 16 as at 512 and the GPU idles. A CUDA graph records the step's kernels once and replays them with one
+A decode step of a small model on a GPU is launch-bound: SmolLM2-135M's eager step launches
+over a thousand kernels from Python (sampling included), each doing microseconds of work, so the
+step costs the same at batch 16 as at 512 and the GPU idles. A CUDA graph records the step's kernels once and replays them with one
 launch; that needs every tensor shape and address to be the same at every replay. So the decode
 steps run over
 
@@ -17,21 +17,19 @@ steps run over
 
 One graph is captured per (rows, width) bucket when first needed, then replayed to run the step
 (capturing runs no kernels); the first capture of a cache's life (per kind of step) follows an
-eager warm-up on a side stream, for what the kernels set up lazily. (Every capture had one
-before: in configs/gpu.yaml's 512-episode steps on one H200, new buckets still appeared in the
-second and third steps, and a sampling profile put ~0.65 s of each step's rollout in captures,
-warm-ups included.) Graphs share one memory pool;
+eager warm-up on a side stream, for what the kernels set up lazily (a warm-up before every
+capture made large training steps, whose new buckets keep appearing for a few steps, spend a
+large share of their rollout capturing). Graphs share one memory pool;
 they are replayed one at a time, and each one's output stays referenced, so a later capture never
 reuses memory an earlier graph's output lives in.
 
 A step may also draw the rows' next tokens (`Draws`): the sampler (grpo/rollout/hf/sampling.py) then
 runs right after the forward, in the same graph, from static buffers of the rows' random-stream
 keys, step counts, temperatures and top-p. Eagerly it is dozens of small kernels launched from
-Python after every replay (on one H200, with synchronisations around it: 1.25 ms of a 3.7 ms step
-at batch 16, 2.6 of 6.9 ms at 512); in the graph they cost only their device time, and what is left
-after the replay is the copy to the host and the finish checks (0.32 and 0.66 ms). A plain step at
-512 rows: 5.9 ms against 6.6 with the fp32 cache of before; at 16 rows 3.8 against 3.6, where the
-eager launches had overlapped the replay. Its branches depend on which kinds of rows the batch
+Python after every replay, with synchronisations around them, a large share of a decode step; in
+the graph they cost only their device time, and what is left after the replay is the copy to the
+host and the finish checks. It pays at large batches; at small ones the eager launches had
+overlapped the replay anyway. Its branches depend on which kinds of rows the batch
 holds, so those kinds are part of a graph's key; nucleus (top-p < 1) rows pick their threshold with
 data-dependent shapes and are never drawn here (the caller samples them eagerly). Each row's draw
 depends on its own logits, key and step alone, so it is the token the eager sampler would have

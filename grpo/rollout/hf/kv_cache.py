@@ -3,11 +3,9 @@
 Layout: one buffer per layer, keys and values `[rows, kv_heads, capacity, head_dim]`; with
 `keys_transposed` the keys are stored `[rows, kv_heads, head_dim, capacity]` (attention still
 sees `[rows, heads, columns, dim]` views), so a decode step's query x keys product reads each
-row's keys along the columns. On this project's 2-core CPU (SmolLM2-135M's shapes, batch 64, 128
-columns; a probe script, not the bench): that product 375 -> 194 us per layer with a bf16
-cache; a layer's whole decode attention 646 us with the fp32 cache, 454 us bf16 transposed, and
-793 us fp32 transposed -- so the engine transposes only bf16 caches. The buffers' dtype may be
-lower than the states' (HFEngine's `kv_cache_dtype`).
+row's keys along the columns. On a CPU that halves the product's time with a bf16 cache and
+slows it with an fp32 one, so the engine transposes only bf16 caches by default. The buffers'
+dtype may be lower than the states' (HFEngine's `kv_cache_dtype`).
 
 Prompts are right-aligned at column P (the longest prompt's length): every row's first sampled
 token goes to column P, the next to P + 1, and so on, so one decode step writes one column for the
