@@ -158,6 +158,28 @@ async def test_bad_arguments_get_a_schema_error_and_never_reach_the_server(manag
     assert manager.metrics()["tools/faulty.add/calls"] == 2.0
 
 
+async def test_an_argument_that_cannot_be_sent_costs_the_server_nothing(manager):
+    manager.reset_metrics()
+    pid = await server_pid(manager)
+    surrogate = json.loads('{"text": "a\\ud800"}')  # parses, but is no Unicode text
+    # Before, each such call ended the session and was retried on restarted servers (3.7 s),
+    # and with breaker_failures=2 the second one opened the breaker for everyone.
+    for _ in range(3):
+        result = await manager.call_tool("echo", surrogate)
+        assert (result.error_kind, result.retries) == ("invalid_arguments", 0)
+        assert result.text == (
+            "invalid arguments for echo: text: the string has a lone surrogate \\ud800 at "
+            "character 1, which is not Unicode text and cannot be sent. "
+            'Expected arguments: {"text": string (required)}'
+        )
+        assert result.latency_s < 1.0  # no server start in it (one takes ~1 s)
+    assert (await manager.call_tool("echo", {"text": "fine"})).text == "fine"
+    assert await server_pid(manager) == pid
+    metrics = manager.metrics()
+    assert (metrics["tools/restarts"], metrics["tools/errors/invalid_arguments"]) == (0.0, 3.0)
+    assert "tools/transport_failures" not in metrics
+
+
 async def test_tool_errors_are_results_and_not_retried(manager):
     result = await manager.call_tool("fail", {"message": "quota exceeded"})
     assert (result.text, result.is_error, result.error_kind, result.retries) == (
