@@ -130,11 +130,11 @@ async def test_oversized_output_is_truncated_with_a_marker(manager):
 
 
 async def test_oversized_structured_content_is_truncated_with_markers(manager):
-    result = await manager.call_tool("big_json", {"chars": 10_000_000})
+    result = await manager.call_tool("big_json", {"chars": 1_000_000})
     # max_structured_chars=1000: the shape stays, the long string is cut and says by how much.
     assert (result.is_error, result.structured) == (
         False,
-        {"payload": "x" * 864 + "…[truncated 9999136 chars]"},
+        {"payload": "x" * 865 + "…[truncated 999135 chars]"},
     )
     assert len(json.dumps(result.structured, ensure_ascii=False)) == 905
 

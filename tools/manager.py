@@ -26,7 +26,14 @@ from typing_extensions import Self
 
 from tools.arguments import ArgumentError, ToolArguments
 from tools.config import ToolsConfig
-from tools.connection import CallTimeout, ServerConnection, ToolServerStartError, TransportFailure
+from tools.connection import (
+    CallTimeout,
+    RequestNotSent,
+    ResultTooLarge,
+    ServerConnection,
+    ToolServerStartError,
+    TransportFailure,
+)
 from tools.procs import kill_owned_processes
 from tools.results import normalise
 
@@ -59,7 +66,8 @@ class ToolResult:
     """The server's structured content, its JSON capped at `max_structured_chars` (cut strings,
     lists and objects end in a `…[truncated N ...]` marker)."""
     error_kind: str | None = None
-    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open"""
+    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open
+    | result_too_large"""
     latency_s: float = 0.0
     retries: int = 0
 
@@ -221,6 +229,17 @@ class SharedToolManager:
             breaker.release()
             self._counts["tools/timeouts"] += 1
             return _error(f"tool {spec.name} timed out: {exc}", "timeout")
+        except RequestNotSent as exc:
+            breaker.release()  # the server never saw it: no sign of its health either way
+            return _error(f"invalid arguments for {spec.name}: {exc}", "invalid_arguments")
+        except ResultTooLarge as exc:
+            breaker.record_success()  # it answered; the answer was too big to take
+            return _error(
+                f"tool {spec.name} returned {exc.size} bytes, over the limit of "
+                f"{self.config.max_result_bytes} bytes (tools.max_result_bytes); "
+                "ask it for less output",
+                "result_too_large",
+            )
         except TransportFailure as exc:
             self._counts["tools/transport_failures"] += 1
             cause = await self._recover(connection, generation, str(exc))
