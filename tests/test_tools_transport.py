@@ -5,6 +5,7 @@ same with the test server tests/servers/faulty.py as a real subprocess."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from tools.manager import SharedToolManager
 from tools.stdio import KEPT_ENDS, LineSplitter, Oversized
 
 FAULTY = str(Path(__file__).parent / "servers" / "faulty.py")
+CHATTY = str(Path(__file__).parent / "servers" / "chatty.py")
 MB = 1 << 20
 
 
@@ -114,6 +116,23 @@ async def test_a_request_the_transport_cannot_encode_is_refused_and_the_session_
         assert (connection.generation, connection.restarts) == (1, 0)
     finally:
         await connection.close()
+
+
+@pytest.mark.anyio
+async def test_stdout_that_is_not_utf8_is_junk_and_the_server_still_serves(caplog):
+    # The SDK's reader died on the first byte that is not UTF-8: start-up then hung to its
+    # timeout, with no word of why.
+    config = ToolsConfig(
+        servers={"chatty": {"command": "python", "args": [CHATTY, "3", "--not-utf8"]}}
+    )
+    with caplog.at_level(logging.WARNING):
+        async with SharedToolManager(config) as manager:
+            assert (await manager.call_tool("echo", {"text": "hi"})).text == "hi"
+    assert [r.getMessage() for r in caplog.records] == [
+        "MCP server 'chatty' wrote a line that is not JSON-RPC to stdout (ignored): "
+        "'debug: loading plugin 0 \ufffd'; further ones are counted and reported when it stops",
+        "MCP server 'chatty' wrote 3 lines that are not JSON-RPC to stdout (ignored)",
+    ]
 
 
 async def _big_and_small(manager: SharedToolManager, megabytes: int) -> tuple[float, Any, Any]:
