@@ -37,7 +37,7 @@ from tools.connection import (
 from tools.procs import kill_owned_processes
 from tools.results import normalise
 
-__all__ = ["SharedToolManager", "ToolResult", "ToolServerStartError", "ToolSpec"]
+__all__ = ["SharedToolManager", "ToolNameClash", "ToolResult", "ToolServerStartError", "ToolSpec"]
 
 LATENCY_WINDOW = 10_000
 """Latest latencies kept per tool for the p50/p99 metrics."""
@@ -70,6 +70,24 @@ class ToolResult:
     | result_too_large"""
     latency_s: float = 0.0
     retries: int = 0
+
+
+class ToolNameClash(ToolServerStartError):
+    """Two tools would be shown to the model under one name; the message names both."""
+
+    def __init__(self, first: ToolSpec, second: ToolSpec):
+        if (first.server, first.tool) == (second.server, second.tool):
+            cause = f"server {first.server!r} lists its tool {first.tool!r} twice"
+            servers = first.server
+        else:
+            cause = (
+                f"server {first.server!r} tool {first.tool!r} and server {second.server!r} tool "
+                f"{second.tool!r} would both be named {first.name!r}; rename one of the servers "
+                "in tools.servers"
+            )
+            servers = f"{first.server}, {second.server}"
+        RuntimeError.__init__(self, f"tool names clash: {cause}")
+        self.server, self.cause, self.stderr_tail = servers, cause, ""
 
 
 @dataclass
@@ -126,10 +144,18 @@ class SharedToolManager:
             raise ToolServerStartError(
                 ", ".join(names), "several servers failed:\n\n" + "\n\n".join(map(str, failures))
             )
-        self._register_tools(connections)
+        try:
+            self._register_tools(connections)
+        except ToolNameClash:
+            await self.close()
+            raise
 
     def _register_tools(self, connections: list[ServerConnection]) -> None:
+        """Name every tool (`server__tool` where two servers share a name); raises ToolNameClash
+        when two tools would get one name. `server__tool` also reaches a tool shown unqualified,
+        unless that alias is some tool's name or the alias of two tools."""
         clashes = Counter(tool.name for c in connections for tool in c.tools)
+        entries: list[_Tool] = []
         for connection in connections:
             for tool in connection.tools:
                 qualified = f"{connection.name}__{tool.name}"
@@ -138,10 +164,21 @@ class SharedToolManager:
                 spec = ToolSpec(
                     name, connection.name, tool.name, tool.description or "", arguments.schema
                 )
-                entry = _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
-                self._tools[name] = entry
-                self._lookup[name] = entry
-                self._lookup.setdefault(qualified, entry)
+                entries.append(
+                    _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
+                )
+        named: dict[str, _Tool] = {}
+        for entry in entries:
+            other = named.setdefault(entry.spec.name, entry)
+            if other is not entry:
+                raise ToolNameClash(other.spec, entry.spec)
+        aliases = Counter(f"{e.spec.server}__{e.spec.tool}" for e in entries)
+        self._tools = named
+        self._lookup = dict(named)
+        for entry in entries:
+            alias = f"{entry.spec.server}__{entry.spec.tool}"
+            if alias not in named and aliases[alias] == 1:
+                self._lookup[alias] = entry
 
     async def close(self) -> None:
         """Stop every server; idempotent, and safe while being cancelled."""
