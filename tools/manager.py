@@ -3,10 +3,10 @@
 One long-lived session per configured server (stdio child process or streamable HTTP), started
 concurrently and shared by every episode. `tool_specs()` is what environments render into
 prompts; `call_tool()` is what they call. Start-up is the one place that raises: `call_tool`
-turns every tool-side problem (bad arguments, unknown tool, tool error, timeout, dead server,
-open circuit breaker) into a ToolResult with `is_error=True` and an `error_kind`, retrying
-transport failures (after restarting the dead server) and, where a server asks for it
-(`retry_on_timeout`), timeouts, with exponential backoff.
+turns every tool-side problem (bad or unsendable arguments, unknown tool, tool error, timeout,
+result over the size limit, dead server, open circuit breaker) into a ToolResult with
+`is_error=True` and an `error_kind`, retrying transport failures (after restarting the dead
+server) and, where a server asks for it (`retry_on_timeout`), timeouts, with exponential backoff.
 """
 
 from __future__ import annotations
