@@ -128,9 +128,12 @@ async def test_stdout_that_is_not_utf8_is_junk_and_the_server_still_serves(caplo
     with caplog.at_level(logging.WARNING):
         async with SharedToolManager(config) as manager:
             assert (await manager.call_tool("echo", {"text": "hi"})).text == "hi"
-    assert [r.getMessage() for r in caplog.records] == [
+    first = (
         "MCP server 'chatty' wrote a line that is not JSON-RPC to stdout (ignored): "
-        "'debug: loading plugin 0 \ufffd'; further ones are counted and reported when it stops",
+        "'debug: loading plugin 0 \ufffd'; further ones are counted and reported when it stops"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        first,
         "MCP server 'chatty' wrote 3 lines that are not JSON-RPC to stdout (ignored)",
     ]
 
