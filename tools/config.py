@@ -126,6 +126,11 @@ class ToolsConfig(_Section):
     """Seconds an open breaker refuses calls before one trial call."""
     max_output_chars: int = Field(default=4000, ge=64)
     """Tool results longer than this are truncated with a marker."""
+    max_result_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest answer read from a stdio server (bytes of one JSON-RPC message). A larger one is
+    drained without being kept, and the call returns a `result_too_large` error saying how large
+    the result was; the server keeps running. Results are read whole before they are truncated
+    to `max_output_chars`, so this bounds the memory and time one call can cost."""
     max_structured_chars: int = Field(default=100_000, ge=64)
     """Structured content whose JSON is longer than this is cut to fit: long strings, lists and
     objects keep their first part and end in a `…[truncated N ...]` marker."""

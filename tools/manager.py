@@ -3,10 +3,10 @@
 One long-lived session per configured server (stdio child process or streamable HTTP), started
 concurrently and shared by every episode. `tool_specs()` is what environments render into
 prompts; `call_tool()` is what they call. Start-up is the one place that raises: `call_tool`
-turns every tool-side problem (bad arguments, unknown tool, tool error, timeout, dead server,
-open circuit breaker) into a ToolResult with `is_error=True` and an `error_kind`, retrying
-transport failures (after restarting the dead server) and, where a server asks for it
-(`retry_on_timeout`), timeouts, with exponential backoff.
+turns every tool-side problem (bad or unsendable arguments, unknown tool, tool error, timeout,
+result over the size limit, dead server, open circuit breaker) into a ToolResult with
+`is_error=True` and an `error_kind`, retrying transport failures (after restarting the dead
+server) and, where a server asks for it (`retry_on_timeout`), timeouts, with exponential backoff.
 """
 
 from __future__ import annotations
@@ -26,11 +26,18 @@ from typing_extensions import Self
 
 from tools.arguments import ArgumentError, ToolArguments
 from tools.config import ToolsConfig
-from tools.connection import CallTimeout, ServerConnection, ToolServerStartError, TransportFailure
+from tools.connection import (
+    CallTimeout,
+    RequestNotSent,
+    ResultTooLarge,
+    ServerConnection,
+    ToolServerStartError,
+    TransportFailure,
+)
 from tools.procs import kill_owned_processes
 from tools.results import normalise
 
-__all__ = ["SharedToolManager", "ToolResult", "ToolServerStartError", "ToolSpec"]
+__all__ = ["SharedToolManager", "ToolNameClash", "ToolResult", "ToolServerStartError", "ToolSpec"]
 
 LATENCY_WINDOW = 10_000
 """Latest latencies kept per tool for the p50/p99 metrics."""
@@ -59,9 +66,28 @@ class ToolResult:
     """The server's structured content, its JSON capped at `max_structured_chars` (cut strings,
     lists and objects end in a `…[truncated N ...]` marker)."""
     error_kind: str | None = None
-    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open"""
+    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open
+    | result_too_large"""
     latency_s: float = 0.0
     retries: int = 0
+
+
+class ToolNameClash(ToolServerStartError):
+    """Two tools would be shown to the model under one name; the message names both."""
+
+    def __init__(self, first: ToolSpec, second: ToolSpec):
+        if (first.server, first.tool) == (second.server, second.tool):
+            cause = f"server {first.server!r} lists its tool {first.tool!r} twice"
+            servers = first.server
+        else:
+            cause = (
+                f"server {first.server!r} tool {first.tool!r} and server {second.server!r} tool "
+                f"{second.tool!r} would both be named {first.name!r}; rename one of the servers "
+                "in tools.servers"
+            )
+            servers = f"{first.server}, {second.server}"
+        RuntimeError.__init__(self, f"tool names clash: {cause}")
+        self.server, self.cause, self.stderr_tail = servers, cause, ""
 
 
 @dataclass
@@ -118,10 +144,18 @@ class SharedToolManager:
             raise ToolServerStartError(
                 ", ".join(names), "several servers failed:\n\n" + "\n\n".join(map(str, failures))
             )
-        self._register_tools(connections)
+        try:
+            self._register_tools(connections)
+        except ToolNameClash:
+            await self.close()
+            raise
 
     def _register_tools(self, connections: list[ServerConnection]) -> None:
+        """Name every tool (`server__tool` where two servers share a name); raises ToolNameClash
+        when two tools would get one name. `server__tool` also reaches a tool shown unqualified,
+        unless that alias is some tool's name or the alias of two tools."""
         clashes = Counter(tool.name for c in connections for tool in c.tools)
+        entries: list[_Tool] = []
         for connection in connections:
             for tool in connection.tools:
                 qualified = f"{connection.name}__{tool.name}"
@@ -130,10 +164,21 @@ class SharedToolManager:
                 spec = ToolSpec(
                     name, connection.name, tool.name, tool.description or "", arguments.schema
                 )
-                entry = _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
-                self._tools[name] = entry
-                self._lookup[name] = entry
-                self._lookup.setdefault(qualified, entry)
+                entries.append(
+                    _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
+                )
+        named: dict[str, _Tool] = {}
+        for entry in entries:
+            other = named.setdefault(entry.spec.name, entry)
+            if other is not entry:
+                raise ToolNameClash(other.spec, entry.spec)
+        aliases = Counter(f"{e.spec.server}__{e.spec.tool}" for e in entries)
+        self._tools = named
+        self._lookup = dict(named)
+        for entry in entries:
+            alias = f"{entry.spec.server}__{entry.spec.tool}"
+            if alias not in named and aliases[alias] == 1:
+                self._lookup[alias] = entry
 
     async def close(self) -> None:
         """Stop every server; idempotent, and safe while being cancelled."""
@@ -221,6 +266,17 @@ class SharedToolManager:
             breaker.release()
             self._counts["tools/timeouts"] += 1
             return _error(f"tool {spec.name} timed out: {exc}", "timeout")
+        except RequestNotSent as exc:
+            breaker.release()  # the server never saw it: no sign of its health either way
+            return _error(f"invalid arguments for {spec.name}: {exc}", "invalid_arguments")
+        except ResultTooLarge as exc:
+            breaker.record_success()  # it answered; the answer was too big to take
+            return _error(
+                f"tool {spec.name} returned {exc.size} bytes, over the limit of "
+                f"{self.config.max_result_bytes} bytes (tools.max_result_bytes); "
+                "ask it for less output",
+                "result_too_large",
+            )
         except TransportFailure as exc:
             self._counts["tools/transport_failures"] += 1
             cause = await self._recover(connection, generation, str(exc))
