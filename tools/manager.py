@@ -18,6 +18,7 @@ import math
 import random
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ import anyio
 from typing_extensions import Self
 
 from tools.arguments import ArgumentError, ToolArguments
-from tools.config import ToolsConfig
+from tools.config import MCPServerConfig, ToolsConfig
 from tools.connection import (
     CallTimeout,
     RequestNotSent,
@@ -103,10 +104,17 @@ class _Tool:
 
 
 class SharedToolManager:
-    def __init__(self, config: ToolsConfig):
+    def __init__(
+        self,
+        config: ToolsConfig,
+        connect: Callable[[str, MCPServerConfig, ToolsConfig], ServerConnection] = ServerConnection,
+    ):
+        """`connect(name, server, config)` makes the connection to one enabled server
+        (`ServerConnection`: its subprocess or HTTP session); a bench passes a stand-in that
+        answers in-process to measure the manager's own work."""
         self.config = config
         self._connections = {
-            name: ServerConnection(name, server, config)
+            name: connect(name, server, config)
             for name, server in config.servers.items()
             if server.enabled
         }
