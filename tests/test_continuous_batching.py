@@ -137,7 +137,11 @@ def test_a_request_that_does_not_fit_waits_for_the_batch_to_drain(model, tokeniz
 
 def test_full_batch_rows_free_up_for_waiting_requests(model, tokenizer, prompts):
     requests = [request(prompts[i % 3], max_new_tokens=3 + 4 * i, seed=i) for i in range(5)]
-    engine = HFEngine(model, tokenizer, HFEngineConfig(max_batch_size=2, compact_fraction=2.0), dtype=torch.float32)
+    engine = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            max_batch_size=2, compact_fraction=2.0
+        ), dtype=torch.float32,
+    )
     results = engine.generate(requests)  # 5 requests through 2 rows: each joins as one finishes
     assert engine.last_metrics["waves"] == 1 and engine.last_metrics["joined_requests"] == 3
     for want, got in zip(_alone(engine, requests), results, strict=True):
@@ -206,7 +210,11 @@ def test_a_sessions_next_turn_prefills_only_its_new_tokens(
         GenerationRequest(prompts[3], SamplingParams(max_new_tokens=30, seed=9), session="d")
     )
     observation = tokenizer.encode(" The tool says 42.")
-    engine = HFEngine(model, tokenizer, HFEngineConfig(decode_mode=decode_mode, prefill_chunk_tokens=chunk_tokens), dtype=torch.float32)
+    engine = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            decode_mode=decode_mode, prefill_chunk_tokens=chunk_tokens
+        ), dtype=torch.float32,
+    )
     feed = ConversationFeed({0: first}, observation, delay={"a": 0, "b": 9, "c": 6, "d": 0})
     engine.serve(feed)
     assert len(feed.results) == 8
@@ -259,7 +267,11 @@ def test_a_parked_row_whose_last_token_is_not_in_the_cache_yet(model, tokenizer,
         )
         for i, name in enumerate("ef")
     ]
-    engine = HFEngine(model, tokenizer, HFEngineConfig(decode_mode=decode_mode), dtype=torch.float32, device="cuda" if decode_mode == "graph" else None)
+    engine = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            decode_mode=decode_mode
+        ), dtype=torch.float32, device="cuda" if decode_mode == "graph" else None,
+    )
     feed = ConversationFeed({0: first}, tokenizer.encode(" next"), delay={"e": 0, "f": 4})
     engine.serve(feed)
     assert engine.last_metrics["resumed_requests"] == 2
@@ -441,6 +453,8 @@ def test_cuda_graph_serve_resumes_sessions_like_dynamic(model, tokenizer, prompt
     feed = ConversationFeed({0: first}, tokenizer.encode(" ok"), delay={"a": 0, "b": 3, "c": 0})
     graph.serve(feed)
     assert graph.last_metrics["resumed_requests"] == 3
-    dynamic = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="dynamic"), dtype=torch.float32, device="cuda")
+    dynamic = HFEngine(
+        model, tokenizer, HFEngineConfig(decode_mode="dynamic"), dtype=torch.float32, device="cuda"
+    )
     for ticket, want in enumerate(_alone(dynamic, feed.tickets)):
         _assert_same(want, feed.results[ticket])

@@ -35,7 +35,11 @@ def prompts(tokenizer):
 def test_static_steps_draw_the_tokens_the_sampler_draws_after_them(model, tokenizer, prompts):
     requests = _seeded_requests(prompts, 5) + _seeded_requests(prompts, 2, temperature=0.0)
     requests += _seeded_requests(prompts, 2, temperature=0.7)
-    after = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="static", sample_in_decode_step=False), dtype=torch.float32)
+    after = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            decode_mode="static", sample_in_decode_step=False
+        ), dtype=torch.float32,
+    )
     inside = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="static"), dtype=torch.float32)
     static = load_config(None, ["device=cpu", "rollout.hf.decode_mode=static"])
     assert inside.settings.sample_in_decode_step and make_engine(

@@ -73,7 +73,12 @@ def test_transposed_keys_sample_what_plain_keys_sample(model, tokenizer, prompts
         for i in range(5)
     ]
     engines = [
-        HFEngine(model, tokenizer, HFEngineConfig(keys_transposed=t, decode_mode=decode_mode, max_batch_size=3, compact_fraction=0.0, shared_prefix_min_tokens=1), dtype=torch.float32)
+        HFEngine(
+            model, tokenizer, HFEngineConfig(
+                keys_transposed=t, decode_mode=decode_mode, max_batch_size=3, compact_fraction=0.0,
+                shared_prefix_min_tokens=1,
+            ), dtype=torch.float32,
+        )
         for t in (False, True)
     ]
     plain, transposed = (engine.generate(requests) for engine in engines)
@@ -160,7 +165,11 @@ def test_a_bf16_cache_is_used_and_stays_close_to_an_fp32_forward(model, tokenize
         GenerationRequest(p, SamplingParams(max_new_tokens=12, seed=i)) for i, p in enumerate(prompts)
     ]
     fp32 = HFEngine(model, tokenizer, dtype=torch.float32).generate(requests)
-    engine = HFEngine(model, tokenizer, HFEngineConfig(kv_cache_dtype="bfloat16", decode_mode="static"), dtype=torch.float32)
+    engine = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            kv_cache_dtype="bfloat16", decode_mode="static"
+        ), dtype=torch.float32,
+    )
     results = engine.generate(requests)
     keys = engine.runner.static_decoder.cache.layers[0].keys
     assert keys.dtype == torch.bfloat16 and engine.runner.keys_transposed

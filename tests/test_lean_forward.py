@@ -235,7 +235,11 @@ def test_cuda_graph_decode_samples_the_same_lean_or_not(model, tokenizer, prompt
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=i)) for i, p in enumerate(prompts * 3)]
     got = {}
     for lean in (True, False):
-        engine = HFEngine(model.cuda(), tokenizer, HFEngineConfig(lean_forward=lean, decode_mode="graph"), dtype=dtype)
+        engine = HFEngine(
+            model.cuda(), tokenizer, HFEngineConfig(
+                lean_forward=lean, decode_mode="graph"
+            ), dtype=dtype,
+        )
         assert (engine.runner.lean is not None) == lean, engine.runner.lean_reason
         got[lean] = _results(engine.generate(requests))
     assert got[True] == got[False]

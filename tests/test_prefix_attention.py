@@ -180,14 +180,22 @@ def test_rows_holding_the_prefix_sample_what_they_sample_alone(model, tokenizer,
     few = _engine(model, tokenizer, prefix_attention_min_cells=6 * len(prefix))
     few.generate(requests)
     assert few.last_metrics["prefix_attention_steps"] > 0  # the first steps, all 6 rows live
-    off = HFEngine(model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=1, prefix_attention_min_tokens=0), dtype=torch.float32)
+    off = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            shared_prefix_min_tokens=1, prefix_attention_min_tokens=0
+        ), dtype=torch.float32,
+    )
     off.generate(requests)
     assert off.last_metrics["prefix_attention_steps"] == 0
     assert off.last_metrics["decode_steps"] == metrics["decode_steps"]
 
 
 def test_a_prefix_shorter_than_the_minimum_is_not_kept(model, tokenizer, prompts, prefix):
-    engine = HFEngine(model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=1, prefix_attention_min_tokens=len(prefix) + 1), dtype=torch.float32)
+    engine = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            shared_prefix_min_tokens=1, prefix_attention_min_tokens=len(prefix) + 1
+        ), dtype=torch.float32,
+    )
     engine.generate([request(p, max_new_tokens=4, seed=i) for i, p in enumerate(prompts)])
     assert engine.last_metrics["prefix_attention_steps"] == 0
     assert engine.last_metrics["shared_prefix_tokens"] == 2 * len(prefix)

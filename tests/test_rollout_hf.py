@@ -370,7 +370,11 @@ def test_static_decode_equals_dynamic_with_compaction_waves_and_reuse(model, tok
     long = [request(prompts[2], max_new_tokens=300, seed=5, stop_token_ids=(2,))]
     _assert_same_results(dynamic.generate(long), static.generate(long))
     assert static.runner.static_decoder.cache.capacity == 512
-    waves = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="static", max_batch_size=3), dtype=torch.float32)
+    waves = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            decode_mode="static", max_batch_size=3
+        ), dtype=torch.float32,
+    )
     _assert_same_results(expected, waves.generate(requests))
     # Steps padded to at least 4 rows (what graph decode does with 64): the same results.
     assert {rows for rows, _ in static.runner.static_decoder.buckets} == {1, 2, 4, 8}

@@ -83,7 +83,11 @@ def test_prompts_that_start_alike_sample_what_they_sample_prefilled_whole(
     expected = whole.generate(requests)
     assert whole.last_metrics["shared_prefix_tokens"] == 0
     assert whole.last_metrics["prefill_tokens"] == sum(len(p) for p in prompts)
-    engine = HFEngine(model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=1, decode_mode=decode_mode, prefill_chunk_tokens=chunk_tokens), dtype=torch.float32)
+    engine = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            shared_prefix_min_tokens=1, decode_mode=decode_mode, prefill_chunk_tokens=chunk_tokens
+        ), dtype=torch.float32,
+    )
     got = engine.generate(requests)
     for want, result in zip(expected, got):
         _assert_same(want, result)
@@ -109,9 +113,15 @@ def test_waves_and_compaction_keep_shared_prefix_rows_exact(model, tokenizer, pr
         request(prompts[i % 3], max_new_tokens=4 + 3 * i, seed=i, stop_token_ids=(2,))
         for i in range(7)
     ]
-    expected = HFEngine(model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=0), dtype=torch.float32).generate(requests)
+    expected = HFEngine(
+        model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=0), dtype=torch.float32
+    ).generate(requests)
     # Two rows at a time: later requests join the running batch as rows finish and compact away.
-    engine = HFEngine(model, tokenizer, HFEngineConfig(shared_prefix_min_tokens=1, max_batch_size=2, compact_fraction=0.0), dtype=torch.float32)
+    engine = HFEngine(
+        model, tokenizer, HFEngineConfig(
+            shared_prefix_min_tokens=1, max_batch_size=2, compact_fraction=0.0
+        ), dtype=torch.float32,
+    )
     got = engine.generate(requests)
     for want, result in zip(expected, got):
         _assert_same(want, result)
