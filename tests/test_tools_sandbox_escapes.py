@@ -5,6 +5,7 @@ asserts that it succeeds: these tests are the sandbox's table of what each level
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import subprocess
@@ -99,6 +100,59 @@ async def test_a_private_file_of_the_servers_user_is_unreadable(isolation, tmp_p
         "rlimits": f"read: ok: {CANARY}",  # not contained
     }[isolation]
     assert (result.exit_reason, result.stdout) == ("ok", f"{guard_line(isolation)}\n{expected}\n")
+
+
+# add_key and keyctl by machine; KEYCTL_SEARCH, KEYCTL_READ, KEYCTL_REVOKE; the user key ring.
+KEY_CALLS = {"x86_64": (248, 250), "aarch64": (217, 219), "riscv64": (217, 219)}
+SEARCH, READ, REVOKE, USER_KEYRING = 10, 11, 3, -4
+
+
+def _keyctl(*args: int | bytes) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    longs = [a if isinstance(a, bytes) else ctypes.c_long(a) for a in args]
+    return libc.syscall(*longs)
+
+
+@pytest.fixture
+def key_in_the_users_key_ring():
+    """A secret where the kernel keeps them for the server's user (its user key ring)."""
+    if os.uname().machine not in KEY_CALLS:
+        pytest.skip(f"no key-ring call numbers for {os.uname().machine} in this test")
+    add_key, keyctl = KEY_CALLS[os.uname().machine]
+    name = f"mcp-grpo-{uuid.uuid4().hex[:8]}".encode()
+    key = _keyctl(add_key, b"user", name, CANARY.encode(), len(CANARY), USER_KEYRING)
+    if key < 0:
+        pytest.skip(f"add_key refused here: {os.strerror(ctypes.get_errno())}")
+    yield name.decode(), keyctl
+    _keyctl(keyctl, REVOKE, key)
+
+
+async def test_the_users_key_ring_is_unreadable(isolation, key_in_the_users_key_ring):
+    name, keyctl = key_in_the_users_key_ring
+    program = GUARD_OFF + (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.syscall.restype = ctypes.c_long\n"
+        "def call(*args):\n"
+        "    got = libc.syscall(*[ctypes.c_long(a) if type(a) is int else a for a in args])\n"
+        "    if got < 0:\n"
+        "        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+        "    return got\n"
+        "def read_key():\n"
+        f"    key = call({keyctl}, {SEARCH}, {USER_KEYRING}, b'user', {name.encode()!r}, 0)\n"
+        "    buffer = ctypes.create_string_buffer(64)\n"
+        f"    call({keyctl}, {READ}, key, buffer, 64)\n"
+        "    return buffer.value.decode()\n"
+        "attempt('key', read_key)\n"
+    )
+    result = await run_sandboxed(program, LIMITS, isolation)
+    expected = {
+        "namespaces": "key: PermissionError: [Errno 1] Operation not permitted",  # seccomp
+        "landlock": "key: PermissionError: [Errno 1] Operation not permitted",  # seccomp
+        "rlimits": f"key: ok: {CANARY}",  # not contained
+    }[isolation]
+    assert result.stdout == f"{guard_line(isolation)}\n{expected}\n"
 
 
 async def test_writing_outside_the_work_dir(isolation):

@@ -16,10 +16,10 @@ NO_SUCH_CALL = 0x00050000 | errno.ENOSYS
 OWN_PID = 4242
 # (audit architecture, call numbers) as the kernel's tables give them, written out here rather
 # than read from the module under test.
-CALLS = ("read", "socket", "socketpair", "clone", "kill", "tgkill", "prctl", "clone3")
-GENERIC = dict(zip(CALLS, (63, 198, 199, 220, 129, 131, 167, 435)))
+CALLS = ("read", "socket", "socketpair", "clone", "kill", "tgkill", "prctl", "clone3", "keyctl")
+GENERIC = dict(zip(CALLS, (63, 198, 199, 220, 129, 131, 167, 435, 219)))
 MACHINES = {
-    "x86_64": (0xC000003E, dict(zip(CALLS, (0, 41, 53, 56, 62, 234, 157, 435)))),
+    "x86_64": (0xC000003E, dict(zip(CALLS, (0, 41, 53, 56, 62, 234, 157, 435, 250)))),
     "aarch64": (0xC00000B7, GENERIC),
     "riscv64": (0xC00000F3, GENERIC),
 }
@@ -60,6 +60,7 @@ def test_the_filter_decides_alike_on_every_architecture(machine):
         "tgkill another": (nr["tgkill"], 1, REFUSED),
         "clear the parent-death signal": (nr["prctl"], 1, REFUSED),
         "name a thread": (nr["prctl"], 15, ALLOW),
+        "read a key ring": (nr["keyctl"], 11, REFUSED),
     }
     decided = {name: decide(program, arch, call, arg) for name, (call, arg, _) in cases.items()}
     assert decided == {name: expected for name, (_, _, expected) in cases.items()}

@@ -8,6 +8,7 @@ asks (C code and ctypes included):
   so that the C library falls back to clone, whose flags the filter can read;
 - signals to any process but itself (kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo name its
   own pid, or kill its own process group; tkill and pidfd_send_signal not at all);
+- the kernel's key rings (keyctl, add_key, request_key), which the server's user may share;
 - prctl(PR_SET_PDEATHSIG): the process keeps dying with its keeper.
 
 Refused calls fail with EPERM ("Operation not permitted"). Every call of another architecture's
@@ -51,6 +52,9 @@ _TABLES = {
             "tkill": 200,
             "tgkill": 234,
             "rt_tgsigqueueinfo": 297,
+            "add_key": 248,
+            "request_key": 249,
+            "keyctl": 250,
         },
     ),
 }
@@ -62,6 +66,9 @@ _GENERIC = {
     "rt_sigqueueinfo": 138,
     "prctl": 167,
     "socket": 198,
+    "add_key": 217,
+    "request_key": 218,
+    "keyctl": 219,
     "clone": 220,
     "rt_tgsigqueueinfo": 240,
 }
@@ -85,6 +92,9 @@ _ALWAYS_REFUSED = (
     "io_uring_setup",
     "io_uring_enter",
     "io_uring_register",
+    "add_key",
+    "request_key",
+    "keyctl",
 )
 
 
