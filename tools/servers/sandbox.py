@@ -385,16 +385,16 @@ def level_gaps(isolation: Isolation) -> str:
             f"installation and a few files in /etc){truncate}"
         )
     if os.geteuid() == 0:  # dropped capabilities guard root's other processes; fork works
-        reads = "reads of every file the server's user may read"
+        reads = "reads of every file and key ring the server's user may read"
         processes = (
             "; processes that outlive the call (a program may fork, and a child that kills its "
             "keeper and lets go of the output keeps running)"
         )
-    else:  # RLIMIT_NPROC 0 stops fork; a user namespace of its own hides the others' memory
+    else:  # RLIMIT_NPROC 0 stops fork; a user namespace of its own hides the others' secrets
         reads = (
             "reads of every file the server's user may read and, where the kernel gives the "
-            "program no user namespace of its own, of the environment of that user's other "
-            "processes"
+            "program no user namespace of its own, of that user's key rings and the environment "
+            "of its other processes"
         )
         processes = ""
     return (
