@@ -171,7 +171,7 @@ async def test_the_isolation_can_be_forced_and_a_weak_one_says_what_it_does_not_
         "rlimits",
     )
     assert result.structured["not_contained"].startswith(
-        "only an in-process guard, which C code bypasses, stops writes outside the work directory"
+        "writes outside the work directory, network connections, signals to other processes"
     )
 
 
