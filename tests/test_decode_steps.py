@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ScheduledFeed, _alone, _assert_same
 from test_rollout_hf import _assert_same_results, _seeded_requests, request
 
@@ -35,12 +36,8 @@ def prompts(tokenizer):
 def test_static_steps_draw_the_tokens_the_sampler_draws_after_them(model, tokenizer, prompts):
     requests = _seeded_requests(prompts, 5) + _seeded_requests(prompts, 2, temperature=0.0)
     requests += _seeded_requests(prompts, 2, temperature=0.7)
-    after = HFEngine(
-        model, tokenizer, HFEngineConfig(
-            decode_mode="static", sample_in_decode_step=False
-        ), dtype=torch.float32,
-    )
-    inside = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="static"), dtype=torch.float32)
+    after = fp32_engine(model, tokenizer, decode_mode="static", sample_in_decode_step=False)
+    inside = fp32_engine(model, tokenizer, decode_mode="static")
     static = load_config(None, ["device=cpu", "rollout.hf.decode_mode=static"])
     assert inside.settings.sample_in_decode_step and make_engine(
         "hf", policy=model, tokenizer=tokenizer, config=static).settings.sample_in_decode_step
@@ -81,11 +78,11 @@ def test_requests_joining_a_running_batch_wait_a_few_steps_to_join_together(mode
             5: [request(prompts[3], max_new_tokens=5, seed=4)],
         }
 
-    at_once = HFEngine(model, tokenizer, HFEngineConfig(join_wait_steps=0), dtype=torch.float32)
+    at_once = fp32_engine(model, tokenizer, join_wait_steps=0)
     eager_feed = ScheduledFeed(schedule())
     at_once.serve(eager_feed)
     assert (at_once.last_metrics["joins"], at_once.last_metrics["joined_requests"]) == (3, 3)
-    patient = HFEngine(model, tokenizer, HFEngineConfig(join_wait_steps=2), dtype=torch.float32)
+    patient = fp32_engine(model, tokenizer, join_wait_steps=2)
     feed = ScheduledFeed(schedule())
     patient.serve(feed)
     # The request of step 3 waits two steps and joins with those of steps 4 and 5: one prefill.
@@ -95,7 +92,7 @@ def test_requests_joining_a_running_batch_wait_a_few_steps_to_join_together(mode
         _assert_same(want, feed.results[ticket])
         _assert_same(want, eager_feed.results[ticket])
     # generate's requests beyond the batch join as rows free up, at once
-    waves = HFEngine(model, tokenizer, HFEngineConfig(max_batch_size=1, join_wait_steps=5), dtype=torch.float32)
+    waves = fp32_engine(model, tokenizer, max_batch_size=1, join_wait_steps=5)
     two = [request(prompts[0], max_new_tokens=3, seed=1), request(prompts[1], max_new_tokens=3, seed=2)]
     waves.generate(two)
     assert waves.last_metrics["decode_steps"] == 4  # 2 + 2: no step without a live row

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ConversationFeed, _assert_same
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -73,12 +74,8 @@ def test_transposed_keys_sample_what_plain_keys_sample(model, tokenizer, prompts
         for i in range(5)
     ]
     engines = [
-        HFEngine(
-            model, tokenizer, HFEngineConfig(
-                keys_transposed=t, decode_mode=decode_mode, max_batch_size=3, compact_fraction=0.0,
-                shared_prefix_min_tokens=1,
-            ), dtype=torch.float32,
-        )
+        fp32_engine(model, tokenizer, keys_transposed=t, decode_mode=decode_mode, max_batch_size=3,
+                    compact_fraction=0.0, shared_prefix_min_tokens=1)
         for t in (False, True)
     ]
     plain, transposed = (engine.generate(requests) for engine in engines)
@@ -97,7 +94,7 @@ def test_transposed_keys_resume_sessions_like_plain_keys(model, tokenizer, promp
     observation = tokenizer.encode(" The tool says 42.")
     results = []
     for transposed in (False, True):
-        engine = HFEngine(model, tokenizer, HFEngineConfig(keys_transposed=transposed), dtype=torch.float32)
+        engine = fp32_engine(model, tokenizer, keys_transposed=transposed)
         feed = ConversationFeed({0: list(first)}, observation, delay={"a": 0, "b": 3, "c": 1})
         engine.serve(feed)
         assert engine.last_metrics["resumed_requests"] == 3
@@ -116,7 +113,7 @@ def test_a_bf16_cache_resumes_sessions_like_an_fp32_one(model, tokenizer, prompt
     observation = tokenizer.encode(" The tool says 42.")
     results = []
     for cache_dtype in ("float32", "bfloat16"):
-        engine = HFEngine(model, tokenizer, HFEngineConfig(kv_cache_dtype=cache_dtype), dtype=torch.float32)
+        engine = fp32_engine(model, tokenizer, kv_cache_dtype=cache_dtype)
         feed = ConversationFeed({0: list(first)}, observation, delay={"a": 0, "b": 1})
         engine.serve(feed)
         assert not feed.failed and engine.last_metrics["resumed_requests"] == 2
@@ -129,7 +126,7 @@ def test_a_bf16_cache_resumes_sessions_like_an_fp32_one(model, tokenizer, prompt
 def test_the_cpu_default_is_a_transposed_bf16_cache_for_the_bf16_copy(model, tokenizer):
     default = HFEngine(model, tokenizer)  # bf16 matmuls on this CPU
     assert (default.runner.kv_cache_dtype, default.runner.keys_transposed) == (torch.bfloat16, True)
-    fp32 = HFEngine(model, tokenizer, dtype=torch.float32)
+    fp32 = fp32_engine(model, tokenizer)
     assert (fp32.runner.kv_cache_dtype, fp32.runner.keys_transposed) == (torch.float32, False)
     assert HFEngine(model, tokenizer, dtype=None).runner.kv_cache_dtype is None
     sdpa = HFEngine(model, tokenizer, HFEngineConfig(decode_attention="sdpa"))  # SDPA wants one dtype
@@ -164,12 +161,8 @@ def test_a_bf16_cache_is_used_and_stays_close_to_an_fp32_forward(model, tokenize
     requests = [
         GenerationRequest(p, SamplingParams(max_new_tokens=12, seed=i)) for i, p in enumerate(prompts)
     ]
-    fp32 = HFEngine(model, tokenizer, dtype=torch.float32).generate(requests)
-    engine = HFEngine(
-        model, tokenizer, HFEngineConfig(
-            kv_cache_dtype="bfloat16", decode_mode="static"
-        ), dtype=torch.float32,
-    )
+    fp32 = fp32_engine(model, tokenizer).generate(requests)
+    engine = fp32_engine(model, tokenizer, kv_cache_dtype="bfloat16", decode_mode="static")
     results = engine.generate(requests)
     keys = engine.runner.static_decoder.cache.layers[0].keys
     assert keys.dtype == torch.bfloat16 and engine.runner.keys_transposed

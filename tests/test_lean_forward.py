@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import test_prefix_attention
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ConversationFeed
 from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -32,7 +33,7 @@ model, prefix, prompts = test_prefix_attention.model, test_prefix_attention.pref
 
 
 def _engine(model, tokenizer, lean: bool, **settings) -> HFEngine:
-    return HFEngine(model, tokenizer, HFEngineConfig(lean_forward=lean, **settings), dtype=torch.float32)
+    return fp32_engine(model, tokenizer, lean_forward=lean, **settings)
 
 
 def _counts(metrics: dict) -> dict:
@@ -148,7 +149,7 @@ def test_an_unsupported_model_says_why_and_keeps_transformers_forward(model, tok
         num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
         sliding_window=None,
     )).eval()
-    engine = HFEngine(mistral, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(mistral, tokenizer)
     assert engine.runner.lean is None and engine.runner.architecture.name == "generic"
     assert engine.runner.lean_reason == "no lean forward for model type 'mistral' (grpo/rollout/hf/families/)"
     assert engine.describe()["forward"] == f"transformers' modules ({engine.runner.lean_reason})"
@@ -160,7 +161,7 @@ def test_an_unsupported_model_says_why_and_keeps_transformers_forward(model, tok
 
     own = OwnLlama(model.config).eval()
     own.load_state_dict(model.state_dict())
-    engine = HFEngine(own, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(own, tokenizer)
     assert engine.runner.lean_reason == "the model is OwnLlama, not transformers' LlamaForCausalLM"
     assert len(engine.generate([request])[0].token_ids) == 4
 
@@ -200,7 +201,7 @@ def test_an_engine_copy_of_a_policy_drops_its_training_hook_and_runs_lean(tokeni
     policy = build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
     embedding = policy.get_input_embeddings()
     assert ReusedEmbeddingGradient.install(embedding) is not None
-    engine = HFEngine(policy, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(policy, tokenizer)
     assert engine.runner.lean is not None and engine.runner.lean_reason is None
     assert not engine.runner.model.get_input_embeddings()._forward_hooks
     assert len(embedding._forward_hooks) == 1  # the policy keeps its own
@@ -235,11 +236,8 @@ def test_cuda_graph_decode_samples_the_same_lean_or_not(model, tokenizer, prompt
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=i)) for i, p in enumerate(prompts * 3)]
     got = {}
     for lean in (True, False):
-        engine = HFEngine(
-            model.cuda(), tokenizer, HFEngineConfig(
-                lean_forward=lean, decode_mode="graph"
-            ), dtype=dtype,
-        )
+        settings = HFEngineConfig(lean_forward=lean, decode_mode="graph")
+        engine = HFEngine(model.cuda(), tokenizer, settings, dtype=dtype)
         assert (engine.runner.lean is not None) == lean, engine.runner.lean_reason
         got[lean] = _results(engine.generate(requests))
     assert got[True] == got[False]

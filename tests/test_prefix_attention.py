@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ConversationFeed, ScheduledFeed, _alone, _assert_same
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
@@ -145,14 +146,14 @@ def _engine(model, tokenizer, **settings) -> HFEngine:
     # tokens, and every decode step that saves a column attends it once.
     settings = {"prefix_attention_min_cells": 1, "shared_prefix_min_tokens": 1,
                 "prefix_attention_min_tokens": 20, **settings}
-    return HFEngine(model, tokenizer, HFEngineConfig(**settings), dtype=torch.float32)
+    return fp32_engine(model, tokenizer, **settings)
 
 
 def _serve_as_alone(engine: HFEngine, feed, model, tokenizer) -> dict:
     """Serve `feed`; every request's result is what it samples alone. The engine's metrics."""
     engine.serve(feed)
     assert not feed.failed
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    expected = _alone(fp32_engine(model, tokenizer), feed.tickets)
     for ticket, want in enumerate(expected):
         _assert_same(want, feed.results[ticket])
     return engine.last_metrics
@@ -167,7 +168,7 @@ def test_rows_holding_the_prefix_sample_what_they_sample_alone(model, tokenizer,
     ]
     engine = _engine(model, tokenizer)
     got = engine.generate(requests)
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), requests)
+    expected = _alone(fp32_engine(model, tokenizer), requests)
     for want, result in zip(expected, got):
         _assert_same(want, result)
     metrics = engine.last_metrics
@@ -180,22 +181,15 @@ def test_rows_holding_the_prefix_sample_what_they_sample_alone(model, tokenizer,
     few = _engine(model, tokenizer, prefix_attention_min_cells=6 * len(prefix))
     few.generate(requests)
     assert few.last_metrics["prefix_attention_steps"] > 0  # the first steps, all 6 rows live
-    off = HFEngine(
-        model, tokenizer, HFEngineConfig(
-            shared_prefix_min_tokens=1, prefix_attention_min_tokens=0
-        ), dtype=torch.float32,
-    )
+    off = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1, prefix_attention_min_tokens=0)
     off.generate(requests)
     assert off.last_metrics["prefix_attention_steps"] == 0
     assert off.last_metrics["decode_steps"] == metrics["decode_steps"]
 
 
 def test_a_prefix_shorter_than_the_minimum_is_not_kept(model, tokenizer, prompts, prefix):
-    engine = HFEngine(
-        model, tokenizer, HFEngineConfig(
-            shared_prefix_min_tokens=1, prefix_attention_min_tokens=len(prefix) + 1
-        ), dtype=torch.float32,
-    )
+    engine = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1,
+                         prefix_attention_min_tokens=len(prefix) + 1)
     engine.generate([request(p, max_new_tokens=4, seed=i) for i, p in enumerate(prompts)])
     assert engine.last_metrics["prefix_attention_steps"] == 0
     assert engine.last_metrics["shared_prefix_tokens"] == 2 * len(prefix)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
@@ -166,13 +167,13 @@ def test_compaction_and_waves_do_not_change_results(model, tokenizer, prompts):
         request(prompts[i % 3], max_new_tokens=4 + 3 * i, seed=i, stop_token_ids=(2,))
         for i in range(6)
     ]
-    reference = HFEngine(model, tokenizer, HFEngineConfig(compact_fraction=2.0), dtype=torch.float32).generate(
+    reference = fp32_engine(model, tokenizer, compact_fraction=2.0).generate(
         requests
     )
-    eager = HFEngine(model, tokenizer, HFEngineConfig(compact_fraction=0.0), dtype=torch.float32)
+    eager = fp32_engine(model, tokenizer, compact_fraction=0.0)
     compacted = eager.generate(requests)
     assert eager.last_metrics["compactions"] > 0
-    waves = HFEngine(model, tokenizer, HFEngineConfig(max_batch_size=4), dtype=torch.float32).generate(requests)
+    waves = fp32_engine(model, tokenizer, max_batch_size=4).generate(requests)
     for a, b, c in zip(reference, compacted, waves):
         assert a.token_ids == b.token_ids == c.token_ids
         assert a.behavior_logprobs == pytest.approx(b.behavior_logprobs, abs=1e-5)
@@ -262,7 +263,7 @@ def test_counter_uniforms_take_a_step_per_row():
 
 
 def test_sync_weights_follows_the_policy(model, tokenizer, prompts):
-    engine = HFEngine(model, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(model, tokenizer)
     before = engine.generate([request(prompts[0], temperature=0.0, max_new_tokens=6)])[0].token_ids
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)  # tied to the embeddings: a different model
@@ -281,7 +282,7 @@ def test_sync_weights_merges_lora(model, tokenizer, prompts):
     policy = peft.get_peft_model(
         model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     )
-    engine = HFEngine(policy, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(policy, tokenizer)
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if "lora_B" in name:
@@ -357,8 +358,8 @@ def _assert_same_results(expected, got) -> None:
 
 def test_static_decode_equals_dynamic_with_compaction_waves_and_reuse(model, tokenizer, prompts):
     requests = _seeded_requests(prompts, 7)
-    dynamic = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="dynamic"), dtype=torch.float32)
-    static = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="static"), dtype=torch.float32)
+    dynamic = fp32_engine(model, tokenizer, decode_mode="dynamic")
+    static = fp32_engine(model, tokenizer, decode_mode="static")
     expected = dynamic.generate(requests)
     _assert_same_results(expected, static.generate(requests))
     assert static.last_metrics["compactions"] > 0
@@ -370,11 +371,7 @@ def test_static_decode_equals_dynamic_with_compaction_waves_and_reuse(model, tok
     long = [request(prompts[2], max_new_tokens=300, seed=5, stop_token_ids=(2,))]
     _assert_same_results(dynamic.generate(long), static.generate(long))
     assert static.runner.static_decoder.cache.capacity == 512
-    waves = HFEngine(
-        model, tokenizer, HFEngineConfig(
-            decode_mode="static", max_batch_size=3
-        ), dtype=torch.float32,
-    )
+    waves = fp32_engine(model, tokenizer, decode_mode="static", max_batch_size=3)
     _assert_same_results(expected, waves.generate(requests))
     # Steps padded to at least 4 rows (what graph decode does with 64): the same results.
     assert {rows for rows, _ in static.runner.static_decoder.buckets} == {1, 2, 4, 8}
@@ -405,8 +402,8 @@ def test_decode_mode_is_checked(model, tokenizer):
 def test_cuda_graph_decode_equals_dynamic_and_reuses_its_graphs(model, tokenizer, prompts):
     model = model.to("cuda")
     requests = _seeded_requests(prompts, 7)
-    dynamic = HFEngine(model, tokenizer, HFEngineConfig(decode_mode="dynamic"), dtype=torch.float32)
-    graph = HFEngine(model, tokenizer, dtype=torch.float32)
+    dynamic = fp32_engine(model, tokenizer, decode_mode="dynamic")
+    graph = fp32_engine(model, tokenizer)
     assert graph.settings.decode_mode == "graph"  # auto on CUDA
     assert HFEngine(model, tokenizer).runner.kv_cache_dtype == torch.bfloat16  # auto on CUDA: the bf16 copy's
     expected = dynamic.generate(requests)
