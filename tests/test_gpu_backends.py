@@ -52,7 +52,7 @@ def _config(lora: bool, temperature: float = 1.0, **vllm) -> RunConfig:
 
 
 def _setup(config: RunConfig):
-    from grpo.rollout.vllm import VLLMEngine
+    from grpo.rollout.vllm.engine import VLLMEngine
 
     policy, tokenizer = PolicyWithValueHead.from_config(
         config.model, config.lora, "cuda", seed=config.seed

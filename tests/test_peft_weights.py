@@ -16,7 +16,7 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import build_tiny_model
 from grpo.rollout.hf.families import architecture_of
 from grpo.rollout.hf.weights import copy_weights_into, inference_copy
-from grpo.rollout.vllm_sync import export_base_model
+from grpo.rollout.vllm.sync import export_base_model
 
 
 def _lora(tokenizer, *, modules_to_save=None, seed=0):

@@ -16,9 +16,9 @@ from grpo.config import RunConfig
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.vllm import VLLMApi, VLLMEngine, VLLMUnavailable
-from grpo.rollout.vllm_params import RAW
-from grpo.rollout.vllm_sync import LoraAdapterStore, export_base_model, full_weight_pairs
+from grpo.rollout.vllm.engine import VLLMApi, VLLMEngine, VLLMUnavailable
+from grpo.rollout.vllm.params import RAW
+from grpo.rollout.vllm.sync import LoraAdapterStore, export_base_model, full_weight_pairs
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

@@ -10,7 +10,7 @@ import pytest
 from grpo.config import RunConfig, load_config
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import VLLMConfig
-from grpo.rollout.vllm_params import (
+from grpo.rollout.vllm.params import (
     PROCESSED,
     RAW,
     VLLMSettingsError,

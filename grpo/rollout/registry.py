@@ -1,7 +1,7 @@
 """The registry of rollout engines.
 
 One registry entry per engine (`ENGINES`): `hf` is grpo/rollout/hf/ (our KV-cached engine on
-CPU, CUDA or MPS; its section `rollout.hf`), `vllm` is grpo/rollout/vllm.py (CUDA and the vllm
+CPU, CUDA or MPS; its section `rollout.hf`), `vllm` is grpo/rollout/vllm/ (CUDA and the vllm
 package; settings from the section `rollout.vllm` and the VLLM_MAX_MODEL_LEN /
 VLLM_GPU_MEMORY_UTILIZATION variables). Each builder hands its engine its own config section
 as it is, with the run's device, compute dtype (`model.dtype`) and seed.
@@ -20,8 +20,8 @@ from grpo.models.devices import compute_dtype
 from grpo.models.peft_weights import language_model_of
 from grpo.rollout.base import RolloutEngine
 from grpo.rollout.hf.engine import HFEngine
-from grpo.rollout.vllm import VLLMEngine, check_vllm_available
-from grpo.rollout.vllm_params import ENV_ENABLE, vllm_enabled
+from grpo.rollout.vllm.engine import VLLMEngine, check_vllm_available
+from grpo.rollout.vllm.params import ENV_ENABLE, vllm_enabled
 
 
 def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:

@@ -6,7 +6,7 @@ weight-update route of vLLM's RLHF examples (`examples/offline_inference/rlhf*.p
 calls `self.model_runner.model.load_weights(weights=[(name, tensor), ...])`, which maps Hugging
 Face checkpoint names onto vLLM's fused layers (q/k/v -> qkv_proj, gate/up -> gate_up_proj).
 
-The engine runs in-process (grpo/rollout/vllm.py), so `collective_rpc` passes the trainer's
+The engine runs in-process (grpo/rollout/vllm/engine.py), so `collective_rpc` passes the trainer's
 tensors by reference: no serialization, no second copy; `load_weights` copies them into vLLM's
 own parameters (casting to vLLM's dtype). This module imports nothing from vllm, so the worker
 loads it by its dotted name.
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
-WORKER_EXTENSION = "grpo.rollout.vllm_worker.WeightSyncWorkerExtension"
+WORKER_EXTENSION = "grpo.rollout.vllm.worker.WeightSyncWorkerExtension"
 
 
 class WeightSyncWorkerExtension:

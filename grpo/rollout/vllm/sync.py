@@ -7,7 +7,7 @@
   Only the newest `keep` adapter directories stay on disk.
 - Full fine-tuning: `full_weight_pairs(policy)` yields (name, tensor) pairs under the Hugging Face
   checkpoint names that vLLM's `model.load_weights` takes; the engine hands them to every worker
-  with `LLM.collective_rpc` and the worker extension of grpo/rollout/vllm_worker.py.
+  with `LLM.collective_rpc` and the worker extension of grpo/rollout/vllm/worker.py.
 - `export_base_model(policy, directory)`: a model directory vLLM can load when the policy has none
   on disk (the in-memory `tiny-random` model): the base weights (adapters left out) + tokenizer.
 """
@@ -100,7 +100,7 @@ def export_base_model(policy, directory: str | Path, tokenizer=None) -> Path:
 
     For models that exist only in memory (`tiny-random`): it builds a fresh model of the same
     config on the CPU, so it is meant for small models; a model loaded from a directory is served
-    from that directory instead (grpo/rollout/vllm.py)."""
+    from that directory instead (grpo/rollout/vllm/engine.py)."""
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """VLLMEngine: the RolloutEngine on vLLM (CUDA), token ids in, token ids and log-probs out.
 
-Design choices (vLLM 0.33 read from its source; see grpo/rollout/vllm_params.py):
+Design choices (vLLM 0.33 read from its source; see grpo/rollout/vllm/params.py):
 
 - **The synchronous `vllm.LLM`, in-process, not an `AsyncLLM` on a background event loop.** The
   collector hands the engine one batch at a time (one blocking `generate` from a worker thread) and
@@ -13,15 +13,15 @@ Design choices (vLLM 0.33 read from its source; see grpo/rollout/vllm_params.py)
   vLLM's sampled token ids, and `logprobs=0` returns each sampled token's log-prob.
 - **Log-probs** are log softmax(logits / T) before top-p, the trainer's quantity: `logprobs_mode`
   is `raw_logprobs` when every sampling temperature is 1 (or greedy), `processed_logprobs` when
-  top_p is 1; a request that fits neither is refused (vllm_params.choose_logprobs_mode).
+  top_p is 1; a request that fits neither is refused (params.choose_logprobs_mode).
 - **n samples of a prompt**: seeded requests (the collector seeds every turn) go one by one and
   share the prompt's KV blocks through prefix caching, which is also how vLLM v1 runs n > 1;
-  identical unseeded requests are merged into one request with n (vllm_params.group_requests).
+  identical unseeded requests are merged into one request with n (params.group_requests).
 - **Stops**: only our stop token ids and stop strings end a sequence (`ignore_eos`), the stop
   token / the token completing a stop string is kept, as in the HF engine.
 - **Weight sync**: LoRA runs publish the adapter to a new directory and the next requests carry a
-  `LoRARequest` with a larger id (vllm_sync.LoraAdapterStore); full fine-tuning pushes (name,
-  tensor) pairs to the worker extension (vllm_worker.py) and resets the prefix cache (cached KV
+  `LoRARequest` with a larger id (sync.LoraAdapterStore); full fine-tuning pushes (name,
+  tensor) pairs to the worker extension (worker.py) and resets the prefix cache (cached KV
   was computed with the old weights).
 - **One GPU for both**: vLLM takes `vllm.gpu_memory_utilization` of it (0.3 by default); with
   `vllm.enable_sleep_mode`, `sleep()` frees its memory during the update and the next
@@ -48,7 +48,7 @@ from grpo.models.devices import compute_dtype
 from grpo.models.peft_weights import is_peft, language_model_of
 from grpo.models.source import resolve_model_dir
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
-from grpo.rollout.vllm_params import (
+from grpo.rollout.vllm.params import (
     check_request_logprobs,
     choose_logprobs_mode,
     engine_kwargs,
@@ -56,8 +56,8 @@ from grpo.rollout.vllm_params import (
     resolve_vllm_config,
     sampling_kwargs,
 )
-from grpo.rollout.vllm_sync import LoraAdapterStore, export_base_model, full_weight_pairs
-from grpo.rollout.vllm_worker import WORKER_EXTENSION
+from grpo.rollout.vllm.sync import LoraAdapterStore, export_base_model, full_weight_pairs
+from grpo.rollout.vllm.worker import WORKER_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class VLLMEngine(RolloutEngine):
     policy: the trained policy (LoRA or full); its weights are pushed at construction and by
         `sync_weights`. model_dir: the directory vLLM loads the base model from (None: exported
         from the policy into a temporary directory). llm_kwargs: the `vllm.LLM` arguments
-        (vllm_params.engine_kwargs) minus `model`/`tokenizer`, filled in here.
+        (params.engine_kwargs) minus `model`/`tokenizer`, filled in here.
     """
 
     def __init__(
