@@ -10,7 +10,7 @@ row from the cache, and rows that join with it get it written instead of prefill
 
 A batch keeps a prefix (HFEngine `prefix_attention_min_tokens` tokens at least) when
 - distinct prompts that join it together share one: the shared-prefix prefill runs it once in one
-  row and copies it to the others, so they all hold it (decode_loop.py `_add_group`);
+  row and copies it to the others, so they all hold it (batch_prefill.py `_add_group`);
 - or, under continuous batching, where tasks' first turns join one group at a time, a joining
   prompt shares one with a row already in the batch (`adopt`): it is kept from that row, and the
   rows whose columns equal it bit for bit (the copies of the same prompt's prefill) hold it.

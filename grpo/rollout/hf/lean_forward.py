@@ -87,7 +87,7 @@ def unsupported(model: nn.Module, architecture: Architecture) -> str | None:
 
 class LeanForward:
     """`forward(input_ids, attention_mask, position_ids, cache, shared_prefix)` -> the logits of
-    each row's last position, [n, V]: what HFEngine._forward gets from `model(...)`."""
+    each row's last position, [n, V]: what `ModelRunner.forward` gets from `model(...)`."""
 
     def __init__(self, model: nn.Module, architecture: Architecture) -> None:
         base = model.model

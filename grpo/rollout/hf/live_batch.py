@@ -22,7 +22,7 @@ attended), so they leave when their session ends, when they have waited `park_st
 when nothing else is live and no request comes within the engine's `park_wait_s`.
 
 This module keeps the per-row state (on the host and on the device) and the rules of who fits;
-the engine (grpo/rollout/hf/engine.py) runs the prefill and decode forwards.
+the engine's model runner (grpo/rollout/hf/runner.py) runs the prefill and decode forwards.
 """
 
 from __future__ import annotations
