@@ -143,3 +143,14 @@ def test_engine_logprobs_pass_the_trainers_step_0_check(family, tokenizer, promp
         gaps += (trainer.float() - torch.tensor(result.behavior_logprobs)).abs().tolist()
     gate = 0.001 if dtype == torch.float32 else AlgorithmConfig().logprob_tolerance
     assert sum(gaps) / len(gaps) < gate
+
+
+def test_layers_the_engine_does_not_attend_like_are_refused_by_name(tokenizer):
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, max_window_layers=1,
+    )
+    assert config.layer_types == ["full_attention", "sliding_attention"]
+    with pytest.raises(NotImplementedError, match=r"HFEngine handles full_attention layers only; "
+                       r"this model also has \['sliding_attention'\] layers"):
+        HFEngine(Qwen2ForCausalLM(config), tokenizer, dtype=torch.float32)
