@@ -21,7 +21,7 @@ from grpo.collect.collector import TrajectoryCollector
 from grpo.rollout.config import RolloutConfig
 from grpo.rollout.scripted import ScriptedEngine
 from tools.config import ToolsConfig
-from tools.manager import SharedToolManager
+from tools.manager import SharedToolManager, ToolServerStartError
 
 FILES_SERVER = str(REPO / "tests" / "servers" / "files.py")
 
@@ -135,3 +135,34 @@ def test_a_check_on_a_tool_no_server_offers_fails_the_episode_naming_it(fixture_
 
     assert asyncio.run(scenario()) == ("task alpha: check tool files.read_text is not offered by any configured "
                                        "server (or its allow/deny refuse it)")
+
+
+def test_kv_fixture_is_every_episodes_initial_state(tmp_path):
+    fixture = tmp_path / "seed.json"
+    fixture.write_text(json.dumps({"balance": 100, "owner": {"name": "ann"}}))
+    kv = {"command": "python", "args": ["-m", "tools.servers.kv", "--fixture", str(fixture)], "cwd": str(REPO),
+          "startup_timeout": 60}
+
+    async def scenario():
+        async with SharedToolManager(ToolsConfig(servers={"kv": kv})) as manager:
+            await manager.call_tool("put", {"key": "balance", "value": 5}, episode_id="a")
+            await manager.call_tool("put", {"key": "owner", "value": "bob"}, episode_id="b")
+            a, b = [(await manager.call_tool("dump", {}, episode_id=e)).structured for e in ("a", "b")]
+            assert a == {"state": {"balance": 5, "owner": {"name": "ann"}}}
+            assert b == {"state": {"balance": 100, "owner": "bob"}}
+            await manager.call_tool("reset", {}, episode_id="a")
+            again = await manager.call_tool("dump", {}, episode_id="a")
+            assert again.structured == {"state": {"balance": 100, "owner": {"name": "ann"}}}
+
+    asyncio.run(scenario())
+    assert json.loads(fixture.read_text()) == {"balance": 100, "owner": {"name": "ann"}}
+
+    fixture.write_text("[1, 2]")
+
+    async def bad_fixture():
+        async with SharedToolManager(ToolsConfig(servers={"kv": kv})):
+            pass
+
+    with pytest.raises(ToolServerStartError) as caught:
+        asyncio.run(bad_fixture())
+    assert caught.value.stderr_tail.strip() == f"kv: the fixture {fixture} must hold a JSON object of keys and values, not a list"
