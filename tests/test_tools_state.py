@@ -20,7 +20,8 @@ from tools.manager import SharedToolManager
 from tools.state import LeaseError, _relative, instance_config, restore
 
 FILES_SERVER = str(REPO / "tests" / "servers" / "files.py")
-NPM_FILESYSTEM = REPO / "build" / "node" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+NPM_FILESYSTEM = REPO / ".servers" / "node" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+"""Where `make servers` installs the npm filesystem server (pinned by third_party/package-lock.json)."""
 
 
 def files_server(fixture: Path | None, **state) -> dict:
@@ -170,7 +171,7 @@ def test_a_full_pool_makes_episodes_wait_and_a_timeout_names_the_holders(fixture
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-@pytest.mark.skipif(not NPM_FILESYSTEM.is_file(), reason=f"the npm filesystem server is not installed at {NPM_FILESYSTEM}")
+@pytest.mark.skipif(not NPM_FILESYSTEM.is_file(), reason=f"the npm filesystem server is not installed at {NPM_FILESYSTEM} (make servers)")
 def test_npm_filesystem_server_episodes_are_isolated_and_paths_relative(fixture_dir):
     async def scenario():
         config = ToolsConfig(servers={"fs": {
