@@ -115,6 +115,8 @@ async def validate(config: RunConfig) -> Report:
                     report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
                 for refused in tools.refused_tools():
                     print(f"  [--] server {refused.server}: tool {refused.tool} left out ({refused.reason})")
+                if tasks is not None:
+                    _check_task_tools(report, config, tasks, specs)
                 if tokenizer is not None and tasks is not None:
                     await _check_prompt_budget(report, config, tasks, tools, tokenizer)
             print(f"  servers started and stopped in {time.time() - t0:.1f} s")
@@ -124,6 +126,23 @@ async def validate(config: RunConfig) -> Report:
         print("  [--] no MCP servers configured")
     print("setup OK" if report.ok else "setup has problems (see FAIL lines)")
     return report
+
+
+def _check_task_tools(report: Report, config: RunConfig, tasks: list, specs: list) -> None:
+    """A FAIL line when tasks use tools no server offers (missing, or refused by allow/deny)."""
+    from environments.mcp_tool.exposure import unoffered_tools
+    from environments.tasks.schema import Task
+
+    played = [t for t in tasks if isinstance(t, Task) and (config.environment.env_class or t.env_class) == "mcp_tool"]
+    users: dict[str, list[str]] = {}
+    for task in played:
+        for tool in unoffered_tools(task, specs):
+            users.setdefault(tool, []).append(task.task_id)
+    if users:
+        tools_ = "; ".join(f"{tool} ({len(ids)} tasks, e.g. {ids[0]})" for tool, ids in sorted(users.items()))
+        count = len({i for ids in users.values() for i in ids})
+        report.add(False, f"tasks: {count} of {len(played)} use tools that no server offers (or its allow/deny "
+                          f"refuse): {tools_}")
 
 
 async def _check_prompt_budget(report: Report, config: RunConfig, tasks: list, tools, tokenizer) -> None:

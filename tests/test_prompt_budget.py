@@ -113,3 +113,13 @@ def test_task_scoped_evaluation_also_reports_every_tool_shown(tokenizer):
     scoped, every = engine.prompts
     assert "- calculate(" in scoped and "- put(" not in scoped
     assert all(f"- {tool}(" in every for tool in ("calculate", "put", "get", "list", "delete"))
+
+
+def test_validate_setup_names_tasks_whose_tools_allow_or_deny_refuse(capsys):
+    config = load_config("configs/smoke.yaml", ["tools.servers.calculator.deny=[calculate]"])
+    report = asyncio.run(validate(config))
+    out = capsys.readouterr().out
+    assert not report.ok
+    assert "  [--] server calculator: tool calculate left out (deny 'calculate')" in out
+    assert ("  [FAIL] tasks: 18 of 18 use tools that no server offers (or its allow/deny refuse): "
+            "calculator.calculate (18 tasks, e.g. calculator-train-s0-00000)") in out

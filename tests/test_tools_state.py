@@ -149,21 +149,25 @@ def test_restart_mode_gives_each_episode_a_fresh_process_on_the_fixture(fixture_
 def test_a_full_pool_makes_episodes_wait_and_a_timeout_names_the_holders(fixture_dir):
     async def scenario():
         config = ToolsConfig(servers={"files": files_server(fixture_dir, pool_size=1, reset="copy",
-                                                            lease_timeout=0.5)})
+                                                            lease_timeout=1.0)})
         async with SharedToolManager(config) as manager:
             await manager.start_episode("holder")
             with pytest.raises(LeaseError) as caught:
                 await manager.start_episode("waiter")
             assert str(caught.value).startswith(
-                "no instance of stateful server 'files' became free within 0.5 s (pool_size 1; held by holder for ")
+                "no instance of stateful server 'files' became free within 1 s (pool_size 1; held by holder for ")
             assert "raise tools.servers.files.state.pool_size or .lease_timeout" in str(caught.value)
             blocked = await manager.call_tool("list_files", {}, episode_id="waiter")
             assert blocked.is_error and blocked.error_kind == "lease"
 
-            # A waiter is served as soon as the holder ends (within its timeout).
+            # A waiter is served as soon as the holder ends (within its timeout); one whose episode
+            # ends while it waits gets an error result and takes no instance.
+            gone = asyncio.ensure_future(manager.call_tool("list_files", {}, episode_id="gone"))
             waiting = asyncio.ensure_future(manager.call_tool("list_files", {}, episode_id="late"))
             await asyncio.sleep(0.1)
-            assert not waiting.done()
+            assert not waiting.done() and not gone.done()
+            await manager.end_episode("gone")
+            assert (await gone).text == "server 'files': episode 'gone' ended while waiting for an instance"
             await manager.end_episode("holder")
             assert json.loads((await waiting).text) == ["docs/readme.txt", "seed.txt"]
 
