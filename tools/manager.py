@@ -23,6 +23,7 @@ import math
 import random
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ from tools.config import ToolsConfig
 from tools.connection import CallTimeout, ServerConnection, ToolServerStartError, TransportFailure
 from tools.procs import kill_owned_processes
 from tools.results import normalise
-from tools.state import LeaseError, StatePool
+from tools.state import LeaseError, StateInstance, StatePool
 
 __all__ = ["LeaseError", "RefusedTool", "SharedToolManager", "ToolAnnotations", "ToolResult",
            "ToolServerStartError", "ToolSpec"]
@@ -217,18 +218,20 @@ class SharedToolManager:
                 _error(f"tool {name} failed: the tool manager is {self._state}", "transport"),
                 0,
             )
-        connection = entry.connection
+        connection, instance = entry.connection, None
         if isinstance(connection, StatePool):
-            connection = await self._episode_connection(connection, episode_id)
-            if isinstance(connection, ToolResult):
-                return self._finish(entry, start, connection, 0)
+            instance = await self._episode_instance(connection, episode_id)
+            if isinstance(instance, ToolResult):
+                return self._finish(entry, start, instance, 0)
+            connection = instance.connection
         timeout = timeout or connection.config.call_timeout or self.config.call_timeout
         retries = 0
         retryable = _RETRYABLE | {"timeout"} if connection.config.retry_on_timeout else _RETRYABLE
         while True:
             result = await self._attempt(entry, args, timeout, connection)
-            if isinstance(entry.connection, StatePool):
-                result = self._relative_paths(entry.connection, episode_id, result)
+            if instance is not None:
+                result.text = entry.connection.relative(instance, result.text)
+                result.structured = entry.connection.relative(instance, result.structured)
             if result.error_kind not in retryable or retries >= self.config.max_retries:
                 return self._finish(entry, start, result, retries)
             retries += 1
@@ -298,7 +301,7 @@ class SharedToolManager:
         """Servers with `state:`: pools of instances leased by episode."""
         return sorted(name for name, c in self._connections.items() if isinstance(c, StatePool))
 
-    async def start_episode(self, episode_id: str, servers: Any = None) -> None:
+    async def start_episode(self, episode_id: str, servers: Iterable[str] | None = None) -> None:
         """Lease `episode_id` an instance of each stateful server in `servers` (default: all), in
         name order, so that episodes leasing several pools never wait on each other in a circle.
         Raises LeaseError when none becomes free within the server's `state.lease_timeout`."""
@@ -313,9 +316,8 @@ class SharedToolManager:
             if isinstance(connection, StatePool):
                 connection.release(episode_id)
 
-    async def _episode_connection(
-        self, pool: StatePool, episode_id: str | None
-    ) -> ServerConnection | ToolResult:
+    async def _episode_instance(self, pool: StatePool, episode_id: str | None) -> StateInstance | ToolResult:
+        """The episode's instance of `pool` (leased now if need be), or an error result."""
         if episode_id is None:
             return _error(
                 f"server {pool.name!r} keeps per-episode state (tools.servers.{pool.name}.state): "
@@ -323,17 +325,9 @@ class SharedToolManager:
                 "no_episode",
             )
         try:
-            return (await pool.lease(episode_id)).connection
+            return await pool.lease(episode_id)
         except LeaseError as exc:
             return _error(str(exc), "lease")
-
-    @staticmethod
-    def _relative_paths(pool: StatePool, episode_id: str | None, result: ToolResult) -> ToolResult:
-        instance = pool.instance_of(episode_id)
-        if instance is not None:
-            result.text = pool.relative(instance, result.text)
-            result.structured = pool.relative(instance, result.structured)
-        return result
 
     def _not_allowed(self, name: Any) -> ToolResult | None:
         refused = self._refused.get(name) if isinstance(name, str) else None

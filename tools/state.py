@@ -70,7 +70,7 @@ def restore(directory: Path, fixture: Path | None) -> None:
 
 
 @dataclass
-class _Instance:
+class StateInstance:
     index: int
     directory: Path
     connection: ServerConnection
@@ -95,9 +95,9 @@ class StatePool:
         self._tools_config = tools_config
         self._fixture = Path(self.state.fixture) if self.state.fixture else None
         self._root: Path | None = None
-        self._instances: list[_Instance] = []
-        self._free: asyncio.Queue[_Instance] = asyncio.Queue()
-        self._leases: dict[str, _Instance] = {}
+        self._instances: list[StateInstance] = []
+        self._free: asyncio.Queue[StateInstance] = asyncio.Queue()
+        self._leases: dict[str, StateInstance] = {}
         self._waiting: dict[str, asyncio.Future] = {}
         self._refreshing: set[asyncio.Task] = set()
         self._closed = False
@@ -122,7 +122,7 @@ class StatePool:
                 restore(directory, self._fixture)
                 connection = ServerConnection(f"{self.name}[{index}]", instance_config(self.config, directory),
                                               self._tools_config)
-                self._instances.append(_Instance(index, directory, connection))
+                self._instances.append(StateInstance(index, directory, connection))
         except OSError as exc:
             raise ToolServerStartError(self.name, f"cannot prepare the state copies: {exc}") from None
         outcomes = await asyncio.gather(*(i.connection.start() for i in self._instances), return_exceptions=True)
@@ -151,10 +151,7 @@ class StatePool:
 
     # -- leases ---------------------------------------------------------------------------------
 
-    def instance_of(self, episode_id: str | None) -> _Instance | None:
-        return self._leases.get(episode_id) if episode_id is not None else None
-
-    async def lease(self, episode_id: str) -> _Instance:
+    async def lease(self, episode_id: str) -> StateInstance:
         """The instance of `episode_id`, leased now if it has none (waiting up to
         `lease_timeout`). Concurrent first calls of one episode share one lease. Raises LeaseError."""
         instance = self._leases.get(episode_id)
@@ -174,7 +171,7 @@ class StatePool:
                                  "instance") from None
             raise
 
-    async def _take(self, episode_id: str) -> _Instance:
+    async def _take(self, episode_id: str) -> StateInstance:
         if self._closed:
             raise LeaseError(f"server {self.name!r}: the tool manager is closed")
         started = time.perf_counter()
@@ -228,7 +225,7 @@ class StatePool:
         self._refreshing.add(task)
         task.add_done_callback(self._refreshing.discard)
 
-    async def _refresh(self, instance: _Instance) -> None:
+    async def _refresh(self, instance: StateInstance) -> None:
         """Back to the fixture, then free; a failure is logged and retried at the next lease."""
         try:
             await self._restore_task(instance)
@@ -238,7 +235,7 @@ class StatePool:
         if not self._closed:
             self._free.put_nowait(instance)
 
-    def _restore_task(self, instance: _Instance) -> asyncio.Task:
+    def _restore_task(self, instance: StateInstance) -> asyncio.Task:
         task = instance.restoring
         if task is None or task.done():
             task = instance.restoring = asyncio.get_running_loop().create_task(self._restore(instance))
@@ -246,7 +243,7 @@ class StatePool:
             task.add_done_callback(self._refreshing.discard)
         return task
 
-    async def _restore(self, instance: _Instance) -> None:
+    async def _restore(self, instance: StateInstance) -> None:
         if self.state.reset == "restart":
             await instance.connection.stop()
             await asyncio.to_thread(restore, instance.directory, self._fixture)
@@ -257,7 +254,7 @@ class StatePool:
 
     # -- results --------------------------------------------------------------------------------
 
-    def relative(self, instance: _Instance, value: Any) -> Any:
+    def relative(self, instance: StateInstance, value: Any) -> Any:
         """`value` (text or structured content) with the instance's directory written relative to
         it, when `state.relative_paths` is on."""
         if not self.state.relative_paths:
