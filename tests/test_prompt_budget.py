@@ -13,6 +13,7 @@ from conftest import REPO
 
 from environments.config import EnvironmentConfig
 from environments.tasks.schema import Task
+from grpo.collect import chat_tokens
 from grpo.collect.collector import TrajectoryCollector
 from grpo.config import load_config
 from grpo.rollout.config import RolloutConfig
@@ -123,3 +124,10 @@ def test_validate_setup_names_tasks_whose_tools_allow_or_deny_refuse(capsys):
     assert "  [--] server calculator: tool calculate left out (deny 'calculate')" in out
     assert ("  [FAIL] tasks: 18 of 18 use tools that no server offers (or its allow/deny refuse): "
             "calculator.calculate (18 tasks, e.g. calculator-train-s0-00000)") in out
+
+
+def test_batched_prompt_lengths_equal_the_prompt_ids_of_each(tokenizer):
+    prompts = [([{"role": "system", "content": "Tools: a, b."}, {"role": "user", "content": "What is 2 + 2?"}], None),
+               ([{"role": "user", "content": "Ünïcode ✓ and a longer question, twice. " * 2}], None)]
+    assert chat_tokens.prompt_lengths(tokenizer, prompts) == [
+        len(chat_tokens.prompt_ids(tokenizer, messages, tools)) for messages, tools in prompts]

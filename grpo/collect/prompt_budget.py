@@ -24,6 +24,9 @@ from environments.tasks.schema import Task
 from grpo.collect import chat_tokens
 from grpo.rollout.config import RolloutConfig
 
+_BATCH = 512
+"""Prompts tokenized per call."""
+
 
 class PromptBudgetError(ValueError):
     """A task's opening prompt leaves no room for a turn; the message names the numbers."""
@@ -90,25 +93,24 @@ async def measure_prompts(tasks: Sequence[Any], tools, config: EnvironmentConfig
     """The longest opening prompt of the tasks an `mcp_tool` environment plays (None: no such
     task). `config` is resolved for the tokenizer (grpo.collect.environment_setup.prepare_environment)."""
     specs = public_specs(tools.tool_specs(), config)
-    cache = chat_tokens.PromptCache(tokenizer)
-    longest = None
-    measured = 0
+    openings = []
     for task in tasks:
-        if not _plays_mcp_tool(task, config):
-            continue
-        measured += 1
-        shown = exposed_specs(task, specs, config.tools)
-        opening = opening_prompt(task, shown, await episode_examples(task, shown, tools, config), config)
-        total = len(cache.prompt_ids(opening.messages, opening.chat_tools))
-        if longest is None or total > longest[0]:
-            longest = (total, task, shown, opening)
-    if longest is None:
+        if _plays_mcp_tool(task, config):
+            shown = exposed_specs(task, specs, config.tools)
+            openings.append((task, shown, opening_prompt(task, shown, await episode_examples(task, shown, tools, config),
+                                                         config)))
+    if not openings:
         return None
-    total, task, shown, opening = longest
+    lengths = []
+    for start in range(0, len(openings), _BATCH):
+        batch = openings[start:start + _BATCH]
+        lengths += chat_tokens.prompt_lengths(tokenizer, [(o.messages, o.chat_tools) for _, _, o in batch])
+    total = max(lengths)
+    task, shown, opening = openings[lengths.index(total)]
     system = len(chat_tokens.prompt_ids(tokenizer, [opening.system], opening.chat_tools))
     with_examples = len(chat_tokens.prompt_ids(tokenizer, [opening.system, *opening.examples], opening.chat_tools))
     return PromptBudget(task.task_id, len(shown), total, system, with_examples - system, total - with_examples,
-                        rollout.max_new_tokens, rollout.max_total_tokens, measured)
+                        rollout.max_new_tokens, rollout.max_total_tokens, len(openings))
 
 
 async def check_prompt_budget(tasks: Sequence[Any], tools, config: EnvironmentConfig, tokenizer,
