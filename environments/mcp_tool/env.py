@@ -3,14 +3,14 @@
 `reset(task)` leases the episode's instances of stateful servers (tools/state.py), runs the task's
 hidden setup calls, and renders the system prompt (environments/mcp_tool/prompt.py) with the
 tools it shows (all, or the task's own plus distractors: environments/mcp_tool/exposure.py) and
-worked examples as chat turns (environments/mcp_tool/examples.py) before the task's messages. With compact prompts the
-system prompt lists the tools from the manager as signatures and teaches a call format; with
-native prompts (`tool_prompt: native`) the tools' JSON schemas are in `chat_tools`, for the
-model's own chat template to render (`tools=`), the examples are structured tool calls, and each
-tool result carries its call's id. Each
-`step(assistant_text)` parses the tool calls (environments/toolcalls/), runs them through the
-`SharedToolManager` (concurrently, at most `max_calls_per_turn`), and returns one
-`{"role": "tool"}` observation per call plus one per unreadable piece of markup.
+worked examples as chat turns (environments/mcp_tool/examples.py) before the task's messages.
+With compact prompts the system prompt lists the shown tools as signatures and teaches a call
+format; with native prompts (`tool_prompt: native`) their JSON schemas are in `chat_tools`, for
+the model's own chat template to render (`tools=`), the examples are structured tool calls, and
+each tool result carries its call's id. Each `step(assistant_text)` parses the tool calls
+(environments/toolcalls/), runs them through the `SharedToolManager` (concurrently, at most
+`max_calls_per_turn`), and returns one `{"role": "tool"}` observation per call plus one per
+unreadable piece of markup.
 
 The episode ends on a final answer (`<answer>`, "Final answer:"), when a turn has no tool-call
 markup at all (its text is then the answer candidate; an empty turn ends it with no answer), or
