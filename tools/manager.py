@@ -7,6 +7,11 @@ turns every tool-side problem (bad arguments, unknown tool, tool error, timeout,
 open circuit breaker) into a ToolResult with `is_error=True` and an `error_kind`, retrying
 transport failures (after restarting the dead server) and, where a server asks for it
 (`retry_on_timeout`), timeouts, with exponential backoff.
+
+A server's `allow` / `deny` globs decide which of its tools exist for the manager at all
+(tools/allowlist.py). A server with `state:` runs as a pool of instances on copies of its fixture
+(tools/state.py): calls with an episode id go to that episode's instance, leased at its first call
+(or by `start_episode`) and given back by `end_episode`.
 """
 
 from __future__ import annotations
@@ -24,13 +29,17 @@ from typing import Any
 import anyio
 from typing_extensions import Self
 
+from tools.allowlist import RefusedTool, screen
+from tools.annotations import ToolAnnotations
 from tools.arguments import ArgumentError, ToolArguments
 from tools.config import ToolsConfig
 from tools.connection import CallTimeout, ServerConnection, ToolServerStartError, TransportFailure
 from tools.procs import kill_owned_processes
 from tools.results import normalise
+from tools.state import LeaseError, StatePool
 
-__all__ = ["SharedToolManager", "ToolResult", "ToolServerStartError", "ToolSpec"]
+__all__ = ["LeaseError", "RefusedTool", "SharedToolManager", "ToolAnnotations", "ToolResult",
+           "ToolServerStartError", "ToolSpec"]
 
 LATENCY_WINDOW = 10_000
 """Latest latencies kept per tool for the p50/p99 metrics."""
@@ -48,6 +57,8 @@ class ToolSpec:
     description: str
     input_schema: dict
     """JSON schema of the arguments, without reserved arguments (`episode_id`)."""
+    annotations: ToolAnnotations | None = None
+    """What the server declares about the tool's effects (None: it declared nothing)."""
 
 
 @dataclass
@@ -59,7 +70,8 @@ class ToolResult:
     """The server's structured content, its JSON capped at `max_structured_chars` (cut strings,
     lists and objects end in a `…[truncated N ...]` marker)."""
     error_kind: str | None = None
-    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open"""
+    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open |
+    no_episode (a stateful server called without an episode id) | lease (no instance for it)"""
     latency_s: float = 0.0
     retries: int = 0
 
@@ -80,10 +92,11 @@ class SharedToolManager:
     def __init__(self, config: ToolsConfig):
         self.config = config
         self._connections = {
-            name: ServerConnection(name, server, config)
+            name: StatePool(name, server, config) if server.state else ServerConnection(name, server, config)
             for name, server in config.servers.items()
             if server.enabled
         }
+        self._refused: dict[str, RefusedTool] = {}  # by the server's name and `server__tool`
         self._tools: dict[str, _Tool] = {}
         self._lookup: dict[str, _Tool] = {}  # spec names plus `server__tool` for every tool
         self._state = "new"  # new -> started -> closed
@@ -118,7 +131,16 @@ class SharedToolManager:
             raise ToolServerStartError(
                 ", ".join(names), "several servers failed:\n\n" + "\n\n".join(map(str, failures))
             )
+        self._screen_tools(connections)
         self._register_tools(connections)
+
+    def _screen_tools(self, connections: list[ServerConnection | StatePool]) -> None:
+        """Drop the tools each server's `allow` / `deny` refuse before anything registers them."""
+        for connection in connections:
+            connection.tools, refused = screen(connection.name, connection.config, connection.tools)
+            for tool in refused:
+                self._refused.setdefault(tool.tool, tool)
+                self._refused[f"{tool.server}__{tool.tool}"] = tool
 
     def _register_tools(self, connections: list[ServerConnection]) -> None:
         clashes = Counter(tool.name for c in connections for tool in c.tools)
@@ -128,7 +150,8 @@ class SharedToolManager:
                 name = qualified if clashes[tool.name] > 1 else tool.name
                 arguments = ToolArguments(name, tool.input_schema or {})
                 spec = ToolSpec(
-                    name, connection.name, tool.name, tool.description or "", arguments.schema
+                    name, connection.name, tool.name, tool.description or "", arguments.schema,
+                    ToolAnnotations.from_mcp(tool.annotations),
                 )
                 entry = _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
                 self._tools[name] = entry
@@ -163,6 +186,10 @@ class SharedToolManager:
     def tool_specs(self) -> list[ToolSpec]:
         return [entry.spec for entry in self._tools.values()]
 
+    def refused_tools(self) -> list[RefusedTool]:
+        """The tools that servers offer but their `allow` / `deny` refuse, with the reason."""
+        return list({id(tool): tool for tool in self._refused.values()}.values())
+
     # -- calls ----------------------------------------------------------------------------------
 
     async def call_tool(
@@ -178,7 +205,7 @@ class SharedToolManager:
         self._counts["tools/calls"] += 1
         entry = self._lookup.get(name) if isinstance(name, str) else None
         if entry is None:
-            return self._finish(None, start, self._unknown(name), 0)
+            return self._finish(None, start, self._not_allowed(name) or self._unknown(name), 0)
         try:
             args = entry.arguments.prepare(arguments, episode_id)
         except ArgumentError as exc:
@@ -191,11 +218,17 @@ class SharedToolManager:
                 0,
             )
         connection = entry.connection
+        if isinstance(connection, StatePool):
+            connection = await self._episode_connection(connection, episode_id)
+            if isinstance(connection, ToolResult):
+                return self._finish(entry, start, connection, 0)
         timeout = timeout or connection.config.call_timeout or self.config.call_timeout
         retries = 0
         retryable = _RETRYABLE | {"timeout"} if connection.config.retry_on_timeout else _RETRYABLE
         while True:
-            result = await self._attempt(entry, args, timeout)
+            result = await self._attempt(entry, args, timeout, connection)
+            if isinstance(entry.connection, StatePool):
+                result = self._relative_paths(entry.connection, episode_id, result)
             if result.error_kind not in retryable or retries >= self.config.max_retries:
                 return self._finish(entry, start, result, retries)
             retries += 1
@@ -203,9 +236,11 @@ class SharedToolManager:
             delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (retries - 1))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
-    async def _attempt(self, entry: _Tool, args: dict, timeout: float) -> ToolResult:
+    async def _attempt(
+        self, entry: _Tool, args: dict, timeout: float, connection: ServerConnection
+    ) -> ToolResult:
         """One try: the server's answer, or a timeout / transport / circuit_open error result."""
-        connection, spec = entry.connection, entry.spec
+        spec = entry.spec
         breaker = connection.breaker
         if not breaker.allow():
             return _error(
@@ -256,6 +291,59 @@ class SharedToolManager:
         # Half-open: the restart is done, so the retry that follows may be the trial call.
         breaker.release()
         return cause
+
+    # -- per-episode state ------------------------------------------------------------------------
+
+    def stateful_servers(self) -> list[str]:
+        """Servers with `state:`: pools of instances leased by episode."""
+        return sorted(name for name, c in self._connections.items() if isinstance(c, StatePool))
+
+    async def start_episode(self, episode_id: str, servers: Any = None) -> None:
+        """Lease `episode_id` an instance of each stateful server in `servers` (default: all), in
+        name order, so that episodes leasing several pools never wait on each other in a circle.
+        Raises LeaseError when none becomes free within the server's `state.lease_timeout`."""
+        wanted = set(self.stateful_servers() if servers is None else servers)
+        for name in sorted(wanted & set(self.stateful_servers())):
+            await self._connections[name].lease(episode_id)
+
+    async def end_episode(self, episode_id: str) -> None:
+        """Give back `episode_id`'s instances (each returns to its fixture before its next
+        lease); idempotent. The release itself never waits, so a cancelled caller cannot keep one."""
+        for connection in self._connections.values():
+            if isinstance(connection, StatePool):
+                connection.release(episode_id)
+
+    async def _episode_connection(
+        self, pool: StatePool, episode_id: str | None
+    ) -> ServerConnection | ToolResult:
+        if episode_id is None:
+            return _error(
+                f"server {pool.name!r} keeps per-episode state (tools.servers.{pool.name}.state): "
+                "its tools are called with an episode id",
+                "no_episode",
+            )
+        try:
+            return (await pool.lease(episode_id)).connection
+        except LeaseError as exc:
+            return _error(str(exc), "lease")
+
+    @staticmethod
+    def _relative_paths(pool: StatePool, episode_id: str | None, result: ToolResult) -> ToolResult:
+        instance = pool.instance_of(episode_id)
+        if instance is not None:
+            result.text = pool.relative(instance, result.text)
+            result.structured = pool.relative(instance, result.structured)
+        return result
+
+    def _not_allowed(self, name: Any) -> ToolResult | None:
+        refused = self._refused.get(name) if isinstance(name, str) else None
+        if refused is None:
+            return None
+        return _error(
+            f"tool {name!r} of server {refused.server!r} is not allowed "
+            f"({refused.reason} in tools.servers.{refused.server})",
+            "unknown_tool",
+        )
 
     def _unknown(self, name: Any) -> ToolResult:
         known = sorted(self._tools)

@@ -17,7 +17,10 @@ A record (one line of a .jsonl file, one item of a .json list, one row of a .par
      "task_id": "calc-00001",
      "complexity": "easy",                         # easy | medium | hard
      "max_turns": 3,                               # optional; else by complexity
-     "success": {"answer": 476216, "must_call_tool": true, "state": {"kv": {"total": 476216}}},
+     "success": {"answer": 476216, "must_call_tool": true, "state": {"kv": {"total": 476216}},
+                 "checks": [{"server": "fs", "tool": "read_text_file", "params": {"path": "a.txt"},
+                             "expect": "hello", "match": "equals"}],      # optional: end state
+                 "answer_from": {"step": 1, "field": null}},             # instead of `answer`
      "tool_sequence": [{"step": 1, "server": "calculator", "tool": "calculate",
                         "params": {"expression": "964 * 494"}}],
      "limits": {"max_tool_calls": 4, "max_servers": 1}}},
@@ -37,7 +40,14 @@ import hashlib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from environments.tasks.success import AnswerFrom, StateCheck, SuccessCriteria
+from environments.tasks.success import Strict as _Strict
+
+__all__ = ["COMPONENTS", "AnswerFrom", "ExampleStep", "GroundTruth", "Limits", "PromptMessage", "RewardSpec",
+           "StateCheck", "SuccessCriteria", "Task", "TaskDataError", "ToolStep", "WorkedExample", "complexity_for",
+           "describe_error", "normalize_question", "question_key", "short_form_record", "task_record"]
 
 COMPONENTS: tuple[str, ...] = ("final_answer", "must_call_tool", "tool_sequence", "limits", "state", "process",
                                "success", "judge")
@@ -53,57 +63,6 @@ class TaskDataError(ValueError):
 def complexity_for(calls: int) -> Complexity:
     """The complexity label of a task that takes `calls` tool calls: 1 easy, 2-3 medium, more hard."""
     return "easy" if calls <= 1 else "medium" if calls <= 3 else "hard"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, use_attribute_docstrings=True)
-
-
-def _is_answer_scalar(value: Any) -> bool:
-    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
-
-
-class SuccessCriteria(_Strict):
-    """What must hold for the episode to count as a success (every criterion given)."""
-
-    answer: Any = None
-    """The correct final answer: a number, a string, or a list of accepted answers."""
-    answer_type: Literal["auto", "number", "string"] = "auto"
-    """`auto`: numeric comparison when the answer is a number or a numeric string."""
-    tolerance: float = Field(default=1e-6, ge=0.0)
-    """Absolute tolerance of numeric answers."""
-    rel_tolerance: float = Field(default=0.0, ge=0.0)
-    """Relative tolerance of numeric answers (the larger of the two applies)."""
-    must_call_tool: bool | list[str] = False
-    """Tools that must be called without error at least once; `true`: the tools of
-    `tool_sequence` (any tool when it is empty)."""
-    state: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Expected final state by server name, e.g. `{"kv": {"total": 42}}` (read by the
-    environment at the end of the episode)."""
-
-    @field_validator("answer", mode="before")
-    @classmethod
-    def _check_answer(cls, value: Any) -> Any:
-        if value is None or _is_answer_scalar(value):
-            return value
-        if isinstance(value, (list, tuple)) and value and all(_is_answer_scalar(v) for v in value):
-            return list(value)
-        raise ValueError(f"got {value!r}; expected a number, a string or a non-empty list of them")
-
-    @field_validator("must_call_tool", mode="before")
-    @classmethod
-    def _check_must_call(cls, value: Any) -> Any:
-        if value is None:
-            return False
-        if isinstance(value, str):
-            return [value]
-        if isinstance(value, bool) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
-            return value if isinstance(value, bool) else list(value)
-        raise ValueError(f"got {value!r}; expected true/false, a tool name or a list of tool names")
-
-    @property
-    def has_criteria(self) -> bool:
-        return self.answer is not None or bool(self.must_call_tool) or bool(self.state)
 
 
 class ToolStep(_Strict):
@@ -147,6 +106,14 @@ class GroundTruth(_Strict):
     tool_sequence: list[ToolStep] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
 
+    @model_validator(mode="after")
+    def _answer_step_exists(self) -> GroundTruth:
+        source = self.success.answer_from
+        if source is not None and source.step > len(self.tool_sequence):
+            raise ValueError(f"success.answer_from.step is {source.step}, but tool_sequence has "
+                             f"{len(self.tool_sequence)} step(s)")
+        return self
+
 
 _CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -176,8 +143,8 @@ class RewardSpec(_Strict):
     def _ground_truth_for_each_method(self) -> RewardSpec:
         gt = self.ground_truth
         needs = {
-            "final_answer": (gt.success.answer is not None, "ground_truth.success.answer"),
-            "state": (bool(gt.success.state), "ground_truth.success.state"),
+            "final_answer": (gt.success.has_answer, "ground_truth.success.answer or .answer_from"),
+            "state": (gt.success.has_state, "ground_truth.success.state or .checks"),
             "tool_sequence": (bool(gt.tool_sequence), "ground_truth.tool_sequence"),
             "must_call_tool": (bool(gt.success.must_call_tool) or bool(gt.tool_sequence),
                                "ground_truth.success.must_call_tool or ground_truth.tool_sequence"),
