@@ -4,6 +4,7 @@ environments/taskgen/families/__init__.py)."""
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +24,9 @@ class Template:
     make: Callable[[random.Random], Draft | None]
     """A seeded draft; None when this draw does not fit the state (another draw may)."""
 
+    def __len__(self) -> int:
+        return self.calls
+
 
 class Explorer:
     """Read-only calls on one server while a family learns its initial state."""
@@ -33,20 +37,28 @@ class Explorer:
         self.specs = {s.tool: s for s in tools.tool_specs() if s.server == server}
         self.verdicts = verdicts
         self.calls = 0
+        self.episode = f"taskgen-explore-{server}-{uuid.uuid4().hex[:8]}"
+        """One episode for all of exploring: on a server with per-episode state its own copy,
+        given back by `close`."""
+
+    async def close(self) -> None:
+        await self.tools.end_episode(self.episode)
 
     def usable(self, tool: str) -> bool:
         """The tool is offered and generation may call it (read-only, allowed, or disposable state)."""
         return tool in self.specs and self.verdicts[tool].callable
 
     async def call(self, tool: str, args: dict[str, Any]) -> str:
-        """A read-only call's result text (exploration never writes, even on disposable state);
-        DraftRejected when the tool may write or the call fails."""
+        """The result text of a call the safety policy allows (read-only, allowed by the user, or
+        on the exploring episode's disposable copy); DraftRejected when it does not, or the call
+        fails. Families call reading tools here; a tool without annotations on a disposable copy
+        is allowed because whatever it did is thrown away with the copy."""
         spec = self.specs.get(tool)
-        if spec is None or not self.verdicts[tool].callable or self.verdicts[tool].writes:
-            raise DraftRejected(f"{self.server}.{tool} is not called while exploring (not a read-only tool)")
+        if spec is None or not self.verdicts[tool].callable:
+            raise DraftRejected(f"{self.server}.{tool} is not called while exploring: "
+                                + (self.verdicts[tool].reason if spec is not None else "not offered"))
         self.calls += 1
-        result = await self.tools.call_tool(spec.name, args, timeout=self.timeout,
-                                            episode_id=f"taskgen-explore-{self.server}")
+        result = await self.tools.call_tool(spec.name, args, timeout=self.timeout, episode_id=self.episode)
         if result.is_error:
             raise DraftRejected(f"{self.server}.{tool}({args}) failed: {result.text[:200]}")
         return result.text.strip()

@@ -149,8 +149,10 @@ class GitFamily:
                          Pick(1, lambda t, _d: len(t.splitlines())))
 
         def before_commit(rng):
-            c = rng.choice([c for c in one_file if c.files[0] in {f for o in self.commits if o is not c for f in o.files}
-                            and self.commits.index(c) < len(self.commits) - 1] or [None])
+            # A commit that changed a file an older commit made (the log lists the newest first).
+            c = rng.choice([c for c in one_file
+                            if c.files[0] in {f for o in self.commits[self.commits.index(c) + 1:] for f in o.files}]
+                           or [None])
             if c is None:
                 return None
             path = c.files[0]

@@ -174,8 +174,11 @@ class SqlFamily:
                 return None
             field = status[0]
             row = rng.choice(self._unique_rows(parent, "name"))
-            old = sorted({r[field] for r in self.rows[child]})
-            frm, to = rng.sample(old, 2)
+            theirs = sorted({r[field] for r in self.rows[child] if r[column] == row["id"]})
+            if not theirs:
+                return None
+            frm = rng.choice(theirs)
+            to = rng.choice(sorted({r[field] for r in self.rows[child]} - {frm}))
             return Draft("sql", "", f'Look up the id of "{row["name"]}" in the {parent} table, then in the {child} table '
                          f'change {field} from "{frm}" to "{to}" for every row whose {column} is that id.',
                          [self._query(f"SELECT id FROM {parent} WHERE name = {_sql(row['name'])}"),
