@@ -172,6 +172,9 @@ class Generator:
         except DraftRejected as exc:
             self.rejections[template.name][str(exc)[:160]] += 1
             return None
+        if isinstance(verified.answer, str) and len(verified.answer) > 2 and f'"{verified.answer}"' in draft.request:
+            self.rejections[template.name]["the answer is written in the request"] += 1
+            return None
         record = to_record(verified, template, task_id, split)
         self.counts[(template.name, split)] += 1
         if self.progress is not None:

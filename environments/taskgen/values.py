@@ -28,8 +28,10 @@ def words(name: str) -> list[str]:
 
 def same_kind(arg: str, key: str) -> bool:
     """An argument and a result field name the same thing: `names`/`name`, `entityName`/`name`,
-    `from`/`from`: equal last words."""
+    `from`/`from`: equal last words (all words, where both have several)."""
     a, k = words(arg), words(key)
+    if len(a) > 1 and len(k) > 1:  # entityType and relationType name different things
+        return a == k
     return bool(a and k) and a[-1] == k[-1]
 
 

@@ -47,7 +47,7 @@ class Selector:
     item: dict
 
     def says(self) -> str:
-        return f'the {singular(self.path)} whose {self.key} is {json.dumps(self.value)}'
+        return f'the {singular(self.path)} whose "{self.key}" is {json.dumps(self.value)}'
 
     def pick(self, step: int, field: str) -> Pick:
         def extract(_text: str, data: Any) -> Any:
@@ -77,7 +77,7 @@ def _scalar_fields(item: dict, but: str) -> list[str]:
 
 
 def _phrase_field(field: str) -> str:
-    return f"first of its {field[:-2]}" if field.endswith(".0") else field
+    return f'first of its "{field[:-2]}"' if field.endswith(".0") else f'"{field}"'
 
 
 def _args_text(args: dict[str, Any]) -> str:
@@ -172,6 +172,8 @@ class GenericFamily:
             if not targets:
                 return None
             sel2, field = rng.choice(targets)
+            if tool == r.tool and r.args == {arg: [value] if is_list else value}:
+                return None  # the second call would repeat the first
             holding = f"a list holding its {key}" if is_list else f"its {key}"
             return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)} and find "
                          f"{sel.says()}. Then call {tool} with {arg} set to {holding}. In that result, what is the "
