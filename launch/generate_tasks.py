@@ -29,8 +29,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from environments.endpoint import EndpointError, OpenAIEndpoint
 from environments.taskgen.build import ChainError
 from environments.taskgen.run import generate_tasks
+from environments.taskgen.writer import TaskWriter
 from grpo.config import ConfigError, load_config
 from tools.manager import SharedToolManager, ToolServerStartError
 
@@ -53,6 +55,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--allow-tool", action="append", default=[], metavar="SERVER.TOOL",
                         help="let generation call this tool (glob) though it may write and its server has no "
                              "per-episode state; repeatable")
+    parser.add_argument("--writer-base-url", default=None,
+                        help="an OpenAI-compatible endpoint whose model proposes and rewords tasks (optional)")
+    parser.add_argument("--writer-model", default=None, help="the writer's model name")
+    parser.add_argument("--writer-key-env", default="OPENAI_API_KEY",
+                        help="environment variable holding the writer endpoint's API key")
+    parser.add_argument("--writer-tasks", type=int, default=20, help="tasks the writer proposes per server")
+    parser.add_argument("--writer-rewrites", type=int, default=0,
+                        help="training requests per server the writer rewords (each verified again)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     return parser.parse_args(argv)
 
@@ -87,12 +97,19 @@ async def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     heldout_path, report_path, progress = _paths(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    writer = None
+    if args.writer_base_url:
+        if not args.writer_model:
+            print("--writer-base-url needs --writer-model", file=sys.stderr)
+            return 2
+        writer = TaskWriter(OpenAIEndpoint(args.writer_base_url, args.writer_model, args.writer_key_env))
     started = time.time()
     async with SharedToolManager(config.tools) as tools:
         outcome = await generate_tasks(
             tools, servers=servers, num=args.num, max_steps=args.max_steps, seed=args.seed, digits=args.digits,
             novel_fraction=args.novel_fraction, eval_tasks=args.eval_tasks, novel_tasks=args.novel_tasks,
-            examples=args.examples, allow=args.allow_tool, progress=progress)
+            examples=args.examples, allow=args.allow_tool, progress=progress, writer=writer,
+            writer_tasks=args.writer_tasks if writer else 0, writer_rewrites=args.writer_rewrites)
     records = outcome.records
     train = [r for r in records if r["extra_info"]["split"] == "train"]
     heldout = [r for r in records if r["extra_info"]["split"] != "train"]
@@ -112,7 +129,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return asyncio.run(_run(args))
-    except (ConfigError, ChainError, ToolServerStartError) as exc:
+    except (ConfigError, ChainError, ToolServerStartError, EndpointError) as exc:
         print(f"generate_tasks: {exc}", file=sys.stderr)
         return 2
 

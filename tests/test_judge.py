@@ -26,7 +26,7 @@ from environments.judge.models import ScriptedJudgeModel
 from environments.mcp_tool.env import MCPToolEnvironment
 from environments.rewards import Episode, RewardError, score, with_judge_score
 from environments.tasks.schema import Task
-from environments.tau2.endpoint import EndpointError
+from environments.endpoint import EndpointError
 from grpo.collect.collector import TrajectoryCollector  # (registers judge.backend local)
 from grpo.config import ConfigError, load_config
 from grpo.rollout.config import RolloutConfig

@@ -37,7 +37,7 @@ from environments.tau2.data import (
     split_of_domain,
     tau2_task,
 )
-from environments.tau2.endpoint import EndpointError
+from environments.endpoint import EndpointError
 from environments.tau2.env import Tau2Environment
 from environments.tau2.gold import gold_script, play, server_config
 from environments.tau2.scoring import summarize, tau2_reward

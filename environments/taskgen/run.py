@@ -28,6 +28,7 @@ from environments.taskgen.safety import Verdict, judge
 from environments.tasks.schema import complexity_for, task_record
 
 if TYPE_CHECKING:
+    from environments.taskgen.writer import TaskWriter
     from tools.manager import SharedToolManager
 
 GIVE_UP_AFTER = 40
@@ -121,6 +122,8 @@ class Generator:
         self.counts = Counter((r["extra_info"]["template"], r["extra_info"]["split"]) for r in done)
         self.rejections: dict[str, Counter] = defaultdict(Counter)
         self.dropped: dict[str, str] = {}
+        self.verified: dict[str, Verified] = {}
+        """This run's verified drafts by task id (what the writer rewrites)."""
         self.rng = random.Random(f"mcp-grpo|drafts|{seed}|{len(done)}")
 
     async def fill(self, templates: list[Template], split: str, count: int, start: int) -> list[dict]:
@@ -159,6 +162,10 @@ class Generator:
         if draft is None:
             self.rejections[template.name]["no draft for this draw"] += 1
             return None
+        return await self.accept(draft, template, split, task_id)
+
+    async def accept(self, draft: Draft, template: Template, split: str, task_id: str) -> dict | None:
+        """The draft's record once it is new, safe and verified; None (the reason counted) else."""
         if draft.request in self.questions:
             self.rejections[template.name]["duplicate request"] += 1
             return None
@@ -176,6 +183,7 @@ class Generator:
             self.rejections[template.name]["the answer is written in the request"] += 1
             return None
         record = to_record(verified, template, task_id, split)
+        self.verified[task_id] = verified
         self.counts[(template.name, split)] += 1
         if self.progress is not None:
             with self.progress.open("a", encoding="utf-8") as out:
@@ -186,7 +194,8 @@ class Generator:
 async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | None, num: int, max_steps: int,
                          seed: int = 0, allow: Sequence[str] = (), novel_fraction: float = 0.2, eval_tasks: int = 40,
                          novel_tasks: int = 40, examples: int = 2, timeout: float | None = None,
-                         progress: Path | None = None, digits: int = 2) -> Outcome:
+                         progress: Path | None = None, digits: int = 2, writer: TaskWriter | None = None,
+                         writer_tasks: int = 0, writer_rewrites: int = 0) -> Outcome:
     """Training records (`num`), held-out ones (`eval_tasks` of trained multi-call templates,
     `novel_tasks` of held-out templates) and the report, for `servers` (default: all). Records
     already in `progress` count as made (resume); new ones are appended to it."""
@@ -215,6 +224,8 @@ async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | N
     trained = [t for t in templates if t.name not in novel]
     records.extend(done)
     records += await generator.fill(trained, "train", round(num * share) - need["train"], need["train"])
+    if writer is not None:
+        records += await with_writer(generator, writer, tools, plans, records, writer_tasks, writer_rewrites, max_steps)
     records += await generator.fill([t for t in trained if t.calls > 1], "eval",
                                     round(eval_tasks * share) - need["eval"], need["eval"])
     records += await generator.fill([t for t in templates if t.name in novel], "novel",
@@ -273,3 +284,37 @@ def build_report(tools: SharedToolManager, servers: Sequence[str], plans: list[P
             "tools_left_out": sorted(left_out, key=lambda x: (x["server"], x["tool"])),
             "servers_without_tasks": [s for s in servers if not per_server.get(s)],
             "rejections": {t: dict(c.most_common(8)) for t, c in sorted(generator.rejections.items())}}
+
+
+async def with_writer(generator: Generator, writer: TaskWriter, tools: SharedToolManager, plans: list[Plan],
+                      records: list[dict], count: int, rewrites: int, max_steps: int) -> list[dict]:
+    """Per server: `count` tasks the writer proposes and `rewrites` training requests it rewords,
+    each verified like every draft (a reworded record replaces its original in `records`). The
+    reasons proposals fail are counted under the template `<server>/writer`."""
+    new: list[dict] = []
+    for plan in plans:
+        name = f"{plan.server}/writer"
+        template = Template(name, max_steps, lambda _rng: None)
+        specs = [s for s in tools.tool_specs() if s.server == plan.server]
+        own = [r for r in records if r["data_source"] == f"taskgen/{plan.server}"]
+        if count:
+            drafts, problems = await writer.propose(plan.server, specs, own, count, max_steps)
+            generator.rejections[name].update(problems)
+            for i, draft in enumerate(drafts):
+                record = await generator.accept(draft, template, "train", f"writer-{plan.server}-{len(own) + i:05d}")
+                if record is not None:
+                    new.append(record)
+        for index, record in enumerate(own[:rewrites]):
+            verified = generator.verified.get(record["reward_spec"]["ground_truth"]["task_id"])
+            if verified is None:
+                continue
+            try:
+                draft = await writer.rewrite(verified.draft, verified.args)
+            except DraftRejected as exc:
+                generator.rejections[f"{plan.server}/rewrite"][str(exc)[:160]] += 1
+                continue
+            template = Template(record["extra_info"]["template"], len(draft.calls), lambda _rng: None)
+            better = await generator.accept(draft, template, "train", record["reward_spec"]["ground_truth"]["task_id"])
+            if better is not None:
+                records[records.index(record)] = better
+    return new

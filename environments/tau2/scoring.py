@@ -28,7 +28,7 @@ from typing import Any
 
 from environments.tau2 import official
 from environments.tau2.config import Tau2JudgeConfig
-from environments.tau2.endpoint import OpenAIEndpoint
+from environments.endpoint import OpenAIEndpoint
 
 log = logging.getLogger(__name__)
 

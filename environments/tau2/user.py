@@ -31,7 +31,7 @@ from typing import Any
 
 from environments.tau2 import official
 from environments.tau2.config import Tau2UserConfig
-from environments.tau2.endpoint import OpenAIEndpoint
+from environments.endpoint import OpenAIEndpoint
 from environments.toolcalls import format_tool_call, parse_tool_calls
 from tools.schema import signature
 

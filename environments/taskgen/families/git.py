@@ -19,9 +19,13 @@ from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Explorer, Template
 
 BRANCH_NAMES = ("fix/labels", "feature/compost", "feature/seeds", "docs/faq", "try/raised-beds", "feature/map",
-                "cleanup", "release/spring", "feature/rota", "fix/dates")
+                "cleanup", "release/spring", "feature/rota", "fix/dates", "feature/greenhouse", "docs/rules",
+                "fix/typos", "feature/orchard", "try/mulch", "release/summer", "feature/pond", "docs/volunteers",
+                "feature/herbs", "fix/calendar", "feature/benches", "try/no-dig", "feature/signs", "docs/plots")
 MESSAGES = ("Stage the volunteer update", "Record new volunteers", "Add shed note", "Update the volunteer list",
-            "Note where the shed key is", "Save work in progress", "Add Peter to the volunteers")
+            "Note where the shed key is", "Save work in progress", "Add Peter to the volunteers", "Update the rules",
+            "Add a note about bonfires", "Keep the compost damp", "Record seed order", "Tidy up notes",
+            "Update garden notes", "Save the latest changes", "Add new notes")
 _COMMIT = re.compile(r"Commit: (?P<hash>[0-9a-f]{40})\nAuthor: (?P<author>.*)\nDate: (?P<date>.*)\nMessage: (?P<msg>.*)")
 
 
@@ -106,7 +110,8 @@ class GitFamily:
             return []
         repo, s = self.repo, self.server
         messages = [c.message for c in self.commits]
-        unique = [c for c in self.commits if messages.count(c.message) == 1]
+        # git_log shows 10 commits unless asked for more: requests name only those.
+        unique = [c for c in self.commits[:10] if messages.count(c.message) == 1]
         one_file = [c for c in unique if len(c.files) == 1 and c is not self.commits[-1]]
         one_line = [c for c in unique if len(c.added) == 1]
         where = f"the git repository {repo}"
@@ -168,11 +173,54 @@ class GitFamily:
                          [self._call("git_branch", branch_type="local")],
                          Pick(1, lambda t, _d: len([x for x in t.splitlines() if x.strip()])))
 
-        def unstaged(rng):
-            if len(self.modified) != 1:
-                return None
-            return Draft("git", "", f"Which tracked file in {where} has changes that are not staged yet? Answer "
-                         "with the file name.", [self._call("git_status")], Pick(1, lambda t, _d: _one(re.findall(r"modified:\s+(\S+)", t))))
+        def pending_line(rng):
+            path = rng.choice(self.modified)
+            return Draft("git", "", f"In {where}, the file {path} has changes that are not staged. Look at the unstaged "
+                         "diff: which line was added to it? Answer with that line's text.",
+                         [self._call("git_diff_unstaged")], Pick(1, lambda t, _d: _added_in(t, path)))
+
+        def date(rng):
+            c = rng.choice(unique)
+            return Draft("git", "", f'In {where}, on which date (YYYY-MM-DD) was the commit "{c.message}" made?',
+                         [self._call("git_log")],
+                         Pick(1, lambda t, _d: _one([m["date"].strip()[:10] for m in _COMMIT.finditer(t)
+                                                     if m["msg"].strip() == c.message])))
+
+        def log_show_email(rng):
+            c = rng.choice(unique)
+            return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log and show it. What is its '
+                         "author's email address?",
+                         [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
+                                                      {"revision": Pick(1, _hash_of(c.message))})],
+                         Pick(2, lambda t, _d: _one(re.findall(r"^Author: .*<(.+)>", t, re.MULTILINE))))
+
+        def show_after(rng):
+            c = rng.choice(one_file)
+            path = c.files[0]
+            return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log. How many lines did {path} '
+                         "have right after that commit?",
+                         [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
+                                                      {"revision": Pick(1, _hash_of(c.message))},
+                                                      {"revision": lambda h: f"{h}:{path}"})],
+                         Pick(2, lambda t, _d: len(t.splitlines())))
+
+        def stage_two_commit(rng):
+            a, b = sorted(rng.sample(changed, 2))
+            message = rng.choice(MESSAGES)
+            return Draft("git", "", f'In {where}, stage the files {a} and {b} and commit them together with the '
+                         f'message "{message}".',
+                         [self._call("git_add", files=[a, b]), self._call("git_commit", message=message)],
+                         checks=[Check(self._call("git_log", max_count=1), "contains", f"Message: {message}"),
+                                 Check(self._call("git_status"))])
+
+        def stage_commit_branch(rng):
+            path, message, name = rng.choice(changed), rng.choice(MESSAGES), rng.choice(BRANCH_NAMES)
+            return Draft("git", "", f'In {where}, stage the file {path}, commit it with the message "{message}", and '
+                         f"then create a branch named {name} from the current branch.",
+                         [self._call("git_add", files=[path]), self._call("git_commit", message=message),
+                          self._call("git_create_branch", branch_name=name)],
+                         checks=[Check(self._call("git_log", max_count=1), "contains", f"Message: {message}"),
+                                 Check(self._call("git_branch", branch_type="local"), "contains", name)])
 
         def new_branch(rng):
             name, base = rng.choice(BRANCH_NAMES), rng.choice(self.branches)
@@ -215,8 +263,9 @@ class GitFamily:
                                  Check(self._call("git_diff_staged"))])
 
         makers = [(author, 1), (latest, 1), (log_show_file, 2), (log_show_line, 2), (file_at_branch, 1),
-                  (before_commit, 2), (branches, 1), (unstaged, 1), (new_branch, 1), (branch_checkout, 2),
-                  (checkout, 1), (stage, 1), (stage_commit, 2), (branch_checkout_stage, 3)]
+                  (before_commit, 2), (branches, 1), (pending_line, 1), (date, 1), (log_show_email, 2),
+                  (show_after, 2), (new_branch, 1), (branch_checkout, 2), (checkout, 1), (stage, 1),
+                  (stage_commit, 2), (stage_two_commit, 2), (branch_checkout_stage, 3), (stage_commit_branch, 3)]
         return [Template(f"git:{m.__name__}", n, m) for m, n in makers]
 
 
@@ -224,6 +273,15 @@ def _one(values: list[str]) -> str:
     if len(values) != 1:
         raise DraftRejected(f"expected one value, found {values}")
     return values[0]
+
+
+def _added_in(diff: str, path: str) -> str:
+    """The one line the diff of `path` adds."""
+    part = diff.split(f"+++ b/{path}", 1)
+    if len(part) != 2:
+        raise DraftRejected(f"the diff does not touch {path}")
+    section = part[1].split("diff --git", 1)[0]
+    return _one([line[1:] for line in section.splitlines() if line.startswith("+")])
 
 
 def _author(text: str, message: str) -> str:
