@@ -2,7 +2,8 @@
 rewrites the wording of generated ones. Nothing it writes is trusted: a proposal becomes a
 `Draft` that is verified on the real servers like every other (environments/taskgen/drafts.py),
 within the safety policy; a rewrite must keep every value the user has to give (each literal
-argument of the gold calls still appears in the new request) and is verified again.
+argument of the gold calls, each quoted value and number of the original request) and is
+verified again.
 
 The endpoint is environments/endpoint.py (base_url, model, and the key read from an environment
 variable the user names). The model answers with JSON:
@@ -131,7 +132,8 @@ class TaskWriter:
 
     async def rewrite(self, draft: Draft, args: Sequence[dict]) -> Draft:
         """The draft with the model's wording; DraftRejected when the new request drops a value
-        the user must give (a literal of the gold calls' arguments) or the model failed."""
+        the user must give (a literal of the gold calls' arguments, a quoted value or a number
+        of the original request) or the model failed."""
         try:
             reply = await self.endpoint.acomplete([{"role": "user", "content": REWRITE.format(request=draft.request)}],
                                                   temperature=self.temperature)
@@ -140,6 +142,9 @@ class TaskWriter:
         text = " ".join((reply.get("content") or "").split()).strip().strip('"')
         literals = [v for call, used in zip(draft.calls, args) for name, value in used.items()
                     if name not in call.picks for v in _literals(value)]
+        # What the original request pins down beyond the arguments: quoted values and numbers
+        # (the item a selector names, the field asked for, a count).
+        literals += re.findall(r'"([^"]+)"', draft.request) + re.findall(r"\b\d+(?:[.:]\d+)?\b", draft.request)
         missing = [v for v in literals if v not in text]
         if not text or missing:
             raise DraftRejected(f"the rewrite drops {missing[:3]} the request must give" if text else "empty rewrite")
