@@ -93,3 +93,5 @@ def test_a_tool_the_user_allows_is_called_and_no_other(loop, recorder):
                                                      allow=["recorder.add_item"]))
     called = {c["tool"] for c in _calls(log)}
     assert called == {"add_item"}
+    left_out = {t["tool"] for t in outcome.report["tools_left_out"] if "may write" in t["reason"]}
+    assert left_out == WRITERS - {"add_item", "fetch_price"}

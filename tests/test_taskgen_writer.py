@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from conftest import REPO
@@ -33,10 +34,10 @@ PROPOSALS = {"tasks": [
 
 
 class _Stub(BaseHTTPRequestHandler):
-    replies: list[str] = []
-    seen: list[dict] = []
+    replies: ClassVar[list[str]] = []
+    seen: ClassVar[list[dict]] = []
 
-    def do_POST(self):  # noqa: N802 - the http.server API
+    def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
         content = type(self).replies.pop(0)

@@ -15,8 +15,8 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from environments.judge.config import JudgeConfig
 from environments.endpoint import OpenAIEndpoint
+from environments.judge.config import JudgeConfig
 
 
 class JudgeModel(ABC):

@@ -22,8 +22,8 @@ from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 from environments.taskgen.catalog import ToolProfile, build_catalog, release_episode
-from environments.taskgen.drafts import dig, parse_result
 from environments.taskgen.compose import ChainPlan, Template, enumerate_templates, plan_chain
+from environments.taskgen.drafts import dig, parse_result
 from environments.tasks.schema import complexity_for, task_record
 
 if TYPE_CHECKING:

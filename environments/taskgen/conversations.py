@@ -110,9 +110,9 @@ def _answer(conversation: Conversation, last_result: str) -> Any:
     """The answer a task scores: the last call's result (as a number or text) when the final
     message states it, else nothing (the calls alone are checked)."""
     value = parse_result(last_result)
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool) and conversation.answer:
-        if normalize_text(str(value)) and normalize_text(str(value)) in normalize_text(conversation.answer):
-            return value
+    stated = isinstance(value, (int, float, str)) and not isinstance(value, bool) and conversation.answer
+    if stated and normalize_text(str(value)) and normalize_text(str(value)) in normalize_text(conversation.answer):
+        return value
     return None
 
 

@@ -220,10 +220,9 @@ class Runner:
         again_args, again_results, again_checks = await self.run_once(draft)
         # The answer must not depend on the run; a write's own messages may (a commit's hash), its
         # end state (the checks) may not.
-        if draft.answer is not None and draft.answer_from is None:
-            if again_results != results or again_args != args:
-                raise DraftRejected("two runs on the same initial state gave different results: a "
-                                    "nondeterministic tool needs answer_from")
+        if draft.answer is not None and draft.answer_from is None and (again_results != results or again_args != args):
+            raise DraftRejected("two runs on the same initial state gave different results: a "
+                                "nondeterministic tool needs answer_from")
         if draft.checks:
             # A `contains` check reads the same when the text is there both times (the rest of its
             # result, a new commit's hash say, may differ).

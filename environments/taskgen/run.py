@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from environments.taskgen.build import ChainError, attach_examples, generate as generate_chains, split_templates
+from environments.taskgen.build import ChainError, attach_examples, split_templates
+from environments.taskgen.build import generate as generate_chains
 from environments.taskgen.catalog import build_catalog
 from environments.taskgen.drafts import Draft, DraftRejected, Runner, Verified
 from environments.taskgen.families import Explorer, Template, family_for

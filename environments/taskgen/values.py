@@ -39,7 +39,7 @@ def schema_value(name: str, schema: dict, rng: random.Random, pool: dict[str, li
     """A value for argument `name` (see the module doc); `fresh` prefers a new value over one the
     state holds (for names a write creates)."""
     schema = schema if isinstance(schema, dict) else {}
-    if "enum" in schema and schema["enum"]:
+    if schema.get("enum"):
         return rng.choice(schema["enum"])
     if schema.get("default") is not None:
         return schema["default"]

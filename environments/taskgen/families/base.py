@@ -13,7 +13,7 @@ from environments.taskgen.drafts import Draft, DraftRejected
 
 if TYPE_CHECKING:
     from environments.taskgen.safety import Verdict
-    from tools.manager import SharedToolManager, ToolSpec
+    from tools.manager import SharedToolManager
 
 
 @dataclass(frozen=True)
