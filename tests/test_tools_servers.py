@@ -12,8 +12,8 @@ import time
 import pytest
 from servers.leaks import no_leftover_server_processes  # noqa: F401 - session-level leak check
 
-from tools.config import ToolsConfig
 from tools.annotations import ToolAnnotations
+from tools.config import ToolsConfig
 from tools.manager import SharedToolManager, ToolSpec
 
 pytestmark = pytest.mark.anyio
