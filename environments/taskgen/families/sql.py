@@ -85,7 +85,8 @@ class SqlFamily:
             table = rng.choice(named)
             row = rng.choice(self._unique_rows(table, "name"))
             column = rng.choice([c for c, _ in self.columns[table] if c not in ("id", "name")])
-            return Draft("sql", "", f'In the {table} table, what is the {column} of the row whose name is "{row["name"]}"?',
+            return Draft("sql", "", f'In the {table} table, what is the value of the column {column} in the row whose '
+                         f'name is "{row["name"]}"?',
                          [self._query(f"SELECT {column} FROM {table} WHERE name = {_sql(row['name'])}")],
                          Pick(1, _first_value))
 
@@ -155,7 +156,8 @@ class SqlFamily:
             if column is None or row[column] == value:
                 return None
             said = f'"{value}"' if isinstance(value, str) else value
-            return Draft("sql", "", f'In the {table} table, set the {column} of "{row["name"]}" to {said}.',
+            return Draft("sql", "", f'In the {table} table, set the column {column} to {said} in the row whose name is '
+                         f'"{row["name"]}".',
                          [Call(s, "write_query", {"query": f"UPDATE {table} SET {column} = {_sql(value)} "
                                                            f"WHERE name = {_sql(row['name'])}"})],
                          checks=[Check(self._query(f"SELECT {column} FROM {table} WHERE name = {_sql(row['name'])}"))])
