@@ -78,7 +78,8 @@ def print_report(report: dict, out=sys.stdout) -> None:
         print(f"{server:12s} {row['family']:10s} templates {row['templates']:3d}  tasks {row['tasks']:5d}  "
               f"multi-call {100 * row['multi_call_share']:5.1f}%" + (f"  ({row['problem']})" if row.get("problem") else ""),
               file=out)
-    print("tools used: " + ", ".join(f"{t['server']}.{t['tool']} ({t['tasks']})" for t in report["tools_used"]), file=out)
+    print("tools used (tasks, checks): " + ", ".join(f"{t['server']}.{t['tool']} ({t['tasks']}, {t['checks']})"
+                                                     for t in report["tools_used"]), file=out)
     for tool in report["tools_left_out"]:
         print(f"left out: {tool['server']}.{tool['tool']}: {tool['reason']}", file=out)
     if report["servers_without_tasks"]:

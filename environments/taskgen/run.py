@@ -243,20 +243,24 @@ def _read_progress(progress: Path | None) -> list[dict]:
 
 def build_report(tools: SharedToolManager, servers: Sequence[str], plans: list[Plan], records: list[dict],
                  generator: Generator, arithmetic: Sequence[Any]) -> dict[str, Any]:
-    """Every tool used (with its task count), every tool left out with the reason, each server
-    that contributed nothing, and per server: family, templates, tasks, share of multi-call tasks."""
+    """Every tool used (in how many tasks' calls, and in how many end-state checks), every tool
+    left out with the reason, each server that contributed nothing, and per server: family,
+    templates, tasks, share of multi-call tasks."""
     used: Counter = Counter()
+    checking: Counter = Counter()
     per_server: dict[str, list[dict]] = defaultdict(list)
     for record in records:
         for step in record["reward_spec"]["ground_truth"]["tool_sequence"]:
             used[(step["server"], step["tool"])] += 1
+        for check in record["reward_spec"]["ground_truth"]["success"].get("checks", []):
+            checking[(check["server"], check["tool"])] += 1
         for server in {s["server"] for s in record["reward_spec"]["ground_truth"]["tool_sequence"]}:
             per_server[server].append(record)
     plan_of = {p.server: p for p in plans}
     left_out = [{"server": r.server, "tool": r.tool, "reason": r.reason} for r in tools.refused_tools()
                 if r.server in servers]
     for spec in tools.tool_specs():
-        if spec.server not in servers or used[(spec.server, spec.tool)]:
+        if spec.server not in servers or used[(spec.server, spec.tool)] or checking[(spec.server, spec.tool)]:
             continue
         plan = plan_of.get(spec.server)
         verdict = plan.verdicts.get(spec.tool) if plan else None
@@ -281,7 +285,8 @@ def build_report(tools: SharedToolManager, servers: Sequence[str], plans: list[P
             **({"problem": plan.explore_error} if plan and plan.explore_error else {}),
         }
     return {"servers": summary,
-            "tools_used": [{"server": s, "tool": t, "tasks": n} for (s, t), n in sorted(used.items())],
+            "tools_used": [{"server": s, "tool": t, "tasks": used[(s, t)], "checks": checking[(s, t)]}
+                           for s, t in sorted(set(used) | set(checking))],
             "tools_left_out": sorted(left_out, key=lambda x: (x["server"], x["tool"])),
             "servers_without_tasks": [s for s in servers if not per_server.get(s)],
             "rejections": {t: dict(c.most_common(8)) for t, c in sorted(generator.rejections.items())}}
