@@ -77,7 +77,7 @@ def _scalar_fields(item: dict, but: str) -> list[str]:
 
 
 def _phrase_field(field: str) -> str:
-    return f'first of its "{field[:-2]}"' if field.endswith(".0") else f'"{field}"'
+    return f'first entry of "{field[:-2]}"' if field.endswith(".0") else f'"{field}"'
 
 
 def _args_text(args: dict[str, Any]) -> str:
