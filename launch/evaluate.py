@@ -4,7 +4,8 @@
 
 `--model` is an HF directory (e.g. a run's `final_model/`); `--checkpoint` a training checkpoint
 (`outputs/RUN/checkpoints/step-000010`); neither: the config's model as it is. Writes per-task
-transcripts to `<run_dir>/eval/<name>.jsonl` and prints the metrics as JSON.
+transcripts to `<run_dir>/eval/<name>.jsonl` and prints the metrics as JSON. Exits 1 when every
+task was excluded (each group had an episode that failed), after printing why.
 
 BFCL multi-turn (the Berkeley Function Calling Leaderboard, scored by its official checker):
 
@@ -194,6 +195,10 @@ def main(argv=None) -> int:
         metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,
                                               num_tasks=args.tasks, name=args.name, tasks=tasks, benchmark=benchmark))
     print(json.dumps(metrics, indent=2))
+    if metrics["eval/num_tasks"] and metrics["eval/excluded_tasks"] >= metrics["eval/num_tasks"]:
+        print(f"evaluate: all {metrics['eval/num_tasks']:.0f} tasks were excluded (every group had an episode "
+              "that failed: see the warnings above); nothing was evaluated", file=sys.stderr)
+        return 1
     if benchmark == "tau2":
         scores = ", ".join(f"pass^{j} {metrics[f'eval/tau2/{args.domain}/pass^{j}']:.3f}" for j in range(1, args.k + 1))
         print(f"τ² {args.domain} ({args.split} split, {len(tasks)} tasks, k={args.k}): {scores}", file=sys.stderr)

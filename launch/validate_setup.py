@@ -1,7 +1,8 @@
 """Check a run's setup without training: `python -m launch.validate_setup --config X.yaml`.
 
 Dependencies, device and rollout engine, model resolvable, every MCP server starts and lists its tools,
-dataset validates, and the API keys that configured servers need are set (never printed).
+dataset validates, the API keys that configured servers need are set (never printed), and every
+task's opening prompt leaves room for a turn within `rollout.max_total_tokens` (the prompt budget).
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ def setup_problem(exc: BaseException) -> str | None:
     # Imported here, not at the top, for the reason given in validate(): a missing dependency
     # shows in the report instead of stopping it with an ImportError.
     from environments.tasks.schema import TaskDataError
+    from grpo.collect.prompt_budget import PromptBudgetError
     from grpo.models.source import ModelSourceError
     from tools.connection import ToolServerStartError
 
     parts = ((TaskDataError, "dataset"), (ToolServerStartError, "MCP servers"), (ModelSourceError, "model"),
-             (DeviceUnavailable, "device/engine"))
+             (DeviceUnavailable, "device/engine"), (PromptBudgetError, "prompt budget"))
     return next((f"{part}: {exc}" for kind, part in parts if isinstance(exc, kind)), None)
 
 
@@ -72,10 +74,11 @@ async def validate(config: RunConfig) -> Report:
     # shows in the report instead of stopping it with an ImportError.
     from grpo.models.source import ModelSourceError, load_tokenizer, resolve_model_dir
 
+    tokenizer = tasks = None
     try:
         t0 = time.time()
         model_dir = resolve_model_dir(config.model.name_or_path, config.model.cache_dir)
-        load_tokenizer(config.model.name_or_path, config.model.cache_dir)
+        tokenizer = load_tokenizer(config.model.name_or_path, config.model.cache_dir)
         where = model_dir or "built in memory"
         report.add(True, f"model {config.model.name_or_path} -> {where} ({time.time() - t0:.1f} s)")
     except (ModelSourceError, OSError, ValueError) as exc:
@@ -87,6 +90,7 @@ async def validate(config: RunConfig) -> Report:
     try:
         train, val = train_validation_split(config.data, config.environment.env_class)
         report.add(True, f"dataset: {len(train)} training tasks, {len(val)} held-out tasks")
+        tasks = [*train, *val]
     except (TaskDataError, OSError, ValueError) as exc:
         report.add(False, setup_problem(exc) or f"dataset: {exc}")
 
@@ -104,11 +108,17 @@ async def validate(config: RunConfig) -> Report:
             t0 = time.time()
             async with SharedToolManager(config.tools) as tools:
                 specs = tools.tool_specs()
-            by_server: dict[str, list[str]] = {}
-            for spec in specs:
-                by_server.setdefault(spec.server, []).append(spec.name)
-            for name, tools_ in by_server.items():
-                report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
+                by_server: dict[str, list[str]] = {}
+                for spec in specs:
+                    by_server.setdefault(spec.server, []).append(spec.name)
+                for name, tools_ in by_server.items():
+                    report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
+                for refused in tools.refused_tools():
+                    print(f"  [--] server {refused.server}: tool {refused.tool} left out ({refused.reason})")
+                if tasks is not None:
+                    _check_task_tools(report, config, tasks, specs)
+                if tokenizer is not None and tasks is not None:
+                    await _check_prompt_budget(report, config, tasks, tools, tokenizer)
             print(f"  servers started and stopped in {time.time() - t0:.1f} s")
         except ToolServerStartError as exc:
             report.add(False, setup_problem(exc))
@@ -116,6 +126,42 @@ async def validate(config: RunConfig) -> Report:
         print("  [--] no MCP servers configured")
     print("setup OK" if report.ok else "setup has problems (see FAIL lines)")
     return report
+
+
+def _check_task_tools(report: Report, config: RunConfig, tasks: list, specs: list) -> None:
+    """A FAIL line when tasks use tools no server offers (missing, or refused by allow/deny)."""
+    from environments.mcp_tool.exposure import unoffered_tools
+    from environments.tasks.schema import Task
+
+    played = [t for t in tasks if isinstance(t, Task) and (config.environment.env_class or t.env_class) == "mcp_tool"]
+    users: dict[str, list[str]] = {}
+    for task in played:
+        for tool in unoffered_tools(task, specs):
+            users.setdefault(tool, []).append(task.task_id)
+    if users:
+        tools_ = "; ".join(f"{tool} ({len(ids)} tasks, e.g. {ids[0]})" for tool, ids in sorted(users.items()))
+        count = len({i for ids in users.values() for i in ids})
+        report.add(False, f"tasks: {count} of {len(played)} use tools that no server offers (or its allow/deny "
+                          f"refuse): {tools_}")
+
+
+async def _check_prompt_budget(report: Report, config: RunConfig, tasks: list, tools, tokenizer) -> None:
+    """The prompt-budget line: the longest opening prompt against rollout.max_total_tokens."""
+    from grpo.collect.environment_setup import prepare_environment
+    from grpo.collect.prompt_budget import measure_prompts
+
+    try:
+        environment = prepare_environment(config.environment, tokenizer)
+    except ValueError as exc:
+        report.add(False, f"environment: {exc}")
+        return
+    budget = await measure_prompts(tasks, tools, environment, tokenizer, config.rollout)
+    if budget is None:
+        print("  [--] prompt budget: no task is played by the mcp_tool environment")
+    elif budget.fits:
+        report.add(True, f"prompt budget: {budget.summary()}")
+    else:
+        report.add(False, f"prompt budget: {budget.problem(environment)}")
 
 
 def main(argv=None) -> int:

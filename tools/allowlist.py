@@ -21,7 +21,7 @@ class RefusedTool:
     server: str
     tool: str
     reason: str
-    """`not in allow` or `deny <glob>`: what refused it."""
+    """`not matched by allow` or `deny <glob>`: what refused it."""
 
 
 def screen(server: str, config: MCPServerConfig, tools: list[Any]) -> tuple[list[Any], list[RefusedTool]]:
@@ -39,7 +39,7 @@ def screen(server: str, config: MCPServerConfig, tools: list[Any]) -> tuple[list
         if denied_by is not None:
             refused.append(RefusedTool(server, tool.name, f"deny {denied_by!r}"))
         elif not any(fnmatchcase(tool.name, glob) for glob in config.allow):
-            refused.append(RefusedTool(server, tool.name, "not in allow"))
+            refused.append(RefusedTool(server, tool.name, "not matched by allow"))
         else:
             kept.append(tool)
     return kept, refused

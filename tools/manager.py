@@ -344,7 +344,7 @@ class SharedToolManager:
             return None
         return _error(
             f"tool {name!r} of server {refused.server!r} is not allowed "
-            f"({refused.reason} in tools.servers.{refused.server})",
+            f"(tools.servers.{refused.server}: {refused.reason})",
             "unknown_tool",
         )
 

@@ -166,7 +166,13 @@ class StatePool:
             waiting.add_done_callback(lambda done: self._waiting.pop(episode_id, None)
                                       if self._waiting.get(episode_id) is done else None)
         # Shielded: one cancelled caller must not cancel the lease its episode's other calls await.
-        return await asyncio.shield(waiting)
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            if waiting.cancelled() and not asyncio.current_task().cancelling():
+                raise LeaseError(f"server {self.name!r}: episode {episode_id!r} ended while waiting for an "
+                                 "instance") from None
+            raise
 
     async def _take(self, episode_id: str) -> _Instance:
         if self._closed:
@@ -176,6 +182,11 @@ class StatePool:
             instance = await asyncio.wait_for(self._free.get(), self.state.lease_timeout)
         except asyncio.TimeoutError:
             raise LeaseError(self._timeout_message()) from None
+        if self._waiting.get(episode_id) is not asyncio.current_task():
+            # The episode ended while its instance was being handed over (a cancellation that
+            # came with the item is not raised by wait_for): give the instance straight back.
+            self._free.put_nowait(instance)
+            raise asyncio.CancelledError
         # From here to the dict assignment nothing awaits: the instance is never lost.
         instance.holder, instance.since = episode_id, time.monotonic()
         self._leases[episode_id] = instance

@@ -28,6 +28,7 @@ from grpo.algorithm.update import (
 )
 from grpo.collect.collector import TrajectoryCollector
 from grpo.collect.episode import task_id_of
+from grpo.collect.prompt_budget import check_prompt_budget
 from grpo.config import RunConfig, save_config
 from grpo.models.devices import memory_metrics, resolve_device, select_attention_kernels
 from grpo.models.export import save_pretrained
@@ -56,6 +57,8 @@ def _eval_summary(metrics: dict[str, float], tag: str) -> dict[str, float]:
     (complexity, split) as `success_<tag>/<group>`."""
     out = {f"success_{tag}": metrics["eval/success_rate"], f"reward_{tag}": metrics["eval/reward_mean"]}
     out.update({f"success_{tag}/{k.split('/', 2)[2]}": v for k, v in metrics.items() if k.startswith("eval/success/")})
+    if "eval/all_tools/success_rate" in metrics:  # task-scoped tools: also every tool shown
+        out[f"success_{tag}_all_tools"] = metrics["eval/all_tools/success_rate"]
     return out
 
 
@@ -207,6 +210,10 @@ class GRPOTrainer:
             self.collector = TrajectoryCollector(
                 self.engine, self.tokenizer, tools, cfg.environment, cfg.rollout
             )
+            budget = await check_prompt_budget([*self.train_tasks, *self.val_tasks], tools,
+                                               self.collector.env_config, self.tokenizer, cfg.rollout)
+            if budget is not None:
+                log.info("prompt budget: %s", budget.summary())
             if cfg.train.eval_before and self.step == 0:
                 before = await self._evaluate("before")
                 summary.update(_eval_summary(before, "before"))
