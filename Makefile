@@ -60,7 +60,8 @@ install-gpu:
 	$(PIP) install -q $(TAU2_DEPS)
 	touch $(VENV)/.installed
 
-# Idempotent: each part is redone only when its pin or lockfile changed (a stamp per part).
+# Idempotent: a stamp per part; a part is redone when the Makefile (its pins), the lockfile or a
+# fixture source changes.
 servers: servers-python servers-node
 servers-python: $(SERVERS)/time/.installed $(SERVERS)/git/.installed $(SERVERS)/sqlite/.installed \
 	$(SERVERS)/fixtures/.built
