@@ -33,6 +33,9 @@ class ToolSpec:
     """JSON schema of the arguments, without reserved arguments (`episode_id`)."""
     annotations: ToolAnnotations | None = None
     """What the server declares about the tool's effects (None: it declared nothing)."""
+    episode_scoped: bool = False
+    """The tool takes the reserved `episode_id`: the server keeps its state per episode (as the
+    bundled kv server does), so a fresh episode id is a disposable copy of that state."""
 
 
 
@@ -84,7 +87,7 @@ def name_tools(
             arguments = ToolArguments(name, tool.input_schema or {})
             spec = ToolSpec(
                 name, connection.name, tool.name, tool.description or "", arguments.schema,
-                ToolAnnotations.from_mcp(tool.annotations),
+                ToolAnnotations.from_mcp(tool.annotations), arguments.takes_episode_id,
             )
             entries.append(
                 RegisteredTool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")

@@ -25,6 +25,7 @@ from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from tools.servers import _cli
@@ -73,6 +74,9 @@ server = MCPServer(
 )
 
 
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
 @server.tool()
 def put(
     key: Key,
@@ -93,7 +97,7 @@ def put(
     return f"stored {key!r}"
 
 
-@server.tool()
+@server.tool(annotations=_READ_ONLY)
 def get(key: Key, episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
     """The value stored under `key`, as JSON."""
     store = _store(episode_id)
@@ -102,7 +106,7 @@ def get(key: Key, episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
     return json.dumps(store[key])
 
 
-@server.tool(name="list")
+@server.tool(name="list", annotations=_READ_ONLY)
 def list_keys(episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
     """All keys, sorted, as a JSON list."""
     return json.dumps(sorted(_store(episode_id)))
@@ -125,7 +129,7 @@ def reset(episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
     return "reset"
 
 
-@server.tool()
+@server.tool(annotations=_READ_ONLY)
 def dump(episode_id: EpisodeId = DEFAULT_EPISODE) -> dict[str, dict[str, Any]]:
     """The whole store: {"state": {key: value}}."""
     return {"state": dict(sorted(_store(episode_id).items()))}
