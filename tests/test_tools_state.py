@@ -21,7 +21,7 @@ from tools.state import LeaseError, _relative, instance_config, restore
 
 FILES_SERVER = str(REPO / "tests" / "servers" / "files.py")
 NPM_FILESYSTEM = REPO / ".servers" / "node" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
-"""Where `make servers` installs the npm filesystem server (pinned by third_party/package-lock.json)."""
+"""Where `make servers` installs the npm filesystem server (pinned by tools/third_party/package-lock.json)."""
 
 
 def files_server(fixture: Path | None, **state) -> dict:
