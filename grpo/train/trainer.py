@@ -1,8 +1,9 @@
 """The GRPO trainer: wires policy, reference, engine, tools, data and collector into a run.
 
-`GRPOTrainer(config).run()` does: evaluate before → for each step: collect groups → update
-(grpo/algorithm/update.py) → EMA reference → push weights to the engine → metrics →
-checkpoint → evaluate after → final model, summary.json and the reward/success curve.
+`GRPOTrainer(config).run()` does: check the tasks' tool names against the started servers →
+evaluate before → for each step: collect groups → update (grpo/algorithm/update.py) → EMA
+reference → push weights to the engine → metrics → checkpoint → evaluate after → final model,
+summary.json and the reward/success curve.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from environments.tasks.loading import train_validation_split
+from environments.tasks.tool_references import check_tool_references
 from grpo.algorithm.reference import make_reference
 from grpo.algorithm.update import (
     NonFiniteLossError,
@@ -204,6 +206,8 @@ class GRPOTrainer:
         summary: dict[str, Any] = {"run_dir": str(self.run_dir), "device": str(self.device),
                                    "engine": self.engine_name}
         async with SharedToolManager(cfg.tools) as tools:
+            # A task that names a tool no server offers would score 0 in every episode: stop first.
+            check_tool_references(self.train_tasks + self.val_tasks, tools.tool_specs(), cfg.tools, cfg.environment)
             self.collector = TrajectoryCollector(
                 self.engine, self.tokenizer, tools, cfg.environment, cfg.rollout
             )
