@@ -52,6 +52,7 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
 from grpo.train.checkpoint import load_checkpoint
 from grpo.train.evaluation import evaluate, summarize, transcript_records
+from launch.interrupt import stops_cleanly_on_interrupt
 from launch.validate_setup import setup_problem
 from tools.config import MCPServerConfig
 from tools.manager import SharedToolManager
@@ -155,6 +156,7 @@ def _collector_messages_on_stderr():
         logger.setLevel(level)
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from environments.taskgen.build import ChainError, generate
 from grpo.config import ConfigError, load_config
+from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
 
 
@@ -85,6 +86,7 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
