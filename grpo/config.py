@@ -2,9 +2,10 @@
 
 `load_config(path, overrides)` reads a YAML file, applies dotted CLI overrides such as
 `algorithm.reference.kl_coef=0.05`, and validates the result. Unknown keys and bad values are
-errors that name the field (and, for choices, the allowed values); a key that moved in a release
-is an error naming its new place (`MOVED_KEYS`); an unknown key gets a did-you-mean. `RunConfig.dump_masked()` is what a run saves
-beside its outputs: secrets (server env values, HTTP headers) are masked.
+errors that name the field (and, for choices, the allowed values; for unknown keys, the closest
+known one); a key that moved in a release is an error naming its new place (`MOVED_KEYS`).
+`RunConfig.dump_masked()` is what a run saves beside its outputs: secrets (server env values,
+HTTP headers) are masked.
 
 The sections live beside what they configure: grpo/models/config.py (`model`, `lora`),
 grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`),
@@ -192,22 +193,25 @@ class _KeyPlace:
     other_members: list[type[BaseModel]] = field(default_factory=list)
 
 
+def _options(annotation: Any) -> list[Any]:
+    """The types a field allows: a union's members without None, else the annotation itself."""
+    if get_origin(annotation) in (Union, UnionType):
+        return [a for a in get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
 def _models(annotation: Any) -> list[type[BaseModel]]:
-    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
-    return [t for t in options if isinstance(t, type) and issubclass(t, BaseModel)]
+    return [t for t in _options(annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
 
 
 def _containers(annotation: Any) -> tuple[Any, int]:
-    """The annotation of a field's items (dict values, list items), and how many location parts
-    (keys, indexes) that took; `X | None` counts as X."""
-    taken = 0
-    while True:
-        options = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (
-            Union, UnionType) else [annotation]
-        if len(options) == 1 and get_origin(options[0]) in (dict, list):
-            annotation, taken = get_args(options[0])[-1], taken + 1
-        else:
-            return annotation, taken
+    """The annotation of a field's items (dict values, list items, nested), and how many location
+    parts (keys, indexes) they take."""
+    taken, options = 0, _options(annotation)
+    while len(options) == 1 and get_origin(options[0]) in (dict, list):
+        annotation, taken = get_args(options[0])[-1], taken + 1
+        options = _options(annotation)
+    return annotation, taken
 
 
 def _key_place(loc: tuple | list) -> _KeyPlace:

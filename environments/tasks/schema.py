@@ -318,9 +318,9 @@ class Task(_Strict):
             return None, [f"expected an object, got {type(record).__name__}"]
         problems: list[str] = []
         if "reward_spec" not in record and "tool_sequence" in record:
-            problems = short_form_problems(record)
-            if any(not p.startswith("unknown field") for p in problems):
-                return None, problems  # no question or steps to build a task from
+            problems, convertible = short_form_problems(record)
+            if not convertible:
+                return None, problems  # no question or no steps to build a task from
             record = short_form_record(record)
         try:
             task = cls.model_validate(record)
@@ -354,19 +354,22 @@ SHORT_FORM_FIELDS = frozenset({"question", "tool_sequence", "answer", "state", "
                                "extra_info"})
 
 
-def short_form_problems(record: dict[str, Any]) -> list[str]:
-    """What keeps `record` from being a tool-sequence record: unknown fields, no question, no steps."""
+def short_form_problems(record: dict[str, Any]) -> tuple[list[str], bool]:
+    """What is wrong with a tool-sequence record's own fields (unknown ones, no question, no
+    steps), and whether it can still be converted (it has a question and steps) so that the
+    full record's problems are found too."""
     problems = []
     unknown = sorted(set(record) - SHORT_FORM_FIELDS)
     if unknown:
         problems.append(f"unknown field(s) {unknown} in a tool-sequence record; allowed: {sorted(SHORT_FORM_FIELDS)}")
-    question = record.get("question")
-    if not isinstance(question, str) or not question.strip():
+    question, steps = record.get("question"), record.get("tool_sequence")
+    has_question = isinstance(question, str) and bool(question.strip())
+    has_steps = isinstance(steps, list) and bool(steps)
+    if not has_question:
         problems.append("question: a tool-sequence record needs a non-empty question")
-    steps = record.get("tool_sequence")
-    if not isinstance(steps, list) or not steps:
+    if not has_steps:
         problems.append("tool_sequence: needs a non-empty list of {server, tool, params} steps")
-    return problems
+    return problems, has_question and has_steps
 
 
 def short_form_record(record: dict[str, Any]) -> dict[str, Any]:
