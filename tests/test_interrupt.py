@@ -45,7 +45,7 @@ def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 240.0) -> int
 
 
 def test_every_launch_entry_point_stops_cleanly_on_ctrl_c():
-    # The wrapper is what the subprocess tests below exercise on three of them.
+    # The wrapper is what the subprocess tests below exercise on two of them.
     assert len(LAUNCH) >= 6, LAUNCH
     for name in LAUNCH:
         main = importlib.import_module(f"launch.{name}").main
@@ -53,14 +53,11 @@ def test_every_launch_entry_point_stops_cleanly_on_ctrl_c():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module, args, marker", [
-    ("validate_setup", ["--config", "configs/smoke.yaml"], "[ok] package torch"),
-    ("evaluate", ["--config", "configs/smoke.yaml", "--tasks", "2", "rollout.max_new_tokens=4000",
-                  "rollout.max_total_tokens=8000"], "evaluate: "),
-])
-def test_ctrl_c_gives_one_line_and_status_130(tmp_path, module, args, marker):
-    proc, out, err = start(tmp_path, module, *args, f"output_dir={tmp_path}")
-    rc = interrupt_when(proc, lambda: marker in out.read_text() + err.read_text())
+def test_ctrl_c_gives_one_line_and_status_130(tmp_path):
+    # validate_setup stands for the entry points without a trainer (evaluate, generate_tasks, smoke
+    # run the same wrapper); training, below, is the one with something to keep.
+    proc, out, err = start(tmp_path, "validate_setup", "--config", "configs/smoke.yaml")
+    rc = interrupt_when(proc, lambda: "[ok] package torch" in out.read_text())
     text = err.read_text()
     assert rc == 130, text
     assert text.splitlines()[-1] == "interrupted (Ctrl-C)"
