@@ -34,6 +34,7 @@ from environments.taskgen.build import ChainError
 from environments.taskgen.run import generate_tasks
 from environments.taskgen.writer import TaskWriter
 from grpo.config import ConfigError, load_config
+from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
 
 
@@ -126,6 +127,7 @@ async def _run(args: argparse.Namespace) -> int:
     return 0 if records else 2
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:

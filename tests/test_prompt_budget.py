@@ -122,8 +122,9 @@ def test_validate_setup_names_tasks_whose_tools_allow_or_deny_refuse(capsys):
     out = capsys.readouterr().out
     assert not report.ok
     assert "  [--] server calculator: tool calculate left out (deny 'calculate')" in out
-    assert ("  [FAIL] tasks: 18 of 18 use tools that no server offers (or its allow/deny refuse): "
-            "calculator.calculate (18 tasks, e.g. calculator-train-s0-00000)") in out
+    assert "  [FAIL] dataset: tool references: 18 bad records" in out
+    assert ("calculator-train-s0-00000: reward_spec.ground_truth.tool_sequence.0.tool: server 'calculator' "
+            "tool 'calculate' is not allowed (tools.servers.calculator: deny 'calculate')") in out
 
 
 def test_batched_prompt_lengths_equal_the_prompt_ids_of_each(tokenizer):

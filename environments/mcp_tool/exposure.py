@@ -50,20 +50,6 @@ def _names(spec: ToolSpec, server: str | None, tool: str) -> bool:
     return tool in (spec.tool, spec.name, f"{spec.server}.{spec.tool}", f"{spec.server}/{spec.tool}")
 
 
-def unoffered_tools(task: Task, specs: Sequence[ToolSpec]) -> list[str]:
-    """`server.tool` (or `tool`) of each tool the task uses that none of `specs` is: the tools it
-    names for the model, its setup calls and its end-state checks. Such a task cannot be played as
-    written (a server is missing, or its allow/deny refuse the tool)."""
-    missing = [(server, tool) for server, tool in named_tools(task)
-               if not any(_names(spec, server, tool) for spec in specs)]
-    hidden = [(step.server, step.tool) for step in task.setup]
-    hidden += [(check.server, check.tool) for check in task.reward_spec.ground_truth.success.checks]
-    missing += [(server, tool) for server, tool in hidden if spec_of(tool, server, specs) is None]
-    qualified = {tool for server, tool in missing if server}
-    return list(dict.fromkeys(f"{server}.{tool}" if server else tool for server, tool in missing
-                              if server or tool not in qualified))
-
-
 def distractor_rng(seed: int, task_id: str) -> random.Random:
     """The draw of one task's distractors: the same in every process and run."""
     digest = hashlib.blake2b(f"{seed}|{task_id}".encode(), digest_size=8).digest()
