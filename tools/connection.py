@@ -255,6 +255,10 @@ class ServerConnection:
             headers = {k: expand_vars(v, f"header {k}") for k, v in self.config.headers.items()}
             return ("http", self.config.url, headers)
         command = sys.executable if self.config.command == "python" else self.config.command
+        if os.sep in command and not os.path.isabs(command):
+            # The child resolves a relative program against its own cwd (a state copy, say):
+            # a relative `command` means relative to where mcp-grpo runs.
+            command = os.path.abspath(command)
         params = StdioServerParameters(
             command=command,
             args=list(self.config.args),

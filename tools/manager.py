@@ -7,6 +7,11 @@ turns every tool-side problem (bad or unsendable arguments, unknown tool, tool e
 result over the size limit, dead server, open circuit breaker) into a ToolResult with
 `is_error=True` and an `error_kind`, retrying transport failures (after restarting the dead
 server) and, where a server asks for it (`retry_on_timeout`), timeouts, with exponential backoff.
+
+A server's `allow` / `deny` globs decide which of its tools exist for the manager at all
+(tools/allowlist.py). A server with `state:` runs as a pool of instances on copies of its fixture
+(tools/state.py): calls with an episode id go to that episode's instance, leased at its first call
+(or by `start_episode`) and given back by `end_episode`.
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from typing_extensions import Self
 
-from tools.arguments import ArgumentError, ToolArguments
+from tools.allowlist import RefusedTool, screen
+from tools.annotations import ToolAnnotations
+from tools.arguments import ArgumentError
 from tools.config import MCPServerConfig, ToolsConfig
 from tools.connection import (
     CallTimeout,
@@ -37,25 +44,14 @@ from tools.connection import (
 )
 from tools.procs import kill_owned_processes
 from tools.results import normalise
+from tools.specs import RegisteredTool, ToolNameClash, ToolSpec, name_tools
+from tools.state import LeaseError, StateInstance, StatePool
 
-__all__ = ["SharedToolManager", "ToolNameClash", "ToolResult", "ToolServerStartError", "ToolSpec"]
+__all__ = ["LeaseError", "RefusedTool", "SharedToolManager", "ToolAnnotations", "ToolNameClash",
+           "ToolResult", "ToolServerStartError", "ToolSpec"]
 
 LATENCY_WINDOW = 10_000
 """Latest latencies kept per tool for the p50/p99 metrics."""
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """A tool as environments render it into prompts."""
-
-    name: str
-    """The name the model uses: the server's tool name, or `server__tool` where names clash."""
-    server: str
-    tool: str
-    """The server's own name for the tool."""
-    description: str
-    input_schema: dict
-    """JSON schema of the arguments, without reserved arguments (`episode_id`)."""
 
 
 @dataclass
@@ -67,59 +63,39 @@ class ToolResult:
     """The server's structured content, its JSON capped at `max_structured_chars` (cut strings,
     lists and objects end in a `…[truncated N ...]` marker)."""
     error_kind: str | None = None
-    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open
-    | result_too_large"""
+    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open |
+    result_too_large | no_episode (a stateful server called without an episode id) | lease (no
+    instance for it)"""
     latency_s: float = 0.0
     retries: int = 0
 
 
-class ToolNameClash(ToolServerStartError):
-    """Two tools would be shown to the model under one name; the message names both."""
-
-    def __init__(self, first: ToolSpec, second: ToolSpec):
-        if (first.server, first.tool) == (second.server, second.tool):
-            cause = f"server {first.server!r} lists its tool {first.tool!r} twice"
-            servers = first.server
-        else:
-            cause = (
-                f"server {first.server!r} tool {first.tool!r} and server {second.server!r} tool "
-                f"{second.tool!r} would both be named {first.name!r}; rename one of the servers "
-                "in tools.servers"
-            )
-            servers = f"{first.server}, {second.server}"
-        RuntimeError.__init__(self, f"tool names clash: {cause}")
-        self.server, self.cause, self.stderr_tail = servers, cause, ""
-
-
-@dataclass
-class _Tool:
-    spec: ToolSpec
-    connection: ServerConnection
-    arguments: ToolArguments
-    metric: str  # "tools/<server>.<tool>"
-
-    def __post_init__(self) -> None:
-        self.calls_key = f"{self.metric}/calls"
-        self.errors_key = f"{self.metric}/errors"
+def connect_server(
+    name: str, server: MCPServerConfig, config: ToolsConfig
+) -> ServerConnection | StatePool:
+    """The connection to one enabled server: a pool of instances for a server with per-episode
+    state, else its one subprocess or HTTP session."""
+    return StatePool(name, server, config) if server.state else ServerConnection(name, server, config)
 
 
 class SharedToolManager:
     def __init__(
         self,
         config: ToolsConfig,
-        connect: Callable[[str, MCPServerConfig, ToolsConfig], ServerConnection] = ServerConnection,
+        connect: Callable[[str, MCPServerConfig, ToolsConfig], ServerConnection | StatePool] = connect_server,
     ):
         """`connect(name, server, config)` makes the connection to one enabled server
-        (`ServerConnection`: its subprocess or HTTP session); a bench passes a stand-in that
-        answers in-process to measure the manager's own work."""
+        (`connect_server`); a bench passes a stand-in that answers in-process to measure the
+        manager's own work."""
         self.config = config
         self._connections = {
             name: connect(name, server, config)
             for name, server in config.servers.items()
             if server.enabled
         }
-        self._tools: dict[str, _Tool] = {}
-        self._lookup: dict[str, _Tool] = {}  # spec names plus `server__tool` for every tool
+        self._refused: dict[str, RefusedTool] = {}  # by the server's name and `server__tool`
+        self._tools: dict[str, RegisteredTool] = {}
+        self._lookup: dict[str, RegisteredTool] = {}  # spec names plus `server__tool` for every tool
         self._state = "new"  # new -> started -> closed
         self._counts: Counter[str] = Counter()
         self._latencies: dict[str, deque[float]] = {}
@@ -152,41 +128,23 @@ class SharedToolManager:
             raise ToolServerStartError(
                 ", ".join(names), "several servers failed:\n\n" + "\n\n".join(map(str, failures))
             )
+        self._screen_tools(connections)
         try:
             self._register_tools(connections)
         except ToolNameClash:
             await self.close()
             raise
 
-    def _register_tools(self, connections: list[ServerConnection]) -> None:
-        """Name every tool (`server__tool` where two servers share a name); raises ToolNameClash
-        when two tools would get one name. `server__tool` also reaches a tool shown unqualified,
-        unless that alias is some tool's name or the alias of two tools."""
-        clashes = Counter(tool.name for c in connections for tool in c.tools)
-        entries: list[_Tool] = []
+    def _screen_tools(self, connections: list[ServerConnection | StatePool]) -> None:
+        """Drop the tools each server's `allow` / `deny` refuse before anything registers them."""
         for connection in connections:
-            for tool in connection.tools:
-                qualified = f"{connection.name}__{tool.name}"
-                name = qualified if clashes[tool.name] > 1 else tool.name
-                arguments = ToolArguments(name, tool.input_schema or {})
-                spec = ToolSpec(
-                    name, connection.name, tool.name, tool.description or "", arguments.schema
-                )
-                entries.append(
-                    _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
-                )
-        named: dict[str, _Tool] = {}
-        for entry in entries:
-            other = named.setdefault(entry.spec.name, entry)
-            if other is not entry:
-                raise ToolNameClash(other.spec, entry.spec)
-        aliases = Counter(f"{e.spec.server}__{e.spec.tool}" for e in entries)
-        self._tools = named
-        self._lookup = dict(named)
-        for entry in entries:
-            alias = f"{entry.spec.server}__{entry.spec.tool}"
-            if alias not in named and aliases[alias] == 1:
-                self._lookup[alias] = entry
+            connection.tools, refused = screen(connection.name, connection.config, connection.tools)
+            for tool in refused:
+                self._refused.setdefault(tool.tool, tool)
+                self._refused[f"{tool.server}__{tool.tool}"] = tool
+
+    def _register_tools(self, connections: list[ServerConnection]) -> None:
+        self._tools, self._lookup = name_tools(connections)
 
     async def close(self) -> None:
         """Stop every server; idempotent, and safe while being cancelled."""
@@ -216,6 +174,10 @@ class SharedToolManager:
     def tool_specs(self) -> list[ToolSpec]:
         return [entry.spec for entry in self._tools.values()]
 
+    def refused_tools(self) -> list[RefusedTool]:
+        """The tools that servers offer but their `allow` / `deny` refuse, with the reason."""
+        return list({id(tool): tool for tool in self._refused.values()}.values())
+
     # -- calls ----------------------------------------------------------------------------------
 
     async def call_tool(
@@ -231,7 +193,7 @@ class SharedToolManager:
         self._counts["tools/calls"] += 1
         entry = self._lookup.get(name) if isinstance(name, str) else None
         if entry is None:
-            return self._finish(None, start, self._unknown(name), 0)
+            return self._finish(None, start, self._not_allowed(name) or self._unknown(name), 0)
         try:
             args = entry.arguments.prepare(arguments, episode_id)
         except ArgumentError as exc:
@@ -243,12 +205,20 @@ class SharedToolManager:
                 _error(f"tool {name} failed: the tool manager is {self._state}", "transport"),
                 0,
             )
-        connection = entry.connection
+        connection, instance = entry.connection, None
+        if isinstance(connection, StatePool):
+            instance = await self._episode_instance(connection, episode_id)
+            if isinstance(instance, ToolResult):
+                return self._finish(entry, start, instance, 0)
+            connection = instance.connection
         timeout = timeout or connection.config.call_timeout or self.config.call_timeout
         retries = 0
         retryable = _RETRYABLE | {"timeout"} if connection.config.retry_on_timeout else _RETRYABLE
         while True:
-            result = await self._attempt(entry, args, timeout)
+            result = await self._attempt(entry, args, timeout, connection)
+            if instance is not None:
+                result.text = entry.connection.relative(instance, result.text)
+                result.structured = entry.connection.relative(instance, result.structured)
             if result.error_kind not in retryable or retries >= self.config.max_retries:
                 return self._finish(entry, start, result, retries)
             retries += 1
@@ -256,9 +226,11 @@ class SharedToolManager:
             delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (retries - 1))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
-    async def _attempt(self, entry: _Tool, args: dict, timeout: float) -> ToolResult:
+    async def _attempt(
+        self, entry: RegisteredTool, args: dict, timeout: float, connection: ServerConnection
+    ) -> ToolResult:
         """One try: the server's answer, or a timeout / transport / circuit_open error result."""
-        connection, spec = entry.connection, entry.spec
+        spec = entry.spec
         breaker = connection.breaker
         if not breaker.allow():
             return _error(
@@ -321,6 +293,50 @@ class SharedToolManager:
         breaker.release()
         return cause
 
+    # -- per-episode state ------------------------------------------------------------------------
+
+    def stateful_servers(self) -> list[str]:
+        """Servers with `state:`: pools of instances leased by episode."""
+        return sorted(name for name, c in self._connections.items() if isinstance(c, StatePool))
+
+    async def start_episode(self, episode_id: str, servers: Iterable[str] | None = None) -> None:
+        """Lease `episode_id` an instance of each stateful server in `servers` (default: all), in
+        name order, so that episodes leasing several pools never wait on each other in a circle.
+        Raises LeaseError when none becomes free within the server's `state.lease_timeout`."""
+        wanted = set(self.stateful_servers() if servers is None else servers)
+        for name in sorted(wanted & set(self.stateful_servers())):
+            await self._connections[name].lease(episode_id)
+
+    async def end_episode(self, episode_id: str) -> None:
+        """Give back `episode_id`'s instances (each returns to its fixture before its next
+        lease); idempotent. The release itself never waits, so a cancelled caller cannot keep one."""
+        for connection in self._connections.values():
+            if isinstance(connection, StatePool):
+                connection.release(episode_id)
+
+    async def _episode_instance(self, pool: StatePool, episode_id: str | None) -> StateInstance | ToolResult:
+        """The episode's instance of `pool` (leased now if need be), or an error result."""
+        if episode_id is None:
+            return _error(
+                f"server {pool.name!r} keeps per-episode state (tools.servers.{pool.name}.state): "
+                "its tools are called with an episode id",
+                "no_episode",
+            )
+        try:
+            return await pool.lease(episode_id)
+        except LeaseError as exc:
+            return _error(str(exc), "lease")
+
+    def _not_allowed(self, name: Any) -> ToolResult | None:
+        refused = self._refused.get(name) if isinstance(name, str) else None
+        if refused is None:
+            return None
+        return _error(
+            f"tool {name!r} of server {refused.server!r} is not allowed "
+            f"(tools.servers.{refused.server}: {refused.reason})",
+            "unknown_tool",
+        )
+
     def _unknown(self, name: Any) -> ToolResult:
         known = sorted(self._tools)
         text = f"unknown tool {name!r}; available tools: {', '.join(known) or 'none'}"
@@ -330,7 +346,7 @@ class SharedToolManager:
         return _error(text, "unknown_tool")
 
     def _finish(
-        self, entry: _Tool | None, start: float, result: ToolResult, retries: int
+        self, entry: RegisteredTool | None, start: float, result: ToolResult, retries: int
     ) -> ToolResult:
         result.latency_s = time.perf_counter() - start
         result.retries = retries
