@@ -63,8 +63,8 @@ class RunConfig(Section):
             raise ValueError("algorithm.advantage.estimator=gae needs model.value_head: true")
         if self.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
             raise ValueError(f"hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
-        if self.rollout.engine == "vllm" and self.device in ("cpu", "mps"):
-            raise ValueError(f"rollout.engine=vllm needs device cuda (or auto), not {self.device}")
+        if self.rollout.engine == "vllm" and self.device == "mps":
+            raise ValueError("rollout.engine=vllm runs on device cuda or cpu (vLLM has no MPS build), not mps")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):
             raise ValueError(f"run_name {self.run_name!r} may hold only letters, digits, '.', '_', '-'")
         return self

@@ -13,9 +13,9 @@ from grpo.sections import Section
 class RolloutConfig(Section):
     engine: Literal["auto", "hf", "vllm"] = "auto"
     """What samples the rollouts (grpo/rollout/): `hf` our KV-cached engine on the training device
-    (CPU, CUDA, MPS); `vllm` vLLM in the training process (CUDA). `auto`: vllm on CUDA when the
-    package is installed and `ENABLE_VLLM` is not 0, else hf. `ENABLE_VLLM=0` also turns an
-    explicit vllm into hf (logged)."""
+    (CPU, CUDA, MPS); `vllm` vLLM in the training process (CUDA, or the CPU with vLLM's CPU
+    build). `auto`: vllm on CUDA when the package is installed and `ENABLE_VLLM` is not 0, else
+    hf. `ENABLE_VLLM=0` also turns an explicit vllm into hf (logged)."""
     temperature: float = Field(default=1.0, ge=0.0)
     """Sampling temperature (0 = greedy)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -135,22 +135,29 @@ class HFEngineConfig(Section):
 
 
 class VLLMConfig(Section):
-    """The vLLM rollout engine (`rollout.engine: vllm`, or `auto` on CUDA with vllm installed).
+    """The vLLM rollout engine (`rollout.engine: vllm`, or `auto` on CUDA with vllm installed), on
+    a CUDA GPU or on the CPU (vLLM's CPU build).
 
     Environment variables override two fields (a bad value is an error naming the variable):
     `VLLM_MAX_MODEL_LEN` -> `max_model_len`, `VLLM_GPU_MEMORY_UTILIZATION` ->
     `gpu_memory_utilization` (and `ENABLE_VLLM=0` picks the HF engine instead)."""
 
-    gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
-    """Fraction of the GPU's memory vLLM may take (weights + KV cache); training gets the rest."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Fraction of the GPU's memory vLLM may take (weights + KV cache); training gets the rest.
+    null: 0.3. On a CPU vLLM reads it as the fraction of host RAM to reserve and refuses to start
+    when that much is not free; there `kv_cache_gib` is the setting to use."""
+    kv_cache_gib: float | None = Field(default=None, gt=0.0)
+    """vLLM's KV cache in GiB (it sets the cache's size instead of `gpu_memory_utilization`).
+    null: on a CPU 2 GiB unless `gpu_memory_utilization` is set (vllm_params.memory_kwargs); on
+    CUDA whatever `gpu_memory_utilization` leaves after the weights."""
     max_model_len: int | None = Field(default=None, ge=16)
     """Longest sequence (prompt + completion) vLLM serves; null = `rollout.max_total_tokens`."""
     enable_sleep_mode: bool = False
     """Let the engine release its GPU memory while the trainer updates (`RolloutEngine.sleep`):
     level-1 sleep offloads weights to CPU and drops the KV cache; the next generate or weight
-    sync wakes it. Costs a CPU copy of the weights and a wake-up per step."""
+    sync wakes it. Costs a CPU copy of the weights and a wake-up per step. CUDA only."""
     enforce_eager: bool = False
-    """Skip CUDA-graph capture (faster start, slower decode)."""
+    """Skip CUDA-graph capture on a GPU, torch.compile on a CPU (faster start, slower decode)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """vLLM's weight/compute dtype; `auto` = the trainer's compute dtype (`model.dtype`)."""
     enable_prefix_caching: bool = True
