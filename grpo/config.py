@@ -7,7 +7,8 @@ is an error naming its new place (`MOVED_KEYS`). `RunConfig.dump_masked()` is wh
 beside its outputs: secrets (server env values, HTTP headers) are masked.
 
 The sections live beside what they configure: grpo/models/config.py (`model`, `lora`),
-grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`),
+grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`,
+`vllm_server`),
 grpo/train/config.py (`train`, `logging`), tools/config.py (`tools`), environments/config.py
 (`environment`, `data`).
 """
@@ -25,7 +26,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from environments.config import DataConfig, EnvironmentConfig
 from grpo.algorithm.config import AlgorithmConfig, GAEConfig
 from grpo.models.config import Device, LoraConfig, ModelConfig
-from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig
+from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig, VLLMServerConfig
 from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
@@ -54,6 +55,7 @@ class RunConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
@@ -65,6 +67,8 @@ class RunConfig(Section):
             raise ValueError(f"hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
         if self.rollout.engine == "vllm" and self.device == "mps":
             raise ValueError("rollout.engine=vllm runs on device cuda or cpu (vLLM has no MPS build), not mps")
+        if self.rollout.engine == "vllm_server" and not self.vllm_server.urls:
+            raise ValueError("rollout.engine=vllm_server needs vllm_server.urls (the servers' base URLs)")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):
             raise ValueError(f"run_name {self.run_name!r} may hold only letters, digits, '.', '_', '-'")
         return self

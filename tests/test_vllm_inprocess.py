@@ -17,6 +17,7 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from vllm_helpers import (
     DEVICE,
+    LONG_SYSTEM,
     chat_requests,
     mismatch,
     perturb,
@@ -94,9 +95,10 @@ def test_behavior_logprobs_pass_the_step0_gate(served, tokenizer):
 def test_full_weight_push_changes_samples_resets_the_prefix_cache_and_matches(served, tokenizer):
     policy, engine = served
     greedy = chat_requests(tokenizer, 2, temperature=0.0, seed0=None, stop=())
-    sampled = chat_requests(tokenizer, 4, max_new=12)
+    sampled = chat_requests(tokenizer, 4, max_new=12, system=LONG_SYSTEM)
+    assert len(sampled[0].prompt_ids) > 256  # two whole KV blocks for the prefix cache
     before = engine.generate(greedy)
-    engine.generate(sampled)  # these prompts are in the prefix cache now
+    engine.generate(sampled)  # their prompts' KV blocks are in the prefix cache now
     version = engine.weight_version
     perturb(policy, "mlp.down_proj", scale=0.5)
     engine.sync_weights(policy)

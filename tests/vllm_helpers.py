@@ -30,6 +30,9 @@ from grpo.rollout.base import GenerationRequest, SamplingParams
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 QUESTIONS = ["What is 12 * 34?", "What is 964 * 494?", "Add 7 and 5.", "Divide 81 by 9."]
+LONG_SYSTEM = " ".join(["You are a careful assistant who checks every product with the calculator."] * 24)
+"""A system prompt of ~330 tokens: vLLM's prefix cache keeps only whole KV blocks (128 tokens on
+its CPU backend), so prompts shorter than a block are never served from it."""
 
 
 def require_vllm() -> None:
@@ -63,19 +66,22 @@ def run_config(model_dir: Path, *, lora: bool, temperature: float = 1.0) -> RunC
             "device": DEVICE,
             "model": {"name_or_path": str(model_dir), "dtype": "float32"},
             "lora": {"enabled": lora, "r": 8, "alpha": 16},
-            "rollout": {"temperature": temperature, "max_total_tokens": 256},
+            "rollout": {"temperature": temperature, "max_total_tokens": 512},
             "vllm": {"enforce_eager": True, "dtype": "float32", "kv_cache_gib": 0.0625},
         }
     )
 
 
 def chat_requests(tokenizer, n: int, *, temperature: float = 1.0, seed0: int | None = 0,
-                  max_new: int = 12, stop: tuple[int, ...] | None = None) -> list[GenerationRequest]:
-    """n chat prompts (the questions in turn), seeds seed0, seed0 + 1, ... (None: unseeded)."""
+                  max_new: int = 12, stop: tuple[int, ...] | None = None,
+                  system: str | None = None) -> list[GenerationRequest]:
+    """n chat prompts (the questions in turn, after `system` when given), seeds seed0,
+    seed0 + 1, ... (None: unseeded)."""
     stop = chat_tokens.stop_token_ids(tokenizer) if stop is None else stop
+    head = [{"role": "system", "content": system}] if system else []
     return [
         GenerationRequest(
-            chat_tokens.prompt_ids(tokenizer, [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]),
+            chat_tokens.prompt_ids(tokenizer, [*head, {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]),
             SamplingParams(temperature=temperature, max_new_tokens=max_new, stop_token_ids=stop,
                            seed=None if seed0 is None else seed0 + i),
             request_id=f"q{i}",

@@ -3,7 +3,8 @@
 One registry entry per engine (`ENGINES`): `hf` is grpo/rollout/hf.py (our KV-cached engine on
 CPU, CUDA or MPS), `vllm` is grpo/rollout/vllm.py (vLLM in this process, on CUDA or the CPU;
 settings from the config's `vllm:` section and the VLLM_MAX_MODEL_LEN /
-VLLM_GPU_MEMORY_UTILIZATION variables).
+VLLM_GPU_MEMORY_UTILIZATION variables), `vllm_server` is grpo/rollout/vllm_server.py (running
+`vllm serve` processes over HTTP, the `vllm_server:` section).
 `choose_engine(requested, device)` resolves `rollout.engine: auto` and the `ENABLE_VLLM=0`
 fallback and says why; `make_engine(name, ...)` builds one and raises on an unknown name.
 """
@@ -20,6 +21,7 @@ from grpo.models.peft_weights import language_model_of
 from grpo.rollout.base import RolloutEngine
 from grpo.rollout.hf import HFEngine
 from grpo.rollout.vllm import VLLMEngine, check_vllm_available
+from grpo.rollout.vllm_server import VLLMServerEngine
 from grpo.rollout.vllm_params import ENV_ENABLE, vllm_enabled
 
 
@@ -60,7 +62,15 @@ def _build_vllm(policy, tokenizer, config, device, **options) -> RolloutEngine:
     return VLLMEngine.from_config(policy, tokenizer, config, device, **options)
 
 
-ENGINES: dict[str, Callable[..., RolloutEngine]] = {"hf": _build_hf, "vllm": _build_vllm}
+def _build_vllm_server(policy, tokenizer, config, device, **options) -> RolloutEngine:
+    if config is None:
+        raise ValueError("make_engine('vllm_server') needs the RunConfig (config=...)")
+    return VLLMServerEngine.from_config(policy, tokenizer, config, **options)
+
+
+ENGINES: dict[str, Callable[..., RolloutEngine]] = {
+    "hf": _build_hf, "vllm": _build_vllm, "vllm_server": _build_vllm_server,
+}
 """Engine name -> builder `(policy, tokenizer, config, device, **options) -> RolloutEngine`."""
 
 
@@ -76,8 +86,8 @@ def choose_engine(requested: str, device: torch.device) -> tuple[str, str]:
         return "hf", "requested in config"
     if not vllm_enabled():
         return "hf", f"{ENV_ENABLE}=0 in the environment"
-    if requested == "vllm":
-        return "vllm", "requested in config"
+    if requested in ("vllm", "vllm_server"):
+        return requested, "requested in config"
     if device.type == "cuda" and importlib.util.find_spec("vllm") is not None:
         return "vllm", "auto: CUDA device and the vllm package is installed"
     if device.type == "cuda":

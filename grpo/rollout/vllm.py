@@ -117,6 +117,38 @@ def import_vllm_api(device: torch.device | str = "cuda") -> VLLMApi:
     return VLLMApi(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest)
 
 
+def run_engine_kwargs(config, device: torch.device) -> dict[str, Any]:
+    """The `vllm.LLM` arguments for a RunConfig on `device` (its `vllm:` section with the
+    environment applied), less `model` / `tokenizer`; `vllm serve` processes get the same
+    (grpo/rollout/vllm_server.py)."""
+    settings = resolve_vllm_config(config.vllm)
+    rollout = config.rollout
+    dtype = settings.dtype
+    if dtype == "auto":
+        dtype = _DTYPE_NAMES[compute_dtype(device, config.model.dtype)]
+    quantization = settings.quantization
+    if quantization == "auto":
+        quantization = "bitsandbytes" if config.model.load_in_4bit else "none"
+    mode = choose_logprobs_mode(
+        settings.logprobs_mode, (rollout.temperature, rollout.eval_temperature), rollout.top_p
+    )
+    kwargs = engine_kwargs(
+        settings,
+        model_dir="",
+        tokenizer_dir="",
+        dtype=dtype,
+        max_model_len=settings.max_model_len or rollout.max_total_tokens,
+        seed=config.seed,
+        lora_rank=config.lora.r if config.lora.enabled else None,
+        quantization=None if quantization == "none" else quantization,
+        logprobs_mode=mode,
+        worker_extension_cls=WORKER_EXTENSION,
+        device_type=device.type,
+    )
+    del kwargs["model"], kwargs["tokenizer"]
+    return kwargs
+
+
 class VLLMEngine(RolloutEngine):
     """Samples with an in-process `vllm.LLM` (see the module docstring).
 
@@ -181,39 +213,13 @@ class VLLMEngine(RolloutEngine):
     def from_config(cls, policy, tokenizer, config, device, **options) -> VLLMEngine:
         """Build the engine from a RunConfig (its `vllm:` section with the environment applied);
         `options` go to the constructor (e.g. `api`)."""
-
         device = torch.device(device)
-        settings = resolve_vllm_config(config.vllm)
-        rollout = config.rollout
-        dtype = settings.dtype
-        if dtype == "auto":
-            dtype = _DTYPE_NAMES[compute_dtype(device, config.model.dtype)]
-        quantization = settings.quantization
-        if quantization == "auto":
-            quantization = "bitsandbytes" if config.model.load_in_4bit else "none"
-        mode = choose_logprobs_mode(
-            settings.logprobs_mode, (rollout.temperature, rollout.eval_temperature), rollout.top_p
-        )
-        llm_kwargs = engine_kwargs(
-            settings,
-            model_dir="",
-            tokenizer_dir="",
-            dtype=dtype,
-            max_model_len=settings.max_model_len or rollout.max_total_tokens,
-            seed=config.seed,
-            lora_rank=config.lora.r if config.lora.enabled else None,
-            quantization=None if quantization == "none" else quantization,
-            logprobs_mode=mode,
-            worker_extension_cls=WORKER_EXTENSION,
-            device_type=device.type,
-        )
-        model_dir = resolve_model_dir(config.model.name_or_path, config.model.cache_dir)
         return cls(
             policy,
             tokenizer,
-            model_dir=model_dir,
-            llm_kwargs=llm_kwargs,
-            sleep_enabled=settings.enable_sleep_mode,
+            model_dir=resolve_model_dir(config.model.name_or_path, config.model.cache_dir),
+            llm_kwargs=run_engine_kwargs(config, device),
+            sleep_enabled=resolve_vllm_config(config.vllm).enable_sleep_mode,
             device=device,
             **options,
         )

@@ -5,7 +5,9 @@
   sync gets a new, larger id, so vLLM loads the new adapter on the next request without a restart
   (and its prefix cache, keyed by the adapter name, never serves KV computed by an older adapter).
   Only the newest `keep` adapter directories stay on disk.
-- Full fine-tuning: `full_weight_pairs(policy)` yields (name, tensor) pairs under the Hugging Face
+- Servers (grpo/rollout/vllm_server.py) load from disk: `LoraAdapterStore` for adapters,
+  `FullWeightStore` for a fully fine-tuned policy's weights (safetensors, Hugging Face names).
+- Full fine-tuning in process: `full_weight_pairs(policy)` yields (name, tensor) pairs under the Hugging Face
   checkpoint names that vLLM's `model.load_weights` takes; the engine hands them to every worker
   with `LLM.collective_rpc` and the worker extension of grpo/rollout/vllm_worker.py.
 - `export_base_model(policy, directory)`: a model directory vLLM can load when the policy has none
@@ -54,11 +56,14 @@ class LoraAdapterStore:
         self._published: list[PublishedAdapter] = []
         self._next_id = 1
 
+    def _check(self, model) -> None:
+        if not is_peft(model):
+            raise TypeError("LoraAdapterStore.publish needs a peft (LoRA) policy")
+
     def publish(self, policy) -> PublishedAdapter:
         """Save the policy's current adapter as the next version and return it."""
         model = language_model_of(policy)
-        if not is_peft(model):
-            raise TypeError("LoraAdapterStore.publish needs a peft (LoRA) policy")
+        self._check(model)
         lora_id = self._next_id
         path = self.root / f"v{lora_id:06d}"
         tmp = self.root / f".v{lora_id:06d}.tmp"
@@ -80,6 +85,19 @@ class LoraAdapterStore:
         self._published.clear()
         if self._owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+class FullWeightStore(LoraAdapterStore):
+    """Numbered directories of a fully fine-tuned policy's weights (`save_pretrained`:
+    config.json and safetensors under the checkpoint names vLLM loads), as LoraAdapterStore keeps
+    adapters: a server reloads the newest while a request may still read one older."""
+
+    def __init__(self, root: str | Path | None = None, *, keep: int = 2, prefix: str = "weights"):
+        super().__init__(root, keep=keep, prefix=prefix)
+
+    def _check(self, model) -> None:
+        if is_peft(model):
+            raise TypeError("FullWeightStore is for full fine-tuning; LoRA runs publish the adapter")
 
 
 def full_weight_pairs(policy) -> Iterator[tuple[str, torch.Tensor]]:
