@@ -150,11 +150,16 @@ class VLLMServerEngine(RolloutEngine):
         return response.json()
 
     def _fail(self, server: _Server, error: Exception) -> None:
-        server.failures += 1
+        """Take the server out of service; its other requests in flight fail with it, and those
+        count once (one failure of one server)."""
+        now = time.monotonic()
+        if not server.stale:  # requests go only to servers in service (not stale)
+            server.failures += 1
+            log.warning("vLLM server %s failed (%s); its requests go to the other servers",
+                        server.url, error)
         server.stale = True
-        server.down_until = time.monotonic() + self.settings.retry_after_s
+        server.down_until = now + self.settings.retry_after_s
         server.last_error = str(error)
-        log.warning("vLLM server %s failed (%s); its requests go to the other servers", server.url, error)
 
     # ------------------------------------------------------------------ weights
     async def _push(self, client, server: _Server, published, previous) -> None:
