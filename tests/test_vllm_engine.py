@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo.config import RunConfig
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams

@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from grpo.algorithm.scoring import check_step0
-from grpo.models.policy import PolicyWithValueHead
-from grpo.rollout.base import GenerationRequest, SamplingParams
 from vllm_helpers import (
     DEVICE,
     LONG_SYSTEM,
@@ -25,6 +21,10 @@ from vllm_helpers import (
     run_config,
     write_model,
 )
+
+from grpo.algorithm.scoring import check_step0
+from grpo.models.policy import PolicyWithValueHead
+from grpo.rollout.base import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")

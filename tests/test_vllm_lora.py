@@ -7,10 +7,18 @@ vLLM must return processed log-probs (after temperature) to be the trainer's qua
 from __future__ import annotations
 
 import pytest
+from vllm_helpers import (
+    DEVICE,
+    chat_requests,
+    mismatch,
+    perturb,
+    require_vllm,
+    run_config,
+    write_model,
+)
 
 from grpo.algorithm.scoring import check_step0
 from grpo.models.policy import PolicyWithValueHead
-from vllm_helpers import DEVICE, chat_requests, mismatch, perturb, require_vllm, run_config, write_model
 
 
 @pytest.fixture(scope="module")

@@ -95,6 +95,9 @@ def test_full_weights_are_published_and_reloaded_by_every_server(tmp_path):
     published = rpc["kwargs"]["weights_path"]
     assert (tmp_path / "weights" / "v000001").as_posix() == published
     assert any(p.suffix == ".safetensors" for p in (tmp_path / "weights" / "v000001").iterdir())
+    assert engine.model_name == SERVED_NAME  # full fine-tuning samples the (reloaded) base name
+    engine.close()
+    assert not (tmp_path / "weights" / "v000001").exists()
 
 
 def test_lora_adapters_are_loaded_as_new_names_and_requests_use_them(tmp_path):

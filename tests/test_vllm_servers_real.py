@@ -12,11 +12,19 @@ import threading
 import time
 
 import pytest
+from vllm_helpers import (
+    DEVICE,
+    chat_requests,
+    mismatch,
+    perturb,
+    require_vllm,
+    run_config,
+    write_model,
+)
 
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.vllm_server import VLLMServerEngine
 from launch.vllm_servers import running_servers
-from vllm_helpers import DEVICE, chat_requests, mismatch, perturb, require_vllm, run_config, write_model
 
 
 def _free_ports(n: int) -> list[int]:

@@ -21,8 +21,8 @@ from grpo.models.peft_weights import language_model_of
 from grpo.rollout.base import RolloutEngine
 from grpo.rollout.hf import HFEngine
 from grpo.rollout.vllm import VLLMEngine, check_vllm_available
-from grpo.rollout.vllm_server import VLLMServerEngine
 from grpo.rollout.vllm_params import ENV_ENABLE, vllm_enabled
+from grpo.rollout.vllm_server import VLLMServerEngine
 
 
 def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:

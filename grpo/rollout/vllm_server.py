@@ -43,7 +43,6 @@ import httpx
 import torch
 
 from grpo.models.peft_weights import is_peft, language_model_of
-from grpo.models.source import resolve_model_dir
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
 from grpo.rollout.vllm import run_engine_kwargs
 from grpo.rollout.vllm_params import check_request_logprobs, sampling_kwargs
