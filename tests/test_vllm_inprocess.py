@@ -37,6 +37,7 @@ def served(tmp_path_factory, tokenizer):
     config = run_config(model_dir, lora=False)
     policy, _ = PolicyWithValueHead.from_config(config.model, config.lora, DEVICE, seed=0)
     policy.eval()
+    torch.set_num_threads(2)  # vLLM's CPU worker would leave 1
     engine = VLLMEngine.from_config(policy, tokenizer, config, DEVICE)
     yield policy, engine
     engine.close()
@@ -45,13 +46,12 @@ def served(tmp_path_factory, tokenizer):
 def test_engine_start_leaves_the_process_threads_alone(served):
     """vLLM's CPU worker sets torch to one thread and disables torch.set_num_threads; the
     trainer shares the process, so the engine undoes both."""
-    threads = torch.get_num_threads()
+    assert torch.get_num_threads() == 2
     torch.set_num_threads(1)
     try:
         assert torch.get_num_threads() == 1
     finally:
-        torch.set_num_threads(threads)
-    assert torch.get_num_threads() == threads
+        torch.set_num_threads(2)
 
 
 def test_token_prompts_max_tokens_and_per_request_seeds(served, tokenizer):
