@@ -72,7 +72,10 @@ def test_full_weight_pairs_are_checkpoint_names_and_live_tensors(tmp_path):
     pairs = dict(full_weight_pairs(policy))
     policy.model.save_pretrained(str(tmp_path))
     checkpoint = load_file(str(tmp_path / "model.safetensors"))
-    assert set(pairs) == set(checkpoint)  # the names vLLM's load_weights reads
+    # The checkpoint's names (those vLLM's load_weights reads), and the tied head once more: vLLM's
+    # in-place reload would otherwise leave its head on the old embedding.
+    assert set(pairs) == set(checkpoint) | {"lm_head.weight"} and "lm_head.weight" not in checkpoint
+    assert pairs["lm_head.weight"].data_ptr() == pairs["model.embed_tokens.weight"].data_ptr()
     q = "model.layers.0.self_attn.q_proj.weight"
     assert pairs[q].data_ptr() == policy.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
     with pytest.raises(TypeError, match="full fine-tuning"):
@@ -196,7 +199,7 @@ def test_full_sync_pushes_every_weight_and_resets_the_prefix_cache(tmp_path, tok
     rpc = [c for c in engine.llm.calls if c[0] == "rpc"]
     assert len(rpc) == 1 and rpc[0][1] == "grpo_load_weights"  # pushed once at construction
     names = [name for name, _ in rpc[0][2][0]]
-    assert names == [name for name, _ in policy.model.named_parameters()]
+    assert names == [name for name, _ in policy.model.named_parameters()] + ["lm_head.weight"]
     engine.sleep()
     engine.llm.calls.clear()
     engine.sync_weights(policy)

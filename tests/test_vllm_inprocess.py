@@ -100,7 +100,8 @@ def test_full_weight_push_changes_samples_resets_the_prefix_cache_and_matches(se
     before = engine.generate(greedy)
     engine.generate(sampled)  # their prompts' KV blocks are in the prefix cache now
     version = engine.weight_version
-    perturb(policy, "mlp.down_proj", scale=0.5)
+    # The embedding too: it is tied to the head, which vLLM's in-place reload must not leave behind.
+    perturb(policy, ("mlp.down_proj", "embed_tokens"), scale=0.5)
     engine.sync_weights(policy)
     assert engine.weight_version == version + 1
     after = engine.generate(greedy)

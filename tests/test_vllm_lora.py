@@ -45,7 +45,7 @@ def test_lora_hot_load_changes_samples_and_matches_the_trainer(served, tokenizer
     greedy = chat_requests(tokenizer, 2, temperature=0.0, seed0=None, stop=())
     before = engine.generate(greedy)
     first = engine.adapters.current
-    perturb(policy, "lora_B", scale=0.5)
+    perturb(policy, ("lora_B",), scale=0.5)
     engine.sync_weights(policy)
     assert engine.adapters.current.lora_id == first.lora_id + 1
     after = engine.generate(greedy)

@@ -56,7 +56,7 @@ def _engine(model_dir, running, lora: bool, tmp_path):
     return policy, VLLMServerEngine.from_config(policy, tokenizer, config)
 
 
-@pytest.mark.parametrize(("lora", "touched"), [(True, "lora_B"), (False, "mlp.down_proj")],
+@pytest.mark.parametrize(("lora", "touched"), [(True, ("lora_B",)), (False, ("mlp.down_proj", "embed_tokens"))],
                          ids=["lora-adapter", "full-weights"])
 def test_weight_updates_reach_both_servers(servers, tokenizer, tmp_path, lora, touched):
     model_dir, running = servers

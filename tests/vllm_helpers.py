@@ -111,12 +111,12 @@ def mismatch(policy, requests, results) -> dict[str, float]:
     return mismatch_stats(diffs)
 
 
-def perturb(policy, touched: str, scale: float, seed: int = 0) -> None:
-    """Add seeded noise to every parameter whose name contains `touched` (a training step's
-    stand-in that is sure to change what the model samples)."""
+def perturb(policy, touched: tuple[str, ...], scale: float, seed: int = 0) -> None:
+    """Add seeded noise to every parameter whose name contains one of `touched` (a training
+    step's stand-in that is sure to change what the model samples)."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in policy.model.named_parameters():
-            if touched in name:
+            if any(part in name for part in touched):
                 noise = torch.randn(param.shape, generator=generator) * scale
                 param.add_(noise.to(param.device))
