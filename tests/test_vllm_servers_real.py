@@ -81,19 +81,18 @@ def test_weight_updates_reach_both_servers(servers, tokenizer, tmp_path, lora, t
 def test_a_server_killed_mid_batch_loses_no_request(servers, tokenizer, tmp_path):
     model_dir, running = servers
     _, engine = _engine(model_dir, running, True, tmp_path)
-    requests = chat_requests(tokenizer, 8, max_new=64, stop=())
+    requests = chat_requests(tokenizer, 8, max_new=128, stop=())
     done: list = []
     worker = threading.Thread(target=lambda: done.append(engine.generate(requests)))
     worker.start()
     deadline = time.monotonic() + 60
     while engine.servers[0].in_flight == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.2)  # the first tokens are being generated
-    running[0].kill()
+        time.sleep(0.005)
+    running[0].kill()  # at once: its 128-token completions cannot have finished yet
     worker.join(timeout=engine.settings.request_timeout_s)
     assert not worker.is_alive() and done, "generate did not return"
     results = done[0]
-    assert [len(r.token_ids) for r in results] == [64] * 8
+    assert [len(r.token_ids) for r in results] == [128] * 8
     assert engine.last_metrics["server_failures"] == 1 and engine.last_metrics["retried_requests"] >= 1
     # Seeded requests: the survivor gives each the tokens it would have given from the start.
     again = engine.generate(requests)
