@@ -26,6 +26,10 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.vllm_server import VLLMServerEngine
 from launch.vllm_servers import running_servers
 
+# The first test's time includes starting both servers (imports, model load, engine start): more
+# than pytest's default 300 s on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(900)
+
 
 def _free_ports(n: int) -> list[int]:
     sockets = [socket.socket() for _ in range(n)]
