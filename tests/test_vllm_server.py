@@ -30,6 +30,7 @@ class ScriptedServers:
         self.dead: set[str] = set()
         self.stalled: set[str] = set()
         self.refusing: set[str] = set()
+        self.adapters: dict[str, set[str]] = {}
         self.calls: list[tuple[str, str, dict]] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -40,6 +41,11 @@ class ScriptedServers:
         if server in self.stalled:
             raise httpx.ReadTimeout("timed out", request=request)
         self.calls.append((server, request.url.path, body))
+        loaded = self.adapters.setdefault(server, set())
+        if request.url.path == "/v1/load_lora_adapter":  # as vLLM: a loaded name needs load_inplace
+            if body["lora_name"] in loaded and not body.get("load_inplace"):
+                return httpx.Response(400, json={"error": "adapter already loaded"})
+            loaded.add(body["lora_name"])
         if request.url.path == "/v1/completions" and server in self.refusing:
             return httpx.Response(400, json={"error": "prompt too long"})
         if request.url.path == "/v1/completions":
@@ -110,7 +116,8 @@ def test_lora_adapters_are_loaded_as_new_names_and_requests_use_them(tmp_path):
     for url in URLS:
         assert servers.paths(url) == ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"]
     load, unload = [b for s, _, b in servers.calls if s == URLS[0]]
-    assert load == {"lora_name": "policy-v2", "lora_path": str(tmp_path / "weights" / "v000002")}
+    assert load == {"lora_name": "policy-v2", "lora_path": str(tmp_path / "weights" / "v000002"),
+                    "load_inplace": True}
     assert unload == {"lora_name": "policy-v1"}
     engine.generate(_requests(1))
     assert servers.calls[-1][2]["model"] == "policy-v2"
@@ -139,7 +146,7 @@ def test_a_server_back_after_its_wait_gets_the_current_weights_first(tmp_path):
     servers.stalled.clear()
     servers.calls.clear()
     engine.generate(_requests(6))
-    revived = servers.paths(URLS[1])
+    revived = servers.paths(URLS[1])  # it held policy-v1 already: loaded again in place
     assert revived[0] == "/v1/load_lora_adapter" and "/v1/completions" in revived
     assert engine.last_metrics["live_servers"] == 2
 

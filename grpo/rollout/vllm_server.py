@@ -164,8 +164,11 @@ class VLLMServerEngine(RolloutEngine):
     async def _push(self, client, server: _Server, published, previous) -> None:
         """Bring one server to the published weights."""
         if self.is_lora:
+            # load_inplace: a server brought back to date may hold this version already (it
+            # failed after loading it), and vLLM refuses a second load of a loaded name.
             await self._post(client, server, "/v1/load_lora_adapter",
-                             {"lora_name": published.name, "lora_path": str(published.path)})
+                             {"lora_name": published.name, "lora_path": str(published.path),
+                              "load_inplace": True})
             if previous is not None:
                 try:  # frees the old adapter's slot; harmless if a restarted server never had it
                     await self._post(client, server, "/v1/unload_lora_adapter",
