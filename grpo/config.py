@@ -9,7 +9,7 @@ HTTP headers) are masked.
 
 The sections live beside what they configure: grpo/models/config.py (`model`, `lora`),
 grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout` with its engines'
-`rollout.hf` and `rollout.vllm`),
+`rollout.hf`, `rollout.vllm` and `rollout.vllm_server`),
 grpo/train/config.py (`train`, `logging`), tools/config.py (`tools`), environments/config.py
 (`environment`, `data`).
 """
@@ -65,8 +65,10 @@ class RunConfig(Section):
             raise ValueError("algorithm.advantage.estimator=gae needs model.value_head: true")
         if self.rollout.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
             raise ValueError(f"rollout.hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
-        if self.rollout.engine == "vllm" and self.device in ("cpu", "mps"):
-            raise ValueError(f"rollout.engine=vllm needs device cuda (or auto), not {self.device}")
+        if self.rollout.engine == "vllm" and self.device == "mps":
+            raise ValueError("rollout.engine=vllm runs on device cuda or cpu (vLLM has no MPS build), not mps")
+        if self.rollout.engine == "vllm_server" and not self.rollout.vllm_server.urls:
+            raise ValueError("rollout.engine=vllm_server needs rollout.vllm_server.urls (the servers' base URLs)")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):
             raise ValueError(f"run_name {self.run_name!r} may hold only letters, digits, '.', '_', '-'")
         return self
@@ -97,6 +99,7 @@ MOVED_KEYS: dict[str, str] = {
     "vllm.enabled": "use `rollout.engine: hf` (or the ENABLE_VLLM=0 environment variable)",
     "hf": "rollout.hf (the HF engine's section sits under rollout:)",
     "vllm": "rollout.vllm (the vLLM engine's section sits under rollout:)",
+    "vllm_server": "rollout.vllm_server (the vLLM servers' section sits under rollout:)",
     "algorithm.normalize_std": "algorithm.advantage.normalize_std",
     "algorithm.gamma": "algorithm.advantage.gamma (with algorithm.advantage.estimator: gae)",
     "algorithm.lam": "algorithm.advantage.lam (with algorithm.advantage.estimator: gae)",

@@ -5,7 +5,9 @@ codebases); no module reaches into another package's private names; no dates in 
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,16 +247,34 @@ def test_the_private_check_catches_imports_attributes_and_unnamed_library_intern
     ]
 
 
+def _prose(path: Path) -> list[tuple[int, str]]:
+    """The lines of a file's prose with their numbers: a Markdown file whole; in Python, its
+    comments and its docstrings (a string standing alone as a statement), not its string values
+    (a sample date in code is data, not a measurement)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".md":
+        return list(enumerate(text.splitlines(), 1))
+    lines = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(text).readline)
+             if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            lines += [(node.lineno + i, line) for i, line in enumerate(node.value.value.splitlines())]
+    return lines
+
+
 def test_no_dated_measurements_in_the_library():
     found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
              for top in ("grpo", "environments", "tools") for path in sorted((REPO / top).rglob("*"))
-             if path.suffix in (".py", ".md")
-             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-             if DATED.search(line)]
-    assert found == [], "dates in the library (git keeps history):\n  " + "\n  ".join(found)
+             if path.suffix in (".py", ".md") for n, line in _prose(path) if DATED.search(line)]
+    assert found == [], "dates in the library's prose (git keeps history):\n  " + "\n  ".join(found)
 
 
-def test_the_date_check_finds_dates_and_leaves_versions_alone():
+def test_the_date_check_finds_dates_in_prose_and_leaves_versions_and_data_alone(tmp_path):
     dated = ["on one H200 (2026-11-27)", "measured November 2026", "Nov 22, 2026: 4.7 ms"]
     plain = ["vllm 0.33", "torch 2.13.0", "bfcl-eval==2026.3.23", "a 2026-token prompt", "May be 2 026"]
     assert [bool(DATED.search(text)) for text in dated + plain] == [True] * 3 + [False] * 5
+    module = tmp_path / "m.py"
+    module.write_text('"""Measured 2026-11-27."""\nX = "2025-03-14"  # a sample date, 2025-03-14\n'
+                      'Y = 1\n"""Y\'s story: Nov 2026."""\n')
+    assert [(n, line) for n, line in _prose(module) if DATED.search(line)] == [
+        (2, "# a sample date, 2025-03-14"), (1, "Measured 2026-11-27."), (4, "Y's story: Nov 2026.")]
