@@ -52,6 +52,10 @@ def tiny_model(tokenizer):
 
 @pytest.fixture
 def varied_tiny_model(tokenizer):
+    return build_varied_tiny_model(tokenizer)
+
+
+def build_varied_tiny_model(tokenizer):
     """The tiny Llama with O(1) weights, in eval mode: a default init (std 0.02) makes every
     position predict the same token; these give varied greedy continuations and
     peaked-but-wide distributions (sampling tests need both)."""
