@@ -65,11 +65,12 @@ def measure(model, tokenizer, dtype: torch.dtype) -> dict:
         ),
         "alone_same_tokens": sum(same_tokens),
         "requests": len(batch),
-        "alone_max_logprob_diff": max(
-            abs(x - y)
-            for a, b, same in zip(first, alone, same_tokens) if same
-            for x, y in zip(a.behavior_logprobs, b.behavior_logprobs)
-        ),
+        # The log-probs of the requests that sampled the same tokens alone, and batched.
+        "alone_logprobs": [x for r, same in zip(alone, same_tokens) if same
+                           for x in r.behavior_logprobs],
+        "batched_logprobs": [x for r, same in zip(first, same_tokens) if same
+                             for x in r.behavior_logprobs],
+        "vocab": model.config.vocab_size,
         "packers": sorted({str(m.packer) for m in linear_products(engine.model)}),
     }
 

@@ -10,16 +10,17 @@ Batch-invariant up to fp32 rounding, where the engine computes in fp32 on a CPU 
 without bf16 instructions, or `dtype=None` over an fp32 policy): a seeded request samples the same
 tokens whatever rows run beside it, unless the sampler's two best candidates tie within fp32
 rounding. Its log-probs are not the same bits: the rows beside it change the columns its attention
-reduces over and the padding of its prefill, and on some CPUs the blocking of its Linear products;
-they stay within a few 1e-5 of each other, which is the noise the sampler is built to absorb (a token
-changes only on a near-tie). SmolLM2-135M, 12 seeded requests x 40 tokens, each alone against all
-batched: identical tokens, log-probs within 1.9e-5 with row-independent products and 2.3e-5 with
-MKL's AVX2 kernels, whose products depend on the rows beside them (MKL_ENABLE_INSTRUCTIONS=AVX2).
+reduces over and the padding of its prefill, and on some CPUs the blocking of its Linear
+products. They stay within a few 1e-5 of each other, the noise the sampler is built to absorb (a
+token changes only on a near-tie). SmolLM2-135M, 12 seeded requests x 40 tokens, each alone
+against all batched: identical tokens, log-probs within 1.9e-5 with row-independent products and
+2.3e-5 with MKL's AVX2 kernels, whose products depend on the rows beside them
+(MKL_ENABLE_INSTRUCTIONS=AVX2).
 
 Reproducible only, with anything in bf16 (matmuls -- the default on a CPU with bf16 instructions
 --, autocast, the KV cache): rounding to bf16 turns last-bit differences into 2^-8 ones, and some
 seeded requests sample other tokens once batched (SmolLM2-135M: 9 of 20 seeded requests within 48
-tokens). On a GPU the batch dependence was not measured, so only reproducibility is claimed.
+tokens). On a GPU only reproducibility is claimed: the batch dependence was not measured there.
 
 Whether the weight copy's Linear products give each row the same bits whatever rows run beside it
 depends on the CPU and the BLAS path, so the engine probes it (`products_rows_independent`, once

@@ -3,10 +3,10 @@
 `inference_copy` clones the policy's causal LM (LoRA merged in) and keeps everything outside the
 matmuls (embeddings, norms, the residual stream, rotary, attention, KV cache) in the policy's
 dtype, while the Linear layers get bf16 weights: the input is rounded to bf16, as under bf16
-autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN where it
-has bf16 kernels (`_onednn_bf16`; else `F.linear`) (`_Matmul`), and sibling projections that read the same input run as one matmul (q/k/v,
-gate/up). Measured on SmolLM2-135M, 2 threads, batch 64, 64 new tokens
-(bench/generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
+autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN (`_Matmul`;
+where oneDNN has bf16 kernels, else `F.linear`: `_onednn_bf16`), and sibling projections that read
+the same input run as one matmul (q/k/v, gate/up). Measured on SmolLM2-135M, 2 threads, batch
+64, 64 new tokens (bench/generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
 bf16 autocast over the fp32 policy 285. Mean |Δ log-prob| of the sampled tokens against a plain
 fp32 forward of the whole sequence (16 seeded completions, ~690 tokens): this copy 0.027, with an
 fp32 LM head 0.018, bf16 autocast 0.029, an fp32 copy 0.000; an all-bf16 copy (bf16 residual
@@ -73,8 +73,8 @@ _MKL_PACK_ROWS = 256
 """Rows MKL lays a packed fp32 weight out for (`cblas_sgemm_pack`'s m). The layout serves any row
 count: the products are right for every count (whether a row's bits depend on the rows beside
 it depends on the CPU's kernels: module docstring), and Intel's own extension for PyTorch
-computes with one B pack whatever the input's rows. It is chosen for speed: SmolLM2-135M's products, 2 threads, a Xeon with AVX-512 but no BF16, 8-30
-distinct weights, against oneDNN's packs (16 rows for the layers, 64 for the head):
+computes with one B pack whatever the input's rows. It is chosen for speed: SmolLM2-135M's
+products, 2 threads, a Xeon with AVX-512 but no BF16, 8-30 distinct weights, against oneDNN's packs (16 rows for the layers, 64 for the head):
 - gate/up [3,072, 576] at 16 / 64 / 512 rows: 660 / 1,082 / 6,979 µs against 680 / 1,253 / 8,239;
 - down [576, 1,536]: 310 / 546 / 3,569 µs against 338 / 731 / 3,865;
 - the head [49,152, 576]: 7.9 / 16.6 / 151 ms against 8.2 / 18.5 / 179;
@@ -84,8 +84,9 @@ distinct weights, against oneDNN's packs (16 rows for the layers, 64 for the hea
 _PROBE_ROWS = 80
 """Rows a probe computes together (`probe_rows_independent`): past a 64-row decode batch."""
 _PROBE_COUNTS = (1, 2, 3, 5, 8, 16, 17, 33, 64)
-"""Row counts a probe computes alone: decode batches, and the remainders where BLAS kernels
-switch (one row; the 2nd-4th row of a block of 4; one past a block)."""
+"""Row counts a probe computes alone: decode batch sizes, among them those where kernels were
+seen to treat rows apart -- a lone row (MKL on an AMD CPU; oneDNN's fp32 packs for some shapes),
+2 or 3 rows past a multiple of 4 (MKL's AVX2 kernels), one past a power of two."""
 
 
 def _onednn_packs(device: torch.device) -> bool:
@@ -134,12 +135,11 @@ def _packer_for(weight: torch.Tensor) -> str | None:
 
 def probe_rows_independent(product, in_features: int, dtype: torch.dtype, device) -> bool:
     """Does `product` (a function of an [n, in_features] input) give each row the same bits
-    whether the row is computed alone or among others? Random inputs: the first `counts` rows
-    of `_PROBE_ROWS`, and the last 1 and 3, computed alone against the same rows among all of
-    them. A BLAS picks its kernel and blocking by the row count (and the CPU, and the threads),
-    so a product that passes here is not proven to pass at every count; the counts are those
-    where the CPUs this was tried on differed (remainders of 1-3 rows, 2-4 rows of each block
-    of 4 up to 31, 63)."""
+    whether the row is computed alone or among others? Random inputs: the first n rows of
+    `_PROBE_ROWS` for each n of `_PROBE_COUNTS`, and the last 1 and 3, computed on their own
+    against the same rows among all of them. A BLAS picks its kernel and blocking by the row
+    count (and the CPU, and the threads), so a product that passes is not proven to pass at
+    every count: these are the counts where kernels were seen to differ."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(_PROBE_ROWS, in_features, generator=generator).to(device, dtype)
     together = product(x)
