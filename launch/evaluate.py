@@ -4,7 +4,9 @@
 
 `--model` is an HF directory (e.g. a run's `final_model/`); `--checkpoint` a training checkpoint
 (`outputs/RUN/checkpoints/step-000010`); neither: the config's model as it is. Writes per-task
-transcripts to `<run_dir>/eval/<name>.jsonl` and prints the metrics as JSON.
+transcripts to `<run_dir>/eval/<name>.jsonl` and prints the metrics as JSON. A setup problem (the
+model, the dataset, a server, a task naming a tool no server offers) is one line, exit status 1;
+so is a run in which every task was excluded (each group had an episode that failed).
 
 BFCL multi-turn (the Berkeley Function Calling Leaderboard, scored by its official checker):
 
@@ -40,6 +42,7 @@ from pathlib import Path
 from environments.bfcl.data import BFCLUnavailable, load_bfcl_tasks
 from environments.bfcl.scoring import summarize as summarize_bfcl
 from environments.tasks.loading import train_validation_split
+from environments.tasks.tool_references import check_tool_references
 from environments.tau2.data import load_tau2_tasks
 from environments.tau2.gold import server_config as tau2_server_config
 from environments.tau2.scoring import summarize as summarize_tau2
@@ -50,6 +53,8 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
 from grpo.train.checkpoint import load_checkpoint
 from grpo.train.evaluation import evaluate, summarize, transcript_records
+from launch.interrupt import stops_cleanly_on_interrupt
+from launch.validate_setup import setup_problem
 from tools.config import MCPServerConfig
 from tools.manager import SharedToolManager
 from tools.servers.tau2_domains import DOMAINS as TAU2_DOMAINS
@@ -122,6 +127,7 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
     started = time.time()
     transcripts = config.run_dir / "eval" / f"{name}.jsonl"
     async with SharedToolManager(config.tools) as tools:
+        check_tool_references(tasks, tools.tool_specs(), config.tools, config.environment)
         collector = TrajectoryCollector(engine, tokenizer, tools, config.environment, config.rollout)
         if benchmark is not None:
             metrics = await evaluate_benchmark(collector, tasks, benchmark, k=k, temperature=temperature,
@@ -151,6 +157,7 @@ def _collector_messages_on_stderr():
         logger.setLevel(level)
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True)
@@ -190,10 +197,21 @@ def main(argv=None) -> int:
     except (BFCLUnavailable, Tau2Unavailable, ValueError, FileNotFoundError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 2
-    with _collector_messages_on_stderr():
-        metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,
-                                              num_tasks=args.tasks, name=args.name, tasks=tasks, benchmark=benchmark))
+    try:
+        with _collector_messages_on_stderr():
+            metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,
+                                                  num_tasks=args.tasks, name=args.name, tasks=tasks, benchmark=benchmark))
+    except Exception as exc:  # only setup errors (worded as --dry-run words them) are handled; a bug is re-raised
+        problem = setup_problem(exc)
+        if problem is None:
+            raise
+        print(f"evaluate: {problem}", file=sys.stderr)
+        return 1
     print(json.dumps(metrics, indent=2))
+    if metrics["eval/num_tasks"] and metrics["eval/excluded_tasks"] >= metrics["eval/num_tasks"]:
+        print(f"evaluate: all {metrics['eval/num_tasks']:.0f} tasks were excluded (every group had an episode "
+              "that failed: see the warnings above); nothing was evaluated", file=sys.stderr)
+        return 1
     if benchmark == "tau2":
         scores = ", ".join(f"pass^{j} {metrics[f'eval/tau2/{args.domain}/pass^{j}']:.3f}" for j in range(1, args.k + 1))
         print(f"τ² {args.domain} ({args.split} split, {len(tasks)} tasks, k={args.k}): {scores}", file=sys.stderr)

@@ -1,14 +1,22 @@
-"""Generate multi-step tool-use tasks from MCP servers' tools, offline (no LLM):
-`python -m launch.generate_tasks --config configs/cpu_multistep.yaml --servers calculator,kv
---num 2000 --max-steps 4 --out outputs/data/chains.jsonl`
+"""Generate tool-use tasks from MCP servers, offline, each verified on the real servers:
+`python -m launch.generate_tasks --config configs/mcp_servers.yaml --servers time,git,filesystem,sqlite
+--num 800 --max-steps 3 --out outputs/data/mcp.jsonl`
 
-Starts the config's servers, reads their tool schemas, composes chains of dependent calls (one
-call's result feeds a later call's argument), runs each on the real servers for its ground truth,
-and writes three files:
+Starts the config's servers, explores them through read-only calls (a tool that may write is
+called only on a disposable copy of its server's state, or when `--allow-tool server.tool` opts
+in), drafts requests with chains of 1..max-steps calls (one call's result feeding a later one),
+runs every draft twice on fresh state for its ground truth (the answer, the end-state checks of
+writes, or for nondeterministic tools the answer the episode's own call gives), and writes:
 - OUT: the training tasks;
-- OUT with `.heldout.jsonl`: held-out multi-step tasks, alternating `extra_info.split` = `eval`
-  (templates trained on, new questions) and `novel` (templates never trained on);
-- OUT with `.templates.json`: the tool catalog and every template with its split and task count.
+- OUT with `.heldout.jsonl`: held-out multi-call tasks, alternating `extra_info.split` = `eval`
+  (templates trained on, new requests) and `novel` (templates never trained on);
+- OUT with `.report.json`: per server its family, templates, tasks and share of multi-call
+  tasks; every tool used, every tool left out with the reason, servers that contributed nothing,
+  and why drafts were rejected; also printed.
+Verified tasks go to OUT with `.progress.jsonl` as they are made: run the same command again after
+an interruption and it continues from there (requests are never repeated); the file is removed
+when the run completes. `--writer-*` adds tasks proposed by a model behind an OpenAI-compatible
+endpoint, verified like the rest.
 """
 
 from __future__ import annotations
@@ -21,8 +29,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from environments.taskgen.build import ChainError, generate
+from environments.endpoint import EndpointError, OpenAIEndpoint
+from environments.taskgen.build import ChainError
+from environments.taskgen.run import generate_tasks
+from environments.taskgen.writer import TaskWriter
 from grpo.config import ConfigError, load_config
+from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
 
 
@@ -41,13 +53,38 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="held-out tasks of trained multi-step templates (new questions)")
     parser.add_argument("--novel-tasks", type=int, default=40, help="held-out tasks of held-out templates")
     parser.add_argument("--examples", type=int, default=2, help="worked examples per task")
+    parser.add_argument("--allow-tool", action="append", default=[], metavar="SERVER.TOOL",
+                        help="let generation call this tool (glob) though it may write and its server has no "
+                             "per-episode state; repeatable")
+    parser.add_argument("--writer-base-url", default=None,
+                        help="an OpenAI-compatible endpoint whose model proposes and rewords tasks (optional)")
+    parser.add_argument("--writer-model", default=None, help="the writer's model name")
+    parser.add_argument("--writer-key-env", default="OPENAI_API_KEY",
+                        help="environment variable holding the writer endpoint's API key")
+    parser.add_argument("--writer-tasks", type=int, default=20, help="tasks the writer proposes per server")
+    parser.add_argument("--writer-rewrites", type=int, default=0,
+                        help="training requests per server the writer rewords (each verified again)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     return parser.parse_args(argv)
 
 
-def _paths(out: Path) -> tuple[Path, Path]:
+def _paths(out: Path) -> tuple[Path, Path, Path]:
     stem = out.with_suffix("") if out.suffix == ".jsonl" else out
-    return stem.with_name(stem.name + ".heldout.jsonl"), stem.with_name(stem.name + ".templates.json")
+    return (stem.with_name(stem.name + ".heldout.jsonl"), stem.with_name(stem.name + ".report.json"),
+            stem.with_name(stem.name + ".progress.jsonl"))
+
+
+def print_report(report: dict, out=sys.stdout) -> None:
+    for server, row in report["servers"].items():
+        print(f"{server:12s} {row['family']:10s} templates {row['templates']:3d}  tasks {row['tasks']:5d}  "
+              f"multi-call {100 * row['multi_call_share']:5.1f}%" + (f"  ({row['problem']})" if row.get("problem") else ""),
+              file=out)
+    print("tools used (tasks, checks): " + ", ".join(f"{t['server']}.{t['tool']} ({t['tasks']}, {t['checks']})"
+                                                     for t in report["tools_used"]), file=out)
+    for tool in report["tools_left_out"]:
+        print(f"left out: {tool['server']}.{tool['tool']}: {tool['reason']}", file=out)
+    if report["servers_without_tasks"]:
+        print("servers that contributed no task: " + ", ".join(report["servers_without_tasks"]), file=out)
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -57,39 +94,45 @@ async def _run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown server(s) {unknown}; the config has: {', '.join(config.tools.servers)}", file=sys.stderr)
         return 2
+    if servers:  # only the servers asked for are started
+        config.tools.servers = {n: s for n, s in config.tools.servers.items() if n in servers}
+    out = Path(args.out)
+    heldout_path, report_path, progress = _paths(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = None
+    if args.writer_base_url:
+        if not args.writer_model:
+            print("--writer-base-url needs --writer-model", file=sys.stderr)
+            return 2
+        writer = TaskWriter(OpenAIEndpoint(args.writer_base_url, args.writer_model, args.writer_key_env))
     started = time.time()
     async with SharedToolManager(config.tools) as tools:
-        records, templates, profiles = await generate(
+        outcome = await generate_tasks(
             tools, servers=servers, num=args.num, max_steps=args.max_steps, seed=args.seed, digits=args.digits,
             novel_fraction=args.novel_fraction, eval_tasks=args.eval_tasks, novel_tasks=args.novel_tasks,
-            examples=args.examples)
-    out = Path(args.out)
-    heldout_path, templates_path = _paths(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+            examples=args.examples, allow=args.allow_tool, progress=progress, writer=writer,
+            writer_tasks=args.writer_tasks if writer else 0, writer_rewrites=args.writer_rewrites)
+    records = outcome.records
     train = [r for r in records if r["extra_info"]["split"] == "train"]
     heldout = [r for r in records if r["extra_info"]["split"] != "train"]
     out.write_text("".join(json.dumps(r) + "\n" for r in train), encoding="utf-8")
     heldout_path.write_text("".join(json.dumps(r) + "\n" for r in heldout), encoding="utf-8")
-    counts = Counter((r["extra_info"]["template"], r["extra_info"]["split"]) for r in records)
-    summary = {
-        "tools": [{"name": p.spec.name, "server": p.spec.server, "kind": p.kind, "roles": p.roles} for p in profiles],
-        "templates": [{"name": t.name, "steps": len(t), "split": "novel" if counts[(t.name, "novel")] else "train",
-                       "tasks": {s: counts[(t.name, s)] for s in ("train", "eval", "novel") if counts[(t.name, s)]}}
-                      for t in templates],
-    }
-    templates_path.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    report_path.write_text(json.dumps(outcome.report, indent=1) + "\n", encoding="utf-8")
+    progress.unlink(missing_ok=True)
     splits = Counter(r["extra_info"]["split"] for r in records)
-    print(f"{len(records)} tasks from {len(templates)} templates over {len(profiles)} tools in "
-          f"{time.time() - started:.1f} s: train {splits['train']}, eval {splits['eval']}, novel {splits['novel']}")
-    print(f"wrote {out}, {heldout_path}, {templates_path}")
-    return 0
+    print_report(outcome.report)
+    print(f"{len(records)} tasks in {time.time() - started:.1f} s: train {splits['train']}, eval {splits['eval']}, "
+          f"novel {splits['novel']}")
+    print(f"wrote {out}, {heldout_path}, {report_path}")
+    return 0 if records else 2
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return asyncio.run(_run(args))
-    except (ConfigError, ChainError, ToolServerStartError) as exc:
+    except (ConfigError, ChainError, ToolServerStartError, EndpointError) as exc:
         print(f"generate_tasks: {exc}", file=sys.stderr)
         return 2
 

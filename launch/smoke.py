@@ -19,6 +19,7 @@ import torch
 
 from grpo.config import load_config
 from grpo.train.trainer import GRPOTrainer
+from launch.interrupt import stops_cleanly_on_interrupt
 
 
 def _trainable_snapshot(policy) -> dict[str, torch.Tensor]:
@@ -64,6 +65,7 @@ def run_smoke(config_path: str, output_dir: str, overrides: list[str]) -> list[s
     return failures
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/smoke.yaml")

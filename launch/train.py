@@ -3,10 +3,11 @@
 Resolves the device and rollout engine (and says why), validates config, model, dataset and MCP servers, then runs
 GRPO. Prints the run directory at the end; `summary.json` there holds success before/after.
 
-A run that cannot start (a bad dataset, a server that does not start, a model or device that is
-not there) or that a health check stops prints what is wrong in `--dry-run`'s words, then the log
-that holds the traceback, and exits 1; a bad config exits 2. Other exceptions are bugs and keep
-their traceback.
+A run that cannot start (a bad dataset, a task naming a tool no server offers, a server that
+does not start, a model or device that is not there) or that a health check stops prints what is
+wrong in `--dry-run`'s words, then the log that holds the traceback, and exits 1; a bad config
+exits 2. Other exceptions are bugs and keep their traceback. Ctrl-C checkpoints the last finished
+step and exits 130 with one line saying where it stopped and how to resume.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from grpo.config import ConfigError, load_config
 from grpo.train.trainer import GRPOTrainer, TrainingStopped
+from launch.interrupt import stops_cleanly_on_interrupt
 from launch.validate_setup import setup_problem, validate
 
 
@@ -33,6 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:

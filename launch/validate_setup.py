@@ -1,7 +1,10 @@
 """Check a run's setup without training: `python -m launch.validate_setup --config X.yaml`.
 
-Dependencies, device and rollout engine, model resolvable, every MCP server starts and lists its tools,
-dataset validates, and the API keys that configured servers need are set (never printed).
+Dependencies, device and rollout engine, model resolvable, dataset validates, the API keys that
+configured servers need are set (never printed), every MCP server starts and lists its tools (and
+the tools its allow/deny lists leave out), every tool and server the tasks name is one those servers
+offer (none configured fails where the tasks' environment calls tools), and every task's opening
+prompt leaves room for a turn within `rollout.max_total_tokens` (the prompt budget).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from grpo.config import ConfigError, RunConfig, load_config
 from grpo.models.devices import DeviceUnavailable, resolve_device
 from grpo.rollout.registry import choose_engine
+from launch.interrupt import stops_cleanly_on_interrupt
 
 _REQUIRED = ("torch", "transformers", "peft", "mcp", "pydantic", "yaml", "anyio")
 _OPTIONAL = {"vllm": "vllm rollout engine", "deepspeed": "ZeRO-3 under launch/distributed.py", "bitsandbytes": "4-bit QLoRA",
@@ -43,11 +47,13 @@ def setup_problem(exc: BaseException) -> str | None:
     # Imported here, not at the top, for the reason given in validate(): a missing dependency
     # shows in the report instead of stopping it with an ImportError.
     from environments.tasks.schema import TaskDataError
+    from environments.tasks.tool_references import NoToolServers
+    from grpo.collect.prompt_budget import PromptBudgetError
     from grpo.models.source import ModelSourceError
     from tools.connection import ToolServerStartError
 
-    parts = ((TaskDataError, "dataset"), (ToolServerStartError, "MCP servers"), (ModelSourceError, "model"),
-             (DeviceUnavailable, "device/engine"))
+    parts = ((NoToolServers, "MCP servers"), (TaskDataError, "dataset"), (ToolServerStartError, "MCP servers"),
+             (ModelSourceError, "model"), (DeviceUnavailable, "device/engine"), (PromptBudgetError, "prompt budget"))
     return next((f"{part}: {exc}" for kind, part in parts if isinstance(exc, kind)), None)
 
 
@@ -59,7 +65,16 @@ async def validate(config: RunConfig) -> Report:
     for name, purpose in _OPTIONAL.items():
         found = importlib.util.find_spec(name) is not None
         print(f"  [{'ok' if found else '--'}] optional package {name} ({purpose})")
+    _check_device(config, report)
+    tokenizer = _check_model(config, report)
+    tasks = _check_dataset(config, report)
+    _check_required_env(config, report)
+    await _check_servers(config, report, tasks, tokenizer)
+    print("setup OK" if report.ok else "setup has problems (see FAIL lines)")
+    return report
 
+
+def _check_device(config: RunConfig, report: Report) -> None:
     try:
         device, why = resolve_device(config.device)
         report.add(True, f"device {device} ({why})")
@@ -68,28 +83,41 @@ async def validate(config: RunConfig) -> Report:
     except (DeviceUnavailable, ValueError) as exc:
         report.add(False, setup_problem(exc) or f"device/engine: {exc}")
 
-    # Imported after the package checks above (here and below), so that a missing dependency
-    # shows in the report instead of stopping it with an ImportError.
+
+# Each check imports what it checks after the package checks above, so that a missing dependency
+# shows in the report instead of stopping it with an ImportError.
+
+def _check_model(config: RunConfig, report: Report):
+    """The model's tokenizer, or None when the model does not resolve."""
     from grpo.models.source import ModelSourceError, load_tokenizer, resolve_model_dir
 
     try:
         t0 = time.time()
         model_dir = resolve_model_dir(config.model.name_or_path, config.model.cache_dir)
-        load_tokenizer(config.model.name_or_path, config.model.cache_dir)
+        tokenizer = load_tokenizer(config.model.name_or_path, config.model.cache_dir)
         where = model_dir or "built in memory"
         report.add(True, f"model {config.model.name_or_path} -> {where} ({time.time() - t0:.1f} s)")
+        return tokenizer
     except (ModelSourceError, OSError, ValueError) as exc:
         report.add(False, setup_problem(exc) or f"model: {exc}")
+        return None
 
+
+def _check_dataset(config: RunConfig, report: Report) -> list | None:
+    """The training and held-out tasks, or None when they do not load."""
     from environments.tasks.loading import train_validation_split
     from environments.tasks.schema import TaskDataError
 
     try:
         train, val = train_validation_split(config.data, config.environment.env_class)
         report.add(True, f"dataset: {len(train)} training tasks, {len(val)} held-out tasks")
+        return train + val
     except (TaskDataError, OSError, ValueError) as exc:
         report.add(False, setup_problem(exc) or f"dataset: {exc}")
+        return None
 
+
+def _check_required_env(config: RunConfig, report: Report) -> None:
     for name, server in config.tools.servers.items():
         missing = [var for var in server.required_env if not os.environ.get(var)]
         if missing:
@@ -97,27 +125,79 @@ async def validate(config: RunConfig) -> Report:
         elif server.required_env:
             report.add(True, f"server {name}: required environment variables are set")
 
+
+async def _check_servers(config: RunConfig, report: Report, tasks: list | None, tokenizer) -> None:
+    """Start every server and list its tools; while they run, check the tasks' tool references
+    and the prompt budget (its worked examples may call the servers)."""
     from tools.manager import SharedToolManager, ToolServerStartError
 
-    if config.tools.servers:
-        try:
-            t0 = time.time()
-            async with SharedToolManager(config.tools) as tools:
-                specs = tools.tool_specs()
+    if not config.tools.servers:
+        print("  [--] no MCP servers configured")
+        if tasks is not None:
+            _check_tool_references(config, tasks, [], report)
+        return
+    try:
+        t0 = time.time()
+        async with SharedToolManager(config.tools) as tools:
+            specs = tools.tool_specs()
             by_server: dict[str, list[str]] = {}
             for spec in specs:
                 by_server.setdefault(spec.server, []).append(spec.name)
             for name, tools_ in by_server.items():
                 report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
-            print(f"  servers started and stopped in {time.time() - t0:.1f} s")
-        except ToolServerStartError as exc:
-            report.add(False, setup_problem(exc))
+            refused = tools.refused_tools()
+            for tool in refused:
+                print(f"  [--] server {tool.server}: tool {tool.tool} left out ({tool.reason})")
+            if tasks is None:
+                print("  [--] tool references and prompt budget not checked (the dataset failed above)")
+            elif _check_tool_references(config, tasks, specs, report, refused) and tokenizer is not None:
+                await _check_prompt_budget(report, config, tasks, tools, tokenizer)
+        print(f"  servers started and stopped in {time.time() - t0:.1f} s")
+    except ToolServerStartError as exc:
+        report.add(False, setup_problem(exc))
+        print("  [--] tool references not checked (the servers failed)")
+
+
+def _check_tool_references(config: RunConfig, tasks: list, specs: list, report: Report,
+                           refused: list = ()) -> bool:
+    """Every tool and server the tasks name is one the servers offer (environments/tasks/
+    tool_references.py); False when some is not."""
+    from environments.tasks.schema import TaskDataError
+    from environments.tasks.tool_references import check_tool_references
+
+    try:
+        found = check_tool_references(tasks, specs, config.tools, config.environment, refused)
+    except TaskDataError as exc:
+        report.add(False, setup_problem(exc))
+        return False
+    if found.tasks:
+        report.add(True, f"tool references: {found.tasks} tasks, {found.references} references to "
+                         f"{found.tools} tool{'s' if found.tools != 1 else ''}, all offered")
     else:
-        print("  [--] no MCP servers configured")
-    print("setup OK" if report.ok else "setup has problems (see FAIL lines)")
-    return report
+        print("  [--] tool references: no task plays an environment that calls tools")
+    return True
 
 
+async def _check_prompt_budget(report: Report, config: RunConfig, tasks: list, tools, tokenizer) -> None:
+    """The prompt-budget line: the longest opening prompt against rollout.max_total_tokens."""
+    from grpo.collect.environment_setup import prepare_environment
+    from grpo.collect.prompt_budget import measure_prompts
+
+    try:
+        environment = prepare_environment(config.environment, tokenizer)
+    except ValueError as exc:
+        report.add(False, f"environment: {exc}")
+        return
+    budget = await measure_prompts(tasks, tools, environment, tokenizer, config.rollout)
+    if budget is None:
+        print("  [--] prompt budget: no task is played by the mcp_tool environment")
+    elif budget.fits:
+        report.add(True, f"prompt budget: {budget.summary()}")
+    else:
+        report.add(False, f"prompt budget: {budget.problem(environment)}")
+
+
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True)

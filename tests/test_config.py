@@ -26,7 +26,7 @@ def test_unknown_key_and_bad_device_are_named():
         load_config(None, ["algorithm.reference.kl_coeff=0.1"])
     with pytest.raises(ConfigError, match=r"device: got 'tpu'; allowed values: 'auto', 'cpu', 'cuda' or 'mps'"):
         load_config(None, ["device=tpu"])
-    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'tgi'; allowed values: 'auto', 'hf' or 'vllm'"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'tgi'; allowed values: 'auto', 'hf', 'vllm' or 'vllm_server'"):
         load_config(None, ["rollout.engine=tgi"])
 
 
@@ -37,7 +37,7 @@ def test_advantage_is_a_union_on_the_estimator():
     assert load_config(None, ["algorithm.advantage=rloo"]).algorithm.advantage.estimator == "rloo"
     with pytest.raises(ConfigError) as err:
         load_config(None, ["algorithm.advantage.gamma=0.9"])  # gamma belongs to gae only
-    assert ("algorithm.advantage.gamma: unknown key for estimator 'grpo' (gamma and lam exist only "
+    assert ("algorithm.advantage.gamma: unknown key for estimator 'grpo' (gamma exists only "
             "with estimator: gae)") in str(err.value)
     with pytest.raises(ConfigError) as err:
         load_config(None, ["algorithm.advantage=ppo"])
@@ -134,3 +134,34 @@ def test_unknown_env_class_in_the_config_lists_the_registered_ones():
     assert str(err.value) == ("invalid config (configs/smoke.yaml):\n  environment.env_class: got 'mcp_env'; "
                               f"registered: {', '.join(registered_ids())}")
     assert load_config(None, ["environment.env_class=bfcl"]).environment.env_class == "bfcl"
+
+
+def test_unknown_keys_get_a_did_you_mean_in_files_and_overrides(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.reference.kl_coeff=0.1", "algoritm.group_size=4",
+                           "tools.servers={calc: {command: python, comand: x}}"])
+    assert str(err.value).splitlines()[1:] == [
+        "  algorithm.reference.kl_coeff: unknown key (did you mean 'kl_coef'?)",
+        "  tools.servers.calc.comand: unknown key (did you mean 'command'?)",
+        "  algoritm: unknown key (did you mean 'algorithm'?)",
+    ]
+    path = tmp_path / "run.yaml"
+    path.write_text("trian: {steps: 2}\nrollout: {max_new_tokns: 8, zzz: 1}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).splitlines()[1:] == [
+        "  rollout.max_new_tokns: unknown key (did you mean 'max_new_tokens'?)",
+        "  rollout.zzz: unknown key",
+        "  trian: unknown key (did you mean 'train'?)",
+    ]
+    # In the advantage union the estimator decides which keys exist.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.advantage.normalise_std=false"])
+    assert "algorithm.advantage.normalise_std: unknown key for estimator 'grpo' (did you mean 'normalize_std'?)" in str(
+        err.value)
+
+
+def test_a_folder_given_as_the_config_is_named_a_folder(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert str(err.value) == f"config file {tmp_path} is a directory; give a YAML file"

@@ -22,7 +22,7 @@ from environments.tasks.loading import (
     save_tasks,
     train_validation_split,
 )
-from environments.tasks.schema import Task, TaskDataError, normalize_question
+from environments.tasks.schema import SHORT_FORM_FIELDS, Task, TaskDataError, normalize_question
 from tools.servers.calculator import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -331,3 +331,52 @@ def test_non_utf8_files_name_the_file_and_line(tmp_path):
     # A byte-order mark (what some editors write first) is no error.
     (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
     assert len(load_tasks(DatasetSource(path=str(tmp_path / "bom.jsonl")))) == 4
+
+
+# -- hostile input (issue 43): a folder, every error of a record at once, defaults ------------
+
+def test_a_folder_given_as_the_dataset_is_named_a_folder(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(tmp_path / "tasks")))
+    assert str(info.value) == (f"task file {str(tmp_path / 'tasks')!r} is a directory; give a .jsonl, .json or "
+                               ".parquet file of task records")
+
+
+def test_all_of_a_records_errors_come_at_once(tmp_path):
+    registered = ", ".join(registered_ids())
+    bad = record("t1", "What is 1 * 3?", complexity="extreme")
+    bad["env_class"] = "mcp_env"
+    dup = record("t1", "What is 2 * 3?")
+    dup["reward_spec"]["method"] = ["state", "limits"]
+    dup["reward_spec"]["weights"] = {"judge": 1.0}
+    short_form = {"question": "What is 4 * 3?", "tool_sequence": [{"tool": "calculate"}], "anwser": 12,
+                  "complexity": "extreme"}
+    bad_shape = {"question": "", "tool_sequence": {"tool": "calculate"}, "anwser": 12}
+    path = write_jsonl(tmp_path / "tasks.jsonl", [bad, dup, short_form, bad_shape])
+    with pytest.raises(TaskDataError) as info:
+        load_tasks(DatasetSource(path=str(path)))
+    unknown = f"unknown field(s) ['anwser'] in a tool-sequence record; allowed: {sorted(SHORT_FORM_FIELDS)}"
+    assert str(info.value) == "\n".join([
+        f"{path}: 4 bad records",
+        f"  {path} line 1: reward_spec.ground_truth.complexity: got 'extreme'; allowed: easy, medium, hard",
+        f"    env_class: got 'mcp_env'; registered: {registered} (or set environment.env_class for every task)",
+        (f"  {path} line 2: reward_spec: method 'state' needs ground_truth.success.state or .checks; method 'limits' needs "
+         "ground_truth.limits; weights for ['judge'] which are not in method ['state', 'limits']"),
+        f"    reward_spec.ground_truth.task_id: 't1' is already used at {path} line 1",
+        f"  {path} line 3: {unknown}",
+        "    reward_spec.ground_truth.complexity: got 'extreme'; allowed: easy, medium, hard",
+        f"  {path} line 4: {unknown}",
+        "    question: a tool-sequence record needs a non-empty question",
+        "    tool_sequence: needs a non-empty list of {server, tool, params} steps",
+    ])
+
+
+@pytest.mark.parametrize("steps, complexity", [(0, "easy"), (1, "easy"), (3, "medium"), (4, "hard")])
+def test_complexity_defaults_to_the_length_of_the_tool_sequence(steps, complexity):
+    sequence = [{"tool": "calculate", "params": {"expression": f"{i} + 1"}} for i in range(steps)]
+    bare = record(tool_sequence=sequence)
+    del bare["reward_spec"]["ground_truth"]["complexity"]
+    assert Task.from_record(bare, "x").complexity == complexity
+    if steps:
+        assert Task.from_record({"question": "What is 1 + 1?", "tool_sequence": sequence}, "x").complexity == complexity

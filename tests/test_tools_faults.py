@@ -130,11 +130,11 @@ async def test_oversized_output_is_truncated_with_a_marker(manager):
 
 
 async def test_oversized_structured_content_is_truncated_with_markers(manager):
-    result = await manager.call_tool("big_json", {"chars": 10_000_000})
+    result = await manager.call_tool("big_json", {"chars": 1_000_000})
     # max_structured_chars=1000: the shape stays, the long string is cut and says by how much.
     assert (result.is_error, result.structured) == (
         False,
-        {"payload": "x" * 864 + "…[truncated 9999136 chars]"},
+        {"payload": "x" * 865 + "…[truncated 999135 chars]"},
     )
     assert len(json.dumps(result.structured, ensure_ascii=False)) == 905
 
@@ -156,6 +156,28 @@ async def test_bad_arguments_get_a_schema_error_and_never_reach_the_server(manag
         'arguments for add must be a JSON object like {"a": integer (required), "b": integer (required)}, got list'
     )
     assert manager.metrics()["tools/faulty.add/calls"] == 2.0
+
+
+async def test_an_argument_that_cannot_be_sent_costs_the_server_nothing(manager):
+    manager.reset_metrics()
+    pid = await server_pid(manager)
+    surrogate = json.loads('{"text": "a\\ud800"}')  # parses, but is no Unicode text
+    # Before, each such call ended the session and was retried on restarted servers (3.7 s),
+    # and with breaker_failures=2 the second one opened the breaker for everyone.
+    for _ in range(3):
+        result = await manager.call_tool("echo", surrogate)
+        assert (result.error_kind, result.retries) == ("invalid_arguments", 0)
+        assert result.text == (
+            "invalid arguments for echo: text: the string has a lone surrogate \\ud800 at "
+            "character 1, which is not Unicode text and cannot be sent. "
+            'Expected arguments: {"text": string (required)}'
+        )
+        assert result.latency_s < 1.0  # no server start in it (one takes ~1 s)
+    assert (await manager.call_tool("echo", {"text": "fine"})).text == "fine"
+    assert await server_pid(manager) == pid
+    metrics = manager.metrics()
+    assert (metrics["tools/restarts"], metrics["tools/errors/invalid_arguments"]) == (0.0, 3.0)
+    assert "tools/transport_failures" not in metrics
 
 
 async def test_tool_errors_are_results_and_not_retried(manager):

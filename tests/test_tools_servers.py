@@ -12,6 +12,7 @@ import time
 import pytest
 from servers.leaks import no_leftover_server_processes  # noqa: F401 - session-level leak check
 
+from tools.annotations import ToolAnnotations
 from tools.config import ToolsConfig
 from tools.manager import SharedToolManager, ToolSpec
 
@@ -67,7 +68,11 @@ async def test_discovery_lists_every_bundled_tool_with_reserved_arguments_remove
             "required": ["expression"],
             "title": "calculateArguments",
         },
+        annotations=ToolAnnotations(read_only=True, destructive=False, idempotent=True, open_world=False),
     )
+    # Readers declare themselves read-only; kv keeps its state per episode id.
+    assert specs["get"].annotations.read_only and specs["put"].annotations is None
+    assert specs["put"].episode_scoped and not specs["calculate"].episode_scoped
     assert specs["calculate"].description.startswith(
         'Evaluate an arithmetic expression and return the number.\n\n    For example "(2 + 3) * 4" -> "20".'
     )
@@ -171,7 +176,7 @@ async def test_the_isolation_can_be_forced_and_a_weak_one_says_what_it_does_not_
         "rlimits",
     )
     assert result.structured["not_contained"].startswith(
-        "only an in-process guard, which C code bypasses, stops writes outside the work directory"
+        "writes outside the work directory, network connections, signals to other processes"
     )
 
 

@@ -6,6 +6,8 @@ tests/test_tools_server_units.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mcp.types import CallToolResult, ImageContent, TextContent
 
@@ -109,16 +111,56 @@ def test_schema_errors_are_listed_with_the_expected_signature():
     assert add.prepare({"a": 1, "b": 2}) == {"a": 1, "b": 2}
 
 
-def test_arguments_must_be_json_values():
+_CYCLE: dict = {}
+_CYCLE["again"] = _CYCLE
+
+
+_NOT_UNICODE = "which is not Unicode text and cannot be sent"
+_NOT_JSON = "is not JSON (JSON has strings, numbers, booleans, null, arrays and objects)"
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [
+        # What the SDK cannot encode: before, each ended the session and restarted the server.
+        (
+            json.loads('{"k": "a\\ud800"}')["k"],
+            f"value: the string has a lone surrogate \\ud800 at character 1, {_NOT_UNICODE}",
+        ),
+        (
+            {"ok": 1, "nested": ["x", {"\udfff": 2}]},
+            f"value.nested.1: the key has a lone surrogate \\udfff at character 0, {_NOT_UNICODE}",
+        ),
+        ({1, 2}, f"value: a value of type set {_NOT_JSON}"),
+        ([b"raw"], f"value.0: a value of type bytes {_NOT_JSON}"),
+        (_CYCLE, f"value{'.again' * 7}…(+92 levels): nested deeper than 100 levels"),
+        # What the SDK would silently send as something else.
+        (float("nan"), "value: NaN is not a JSON number (only finite numbers are)"),
+        ([1.5, float("-inf")], "value.1: -Infinity is not a JSON number (only finite numbers are)"),
+        ({2: "two"}, "value: key 2 is not a string (JSON keys are strings)"),
+        (10**4300, "value: an integer longer than 4300 digits cannot be sent"),
+    ],
+    ids=["surrogate", "surrogate-key", "set", "bytes", "cycle", "nan", "inf", "int-key", "huge-int"],
+)
+def test_arguments_that_cannot_be_sent_as_json_are_named_with_their_place(value, problem):
     kv = ToolArguments(
         "put", {"type": "object", "properties": {"key": {"type": "string"}, "value": {}}}
     )
     with pytest.raises(ArgumentError) as err:
-        kv.prepare({"key": "k", "value": {1, 2}})
-    assert (
-        str(err.value)
-        == "arguments for put must be JSON values: Object of type set is not JSON serializable"
+        kv.prepare({"key": "k", "value": value})
+    assert str(err.value) == (
+        f"invalid arguments for put: {problem}. "
+        'Expected arguments: {"key": string, "value": any}'
     )
+
+
+def test_arguments_at_the_edge_of_json_are_sent_unchanged():
+    kv = ToolArguments("put", {"type": "object", "properties": {"value": {}}})
+    edge = {"value": ["é \U0001f600", 10**4299, -1.5e308, None, True, {"k": ("tuple", 1)}]}
+    assert kv.prepare(edge) == edge
+    with pytest.raises(ArgumentError) as err:  # a key that is not a string, at the top
+        kv.prepare({None: 1})
+    assert str(err.value).startswith("invalid arguments for put: key None is not a string")
 
 
 def test_the_fast_validation_path_never_accepts_what_jsonschema_rejects():

@@ -6,6 +6,7 @@ import json
 
 from environments.base import registered_ids
 from grpo.config import load_config
+from grpo.models.source import build_tiny_model
 from launch.train import main as train_main
 from launch.validate_setup import validate
 
@@ -86,3 +87,32 @@ def test_train_stops_on_a_server_that_fails_to_start_with_one_line(tmp_path, cap
         f"details: {log_path}",
     ]
     assert "Traceback" not in err and "ToolServerStartError" in log_path.read_text()
+
+
+def broken_model_dirs(tmp_path, tokenizer):
+    """A model folder whose config.json is cut short, and one with a model but no tokenizer files."""
+    broken, no_tokenizer = tmp_path / "broken", tmp_path / "no_tokenizer"
+    tokenizer.save_pretrained(broken)
+    (broken / "config.json").write_text('{"model_type": "llama", ')
+    build_tiny_model(tokenizer).save_pretrained(no_tokenizer)
+    return broken, no_tokenizer
+
+
+def test_a_broken_model_folder_is_worded_alike_in_the_dry_run_and_the_real_run(tmp_path, capsys, tokenizer,
+                                                                              quiet_run_logging):
+    broken, no_tokenizer = broken_model_dirs(tmp_path, tokenizer)
+    expected = {
+        broken: (f"model: model {str(broken)!r}: its config.json is not valid JSON (Expecting property name "
+                 "enclosed in double quotes: line 1 column 25 (char 24))"),
+        no_tokenizer: (f"model: model {str(no_tokenizer)!r} has no tokenizer files (tokenizer.json, "
+                       "tokenizer_config.json, tokenizer.model, vocab.json); save the tokenizer into the folder "
+                       "beside the model"),
+    }
+    for folder, problem in expected.items():
+        rc = train_main(["--config", "configs/smoke.yaml", f"model.name_or_path={folder}", "--dry-run"])
+        assert rc == 1 and f"  [FAIL] {problem}\n" in capsys.readouterr().out
+        rc = train_main(["--config", "configs/smoke.yaml", f"output_dir={tmp_path / 'out'}",
+                         f"model.name_or_path={folder}"])
+        err = capsys.readouterr().err
+        assert rc == 1 and err.splitlines()[-2:] == [problem, f"details: {tmp_path / 'out' / 'smoke' / 'training.log'}"]
+        assert "Traceback" not in err

@@ -7,12 +7,18 @@
   string (or a JSON object in a string) for a tool with one required parameter.
 - Then JSON-schema validation, with an error text that a model can act on: what is wrong and
   which arguments the tool expects.
+
+Arguments that cannot be sent exactly as JSON (a lone surrogate in a string, NaN, a set, a
+non-string key, absurd nesting) are refused first, naming where they are: the SDK would fail to
+encode the request, or silently send something else (NaN as null), and either is the caller's
+error, never the server's.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from typing import Any
 
@@ -55,7 +61,15 @@ _PRIMITIVE_CHECKS = {
     None: lambda v: True,  # no type: any JSON value
 }
 _ANNOTATIONS = {"title", "description", "default", "examples"}
-_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of arguments sent (the SDK's encoder gives up near 250 levels, and parsers on
+the server side often sooner)."""
+MAX_INT_DIGITS = 4300
+"""Longest integer sent: Python's default limit for int <-> str, so a Python server could not
+read a longer one."""
+_INT_BOUND = 10**MAX_INT_DIGITS
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ArgumentError(ValueError):
@@ -110,18 +124,17 @@ class ToolArguments:
         args = self._as_dict(arguments)
         for name in RESERVED_ARGS:
             args.pop(name, None)  # a model never chooses its own episode
+        problem = json_problem(args)
+        if problem:
+            raise ArgumentError(
+                f"invalid arguments for {self.tool_name}: {problem}. "
+                f"Expected arguments: {self.signature}"
+            )
         if self.properties:
             args = self._rename(args)
         slow_check = not self._fast_valid(args) and self._validator is not None
         if slow_check and not self._validator.is_valid(args):
             raise ArgumentError(self._explain(args))
-        try:
-            if not all(type(v) in _JSON_SCALARS for v in args.values()):
-                json.dumps(args)
-        except (TypeError, ValueError) as exc:  # would fail in the SDK and look like a dead server
-            raise ArgumentError(
-                f"arguments for {self.tool_name} must be JSON values: {exc}"
-            ) from None
         if self.takes_episode_id and episode_id is not None:
             args["episode_id"] = episode_id
         return args
@@ -196,3 +209,67 @@ class ToolArguments:
         if len(errors) > MAX_ERRORS_SHOWN:
             lines.append(f"(and {len(errors) - MAX_ERRORS_SHOWN} more)")
         return f"invalid arguments for {self.tool_name}: {'; '.join(lines)}. Expected arguments: {self.signature}"
+
+
+def json_problem(value: Any) -> str | None:
+    """Why `value` cannot be sent as exactly this JSON, prefixed by where (`items.2.name: ...`);
+    None when it can. Walks without recursion, so no nesting can overflow the stack."""
+    stack: list[tuple[Any, tuple]] = [(value, ())]
+    while stack:
+        value, path = stack.pop()
+        problem = None
+        if isinstance(value, str):
+            if not value.isascii():
+                problem = _text_problem(value, "string")
+        elif value is None or isinstance(value, bool):
+            continue
+        elif isinstance(value, int):
+            if not -_INT_BOUND < value < _INT_BOUND:
+                problem = f"an integer longer than {MAX_INT_DIGITS} digits cannot be sent"
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                problem = f"{json.dumps(value)} is not a JSON number (only finite numbers are)"
+        elif isinstance(value, (dict, list, tuple)):
+            if len(path) >= MAX_JSON_DEPTH:
+                problem = f"nested deeper than {MAX_JSON_DEPTH} levels"
+            elif isinstance(value, dict):
+                problem = _keys_problem(value)
+                # Reversed: the first problem in reading order is the one reported.
+                stack.extend((item, (*path, key)) for key, item in reversed(value.items()))
+            else:
+                stack.extend((item, (*path, i)) for i, item in reversed(list(enumerate(value))))
+        else:
+            problem = (
+                f"a value of type {type(value).__name__} is not JSON "
+                "(JSON has strings, numbers, booleans, null, arrays and objects)"
+            )
+        if problem:
+            return f"{_where(path)}: {problem}" if path else problem
+    return None
+
+
+def _where(path: tuple, parts: int = 8, chars: int = 40) -> str:
+    """A dotted path, bounded: a cycle or a huge key must not make a huge message."""
+    shown = [str(p) if len(str(p)) <= chars else str(p)[:chars] + "…" for p in path[:parts]]
+    return ".".join(shown) + (f"…(+{len(path) - parts} levels)" if len(path) > parts else "")
+
+
+def _keys_problem(value: dict) -> str | None:
+    for key in value:
+        if not isinstance(key, str):
+            return f"key {key!r} is not a string (JSON keys are strings)"
+        if not key.isascii():
+            problem = _text_problem(key, "key")
+            if problem:
+                return problem
+    return None
+
+
+def _text_problem(text: str, what: str) -> str | None:
+    surrogate = _SURROGATE.search(text)
+    if surrogate is None:
+        return None
+    return (
+        f"the {what} has a lone surrogate {ascii(surrogate.group())[1:-1]} at character "
+        f"{surrogate.start()}, which is not Unicode text and cannot be sent"
+    )

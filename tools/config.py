@@ -57,6 +57,38 @@ class _Section(BaseModel):
     )
 
 
+STATE_DIR = "{state_dir}"
+"""Replaced in a stateful server's `args`, `cwd` and `env` values by its instance's state directory."""
+
+
+class StateConfig(_Section):
+    """Per-episode state for a server that keeps its state in files (tools/state.py): a pool of
+    server instances, each working on its own copy of the fixture, leased by one episode at a time.
+    Each instance runs in its own directory (`{state_dir}`, also its working directory unless
+    `cwd` says otherwise), so tasks name paths relative to it and read the same for every copy."""
+
+    fixture: str | None = None
+    """The initial state: a directory (its contents are copied) or a file (copied under its own
+    name) put into an instance's `{state_dir}` before each episode. Null: an empty directory."""
+    pool_size: int = Field(default=4, ge=1)
+    """Server instances. An episode holds one for its whole length: more episodes than this wait
+    for a free instance (`lease_timeout`)."""
+    reset: Literal["restart", "copy"] = "restart"
+    """How an instance returns to the fixture when its episode ends. `restart`: stop the server,
+    restore the directory, start it again (right for any server, also one that keeps files open
+    or caches what it read). `copy`: restore the directory under the running server (faster;
+    only for servers that read their files at each call, e.g. the npm filesystem server)."""
+    lease_timeout: float = Field(default=600.0, gt=0)
+    """Seconds an episode waits for a free instance before it fails with an error that names the
+    pool and the episodes holding it."""
+    relative_paths: bool = True
+    """Write the instance's own directory in results as a path relative to it (`{state_dir}/a.txt`
+    -> `a.txt`, `{state_dir}` -> `.`), so results read the same for every copy."""
+    root: str | None = None
+    """Where the instances' directories are made (null: the system's temporary directory); they
+    are removed when the tool manager closes."""
+
+
 class MCPServerConfig(_Section):
     transport: Literal["stdio", "http"] = "stdio"
     """`stdio`: the manager starts `command args` as a child process; `http`: streamable HTTP at `url`."""
@@ -90,6 +122,15 @@ class MCPServerConfig(_Section):
     retried anyway). Turn it on for servers whose calls are quick but that sometimes stall."""
     enabled: bool = True
     """Start this server."""
+    allow: list[str] = Field(default_factory=lambda: ["*"])
+    """Tools of this server that may be listed and called: shell-style globs on the server's own
+    tool names (`read_*`, `get_file_info`). A glob that matches no tool is a start-up warning."""
+    deny: list[str] = Field(default_factory=list)
+    """Tools never listed nor called, even when `allow` matches them (globs, as `allow`)."""
+    state: StateConfig | None = None
+    """Per-episode state: a pool of instances, each on a fresh copy of a fixture for every
+    episode (see StateConfig). Null: one shared server (which may isolate episodes itself by
+    `episode_id`, as the bundled kv server does)."""
 
     @field_validator("url")
     @classmethod
@@ -105,6 +146,15 @@ class MCPServerConfig(_Section):
             raise ValueError("a stdio server needs `command`")
         if self.transport == "http" and not self.url:
             raise ValueError("an http server needs `url`")
+        if not self.allow:
+            raise ValueError("`allow` is empty, so no tool of this server could be used; leave it out "
+                             "to allow every tool, or name the tools (globs) to allow")
+        if self.state is not None and self.transport != "stdio":
+            raise ValueError("`state` needs a stdio server: the manager starts one instance per copy of the state")
+        uses = [where for where, value in (("args", " ".join(self.args)), ("cwd", self.cwd or ""),
+                                           ("env", " ".join(self.env.values()))) if STATE_DIR in value]
+        if uses and self.state is None:
+            raise ValueError(f"{', '.join(uses)} use {STATE_DIR}, which only a server with `state` has")
         return self
 
 
@@ -126,6 +176,11 @@ class ToolsConfig(_Section):
     """Seconds an open breaker refuses calls before one trial call."""
     max_output_chars: int = Field(default=4000, ge=64)
     """Tool results longer than this are truncated with a marker."""
+    max_result_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest answer read from a stdio server (bytes of one JSON-RPC message). A larger one is
+    drained without being kept, and the call returns a `result_too_large` error saying how large
+    the result was; the server keeps running. Results are read whole before they are truncated
+    to `max_output_chars`, so this bounds the memory and time one call can cost."""
     max_structured_chars: int = Field(default=100_000, ge=64)
     """Structured content whose JSON is longer than this is cut to fit: long strings, lists and
     objects keep their first part and end in a `…[truncated N ...]` marker."""

@@ -4,8 +4,10 @@ A dedicated task enters the SDK `Client` context, lists the tools, publishes the
 waits for a stop signal; the context is therefore entered and exited in the same task, as anyio
 requires, while any number of callers share the session. `start` bounds start-up with a timeout
 and raises ToolServerStartError naming the server, the cause and the tail of its stderr.
-`restart` replaces a dead session once, however many callers saw it die. Lines a stdio server
-writes to stdout that are not JSON-RPC are counted per server instead of logged one by one.
+`restart` replaces a dead session once, however many callers saw it die. Stdio servers go through
+our own transport (tools/stdio.py): linear-time reading with a size limit per message, requests
+that cannot be encoded refused without ending the session, and lines on stdout that are not
+JSON-RPC counted per server instead of logged one by one.
 """
 
 from __future__ import annotations
@@ -17,19 +19,18 @@ import re
 import sys
 import tempfile
 from contextlib import AsyncExitStack
-from contextvars import ContextVar
 from typing import Any, TextIO
 
 import anyio
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, Tool
 
 from tools.breaker import CircuitBreaker
 from tools.config import MCPServerConfig, ToolsConfig, redact_url
 from tools.procs import OWNER_ENV
+from tools.stdio import NOT_SENT, TOO_LARGE, stdio_transport
 
 logger = logging.getLogger(__name__)
 
@@ -50,41 +51,8 @@ BASE_ENV = (
 """What every stdio server inherits; anything else only via `env` or `env_passthrough`."""
 STDERR_TAIL_CHARS = 2000
 STDERR_MAX_BYTES = 4 * 1024 * 1024
-STOP_GRACE_S = 10.0  # the SDK's own shutdown escalates stdin-close -> SIGTERM -> SIGKILL in ~4 s
+STOP_GRACE_S = 10.0  # the stdio transport escalates stdin-close -> SIGTERM -> SIGKILL in ~4 s
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-_SESSION_OWNER: ContextVar[ServerConnection | None] = ContextVar("mcp_grpo_session", default=None)
-"""The connection whose session task is running; the SDK's transport tasks inherit it, which is
-how the stdout filter below knows which server a log record is about."""
-
-
-class _StdoutJunkFilter(logging.Filter):
-    """The SDK logs an error with a full traceback for every stdout line of a stdio server that is
-    not JSON-RPC (mcp.client.stdio._parse_line), so a server printing debug output floods the log.
-    Records from our sessions are dropped and counted by their connection instead."""
-
-    MESSAGE = "Failed to parse JSONRPC message from server"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        connection = _SESSION_OWNER.get()
-        if connection is None or record.msg != self.MESSAGE:
-            return True
-        connection.note_stdout_junk(_unparsed_line(record))
-        return False
-
-
-def _unparsed_line(record: logging.LogRecord) -> str:
-    """The offending line, from the pydantic ValidationError the SDK logged."""
-    exc = record.exc_info[1] if record.exc_info else None
-    try:
-        return str(exc.errors()[0]["input"])[:200]
-    except (AttributeError, IndexError, KeyError, TypeError):
-        return "?"
-
-
-# Installed once, at import: the filter passes every record that is not from one of our sessions.
-logging.getLogger("mcp.client.stdio").addFilter(_StdoutJunkFilter())
 
 
 class ToolServerStartError(RuntimeError):
@@ -104,6 +72,18 @@ class TransportFailure(Exception):
 
 class CallTimeout(Exception):
     """The server did not answer within the call's timeout; the session is still usable."""
+
+
+class RequestNotSent(Exception):
+    """The request could not be encoded, so it never reached the server: the caller's error."""
+
+
+class ResultTooLarge(Exception):
+    """The server's answer was over the size limit and was dropped unread; the session is fine."""
+
+    def __init__(self, size: int):
+        self.size = size
+        super().__init__(f"{size} bytes")
 
 
 def expand_vars(value: str, what: str, environ: dict[str, str] | os._Environ = os.environ) -> str:
@@ -149,6 +129,7 @@ class ServerConnection:
     def __init__(self, name: str, config: MCPServerConfig, tools_config: ToolsConfig):
         self.name = name
         self.config = config
+        self.max_result_bytes = tools_config.max_result_bytes
         self.semaphore = asyncio.Semaphore(config.max_in_flight)
         self.breaker = CircuitBreaker(tools_config.breaker_failures, tools_config.breaker_cooldown)
         self.client: Client | None = None
@@ -274,6 +255,10 @@ class ServerConnection:
             headers = {k: expand_vars(v, f"header {k}") for k, v in self.config.headers.items()}
             return ("http", self.config.url, headers)
         command = sys.executable if self.config.command == "python" else self.config.command
+        if os.sep in command and not os.path.isabs(command):
+            # The child resolves a relative program against its own cwd (a state copy, say):
+            # a relative `command` means relative to where mcp-grpo runs.
+            command = os.path.abspath(command)
         params = StdioServerParameters(
             command=command,
             args=list(self.config.args),
@@ -290,7 +275,6 @@ class ServerConnection:
     async def _hold(self, transport: Any, ready: asyncio.Future, stop: asyncio.Event) -> None:
         kind, target, extra = transport
         client = scope = None
-        _SESSION_OWNER.set(self)  # this task's own context, inherited by the SDK's transport tasks
         try:
             with anyio.CancelScope() as scope:
                 self._scope = scope
@@ -303,7 +287,13 @@ class ServerConnection:
                         )
                         stream = streamable_http_client(target, http_client=http)
                     else:
-                        stream = stdio_client(target, errlog=extra)
+                        stream = stdio_transport(
+                            target,
+                            extra,
+                            name=self.name,
+                            max_message_bytes=self.max_result_bytes,
+                            on_junk=self.note_stdout_junk,
+                        )
                     client = Client(stream, read_timeout_seconds=self.config.startup_timeout)
                     await stack.enter_async_context(client)
                     tools = await self._list_tools(client)
@@ -382,6 +372,11 @@ class ServerConnection:
                 raise CallTimeout(f"no answer within {timeout:g} s") from None
             if exc.error.code == CONNECTION_CLOSED:
                 raise TransportFailure(exc.error.message) from None
+            marks = exc.error.data if isinstance(exc.error.data, dict) else {}
+            if NOT_SENT in marks:
+                raise RequestNotSent(str(marks[NOT_SENT])) from None
+            if TOO_LARGE in marks:
+                raise ResultTooLarge(int(marks[TOO_LARGE])) from None
             return CallToolResult(
                 content=[_text(f"{exc.error.message} (MCP error {exc.error.code})")], is_error=True
             )

@@ -3,10 +3,15 @@
 One long-lived session per configured server (stdio child process or streamable HTTP), started
 concurrently and shared by every episode. `tool_specs()` is what environments render into
 prompts; `call_tool()` is what they call. Start-up is the one place that raises: `call_tool`
-turns every tool-side problem (bad arguments, unknown tool, tool error, timeout, dead server,
-open circuit breaker) into a ToolResult with `is_error=True` and an `error_kind`, retrying
-transport failures (after restarting the dead server) and, where a server asks for it
-(`retry_on_timeout`), timeouts, with exponential backoff.
+turns every tool-side problem (bad or unsendable arguments, unknown tool, tool error, timeout,
+result over the size limit, dead server, open circuit breaker) into a ToolResult with
+`is_error=True` and an `error_kind`, retrying transport failures (after restarting the dead
+server) and, where a server asks for it (`retry_on_timeout`), timeouts, with exponential backoff.
+
+A server's `allow` / `deny` globs decide which of its tools exist for the manager at all
+(tools/allowlist.py). A server with `state:` runs as a pool of instances on copies of its fixture
+(tools/state.py): calls with an episode id go to that episode's instance, leased at its first call
+(or by `start_episode`) and given back by `end_episode`.
 """
 
 from __future__ import annotations
@@ -18,36 +23,35 @@ import math
 import random
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from typing_extensions import Self
 
-from tools.arguments import ArgumentError, ToolArguments
+from tools.allowlist import RefusedTool, screen
+from tools.annotations import ToolAnnotations
+from tools.arguments import ArgumentError
 from tools.config import ToolsConfig
-from tools.connection import CallTimeout, ServerConnection, ToolServerStartError, TransportFailure
+from tools.connection import (
+    CallTimeout,
+    RequestNotSent,
+    ResultTooLarge,
+    ServerConnection,
+    ToolServerStartError,
+    TransportFailure,
+)
 from tools.procs import kill_owned_processes
 from tools.results import normalise
+from tools.specs import RegisteredTool, ToolNameClash, ToolSpec, name_tools
+from tools.state import LeaseError, StateInstance, StatePool
 
-__all__ = ["SharedToolManager", "ToolResult", "ToolServerStartError", "ToolSpec"]
+__all__ = ["LeaseError", "RefusedTool", "SharedToolManager", "ToolAnnotations", "ToolNameClash",
+           "ToolResult", "ToolServerStartError", "ToolSpec"]
 
 LATENCY_WINDOW = 10_000
 """Latest latencies kept per tool for the p50/p99 metrics."""
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """A tool as environments render it into prompts."""
-
-    name: str
-    """The name the model uses: the server's tool name, or `server__tool` where names clash."""
-    server: str
-    tool: str
-    """The server's own name for the tool."""
-    description: str
-    input_schema: dict
-    """JSON schema of the arguments, without reserved arguments (`episode_id`)."""
 
 
 @dataclass
@@ -59,33 +63,24 @@ class ToolResult:
     """The server's structured content, its JSON capped at `max_structured_chars` (cut strings,
     lists and objects end in a `…[truncated N ...]` marker)."""
     error_kind: str | None = None
-    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open"""
+    """None | tool_error | timeout | transport | invalid_arguments | unknown_tool | circuit_open |
+    result_too_large | no_episode (a stateful server called without an episode id) | lease (no
+    instance for it)"""
     latency_s: float = 0.0
     retries: int = 0
-
-
-@dataclass
-class _Tool:
-    spec: ToolSpec
-    connection: ServerConnection
-    arguments: ToolArguments
-    metric: str  # "tools/<server>.<tool>"
-
-    def __post_init__(self) -> None:
-        self.calls_key = f"{self.metric}/calls"
-        self.errors_key = f"{self.metric}/errors"
 
 
 class SharedToolManager:
     def __init__(self, config: ToolsConfig):
         self.config = config
         self._connections = {
-            name: ServerConnection(name, server, config)
+            name: StatePool(name, server, config) if server.state else ServerConnection(name, server, config)
             for name, server in config.servers.items()
             if server.enabled
         }
-        self._tools: dict[str, _Tool] = {}
-        self._lookup: dict[str, _Tool] = {}  # spec names plus `server__tool` for every tool
+        self._refused: dict[str, RefusedTool] = {}  # by the server's name and `server__tool`
+        self._tools: dict[str, RegisteredTool] = {}
+        self._lookup: dict[str, RegisteredTool] = {}  # spec names plus `server__tool` for every tool
         self._state = "new"  # new -> started -> closed
         self._counts: Counter[str] = Counter()
         self._latencies: dict[str, deque[float]] = {}
@@ -118,22 +113,23 @@ class SharedToolManager:
             raise ToolServerStartError(
                 ", ".join(names), "several servers failed:\n\n" + "\n\n".join(map(str, failures))
             )
-        self._register_tools(connections)
+        self._screen_tools(connections)
+        try:
+            self._register_tools(connections)
+        except ToolNameClash:
+            await self.close()
+            raise
+
+    def _screen_tools(self, connections: list[ServerConnection | StatePool]) -> None:
+        """Drop the tools each server's `allow` / `deny` refuse before anything registers them."""
+        for connection in connections:
+            connection.tools, refused = screen(connection.name, connection.config, connection.tools)
+            for tool in refused:
+                self._refused.setdefault(tool.tool, tool)
+                self._refused[f"{tool.server}__{tool.tool}"] = tool
 
     def _register_tools(self, connections: list[ServerConnection]) -> None:
-        clashes = Counter(tool.name for c in connections for tool in c.tools)
-        for connection in connections:
-            for tool in connection.tools:
-                qualified = f"{connection.name}__{tool.name}"
-                name = qualified if clashes[tool.name] > 1 else tool.name
-                arguments = ToolArguments(name, tool.input_schema or {})
-                spec = ToolSpec(
-                    name, connection.name, tool.name, tool.description or "", arguments.schema
-                )
-                entry = _Tool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
-                self._tools[name] = entry
-                self._lookup[name] = entry
-                self._lookup.setdefault(qualified, entry)
+        self._tools, self._lookup = name_tools(connections)
 
     async def close(self) -> None:
         """Stop every server; idempotent, and safe while being cancelled."""
@@ -163,6 +159,10 @@ class SharedToolManager:
     def tool_specs(self) -> list[ToolSpec]:
         return [entry.spec for entry in self._tools.values()]
 
+    def refused_tools(self) -> list[RefusedTool]:
+        """The tools that servers offer but their `allow` / `deny` refuse, with the reason."""
+        return list({id(tool): tool for tool in self._refused.values()}.values())
+
     # -- calls ----------------------------------------------------------------------------------
 
     async def call_tool(
@@ -178,7 +178,7 @@ class SharedToolManager:
         self._counts["tools/calls"] += 1
         entry = self._lookup.get(name) if isinstance(name, str) else None
         if entry is None:
-            return self._finish(None, start, self._unknown(name), 0)
+            return self._finish(None, start, self._not_allowed(name) or self._unknown(name), 0)
         try:
             args = entry.arguments.prepare(arguments, episode_id)
         except ArgumentError as exc:
@@ -190,12 +190,20 @@ class SharedToolManager:
                 _error(f"tool {name} failed: the tool manager is {self._state}", "transport"),
                 0,
             )
-        connection = entry.connection
+        connection, instance = entry.connection, None
+        if isinstance(connection, StatePool):
+            instance = await self._episode_instance(connection, episode_id)
+            if isinstance(instance, ToolResult):
+                return self._finish(entry, start, instance, 0)
+            connection = instance.connection
         timeout = timeout or connection.config.call_timeout or self.config.call_timeout
         retries = 0
         retryable = _RETRYABLE | {"timeout"} if connection.config.retry_on_timeout else _RETRYABLE
         while True:
-            result = await self._attempt(entry, args, timeout)
+            result = await self._attempt(entry, args, timeout, connection)
+            if instance is not None:
+                result.text = entry.connection.relative(instance, result.text)
+                result.structured = entry.connection.relative(instance, result.structured)
             if result.error_kind not in retryable or retries >= self.config.max_retries:
                 return self._finish(entry, start, result, retries)
             retries += 1
@@ -203,9 +211,11 @@ class SharedToolManager:
             delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (retries - 1))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
-    async def _attempt(self, entry: _Tool, args: dict, timeout: float) -> ToolResult:
+    async def _attempt(
+        self, entry: RegisteredTool, args: dict, timeout: float, connection: ServerConnection
+    ) -> ToolResult:
         """One try: the server's answer, or a timeout / transport / circuit_open error result."""
-        connection, spec = entry.connection, entry.spec
+        spec = entry.spec
         breaker = connection.breaker
         if not breaker.allow():
             return _error(
@@ -221,6 +231,17 @@ class SharedToolManager:
             breaker.release()
             self._counts["tools/timeouts"] += 1
             return _error(f"tool {spec.name} timed out: {exc}", "timeout")
+        except RequestNotSent as exc:
+            breaker.release()  # the server never saw it: no sign of its health either way
+            return _error(f"invalid arguments for {spec.name}: {exc}", "invalid_arguments")
+        except ResultTooLarge as exc:
+            breaker.record_success()  # it answered; the answer was too big to take
+            return _error(
+                f"tool {spec.name} returned {exc.size} bytes, over the limit of "
+                f"{self.config.max_result_bytes} bytes (tools.max_result_bytes); "
+                "ask it for less output",
+                "result_too_large",
+            )
         except TransportFailure as exc:
             self._counts["tools/transport_failures"] += 1
             cause = await self._recover(connection, generation, str(exc))
@@ -257,6 +278,50 @@ class SharedToolManager:
         breaker.release()
         return cause
 
+    # -- per-episode state ------------------------------------------------------------------------
+
+    def stateful_servers(self) -> list[str]:
+        """Servers with `state:`: pools of instances leased by episode."""
+        return sorted(name for name, c in self._connections.items() if isinstance(c, StatePool))
+
+    async def start_episode(self, episode_id: str, servers: Iterable[str] | None = None) -> None:
+        """Lease `episode_id` an instance of each stateful server in `servers` (default: all), in
+        name order, so that episodes leasing several pools never wait on each other in a circle.
+        Raises LeaseError when none becomes free within the server's `state.lease_timeout`."""
+        wanted = set(self.stateful_servers() if servers is None else servers)
+        for name in sorted(wanted & set(self.stateful_servers())):
+            await self._connections[name].lease(episode_id)
+
+    async def end_episode(self, episode_id: str) -> None:
+        """Give back `episode_id`'s instances (each returns to its fixture before its next
+        lease); idempotent. The release itself never waits, so a cancelled caller cannot keep one."""
+        for connection in self._connections.values():
+            if isinstance(connection, StatePool):
+                connection.release(episode_id)
+
+    async def _episode_instance(self, pool: StatePool, episode_id: str | None) -> StateInstance | ToolResult:
+        """The episode's instance of `pool` (leased now if need be), or an error result."""
+        if episode_id is None:
+            return _error(
+                f"server {pool.name!r} keeps per-episode state (tools.servers.{pool.name}.state): "
+                "its tools are called with an episode id",
+                "no_episode",
+            )
+        try:
+            return await pool.lease(episode_id)
+        except LeaseError as exc:
+            return _error(str(exc), "lease")
+
+    def _not_allowed(self, name: Any) -> ToolResult | None:
+        refused = self._refused.get(name) if isinstance(name, str) else None
+        if refused is None:
+            return None
+        return _error(
+            f"tool {name!r} of server {refused.server!r} is not allowed "
+            f"(tools.servers.{refused.server}: {refused.reason})",
+            "unknown_tool",
+        )
+
     def _unknown(self, name: Any) -> ToolResult:
         known = sorted(self._tools)
         text = f"unknown tool {name!r}; available tools: {', '.join(known) or 'none'}"
@@ -266,7 +331,7 @@ class SharedToolManager:
         return _error(text, "unknown_tool")
 
     def _finish(
-        self, entry: _Tool | None, start: float, result: ToolResult, retries: int
+        self, entry: RegisteredTool | None, start: float, result: ToolResult, retries: int
     ) -> ToolResult:
         result.latency_s = time.perf_counter() - start
         result.retries = retries

@@ -2,7 +2,7 @@
 to a chat of {"role", "content"} messages).
 
 - `openai` (here): any OpenAI-compatible endpoint, through the small httpx client τ²'s user
-  backend uses (environments/tau2/endpoint.py); a missing key variable is an error naming it.
+  backend uses (environments/endpoint.py); a missing key variable is an error naming it.
 - `local`: a causal LM on this machine through our own engine; it lives in grpo
   (grpo/rollout/judge_model.py) and registers itself with `register_judge_model`, since
   environments never import grpo.
@@ -15,8 +15,8 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from environments.endpoint import OpenAIEndpoint
 from environments.judge.config import JudgeConfig
-from environments.tau2.endpoint import OpenAIEndpoint
 
 
 class JudgeModel(ABC):

@@ -1,27 +1,30 @@
 """`MCPToolEnvironment` (registry id `mcp_tool`): a multi-turn episode over real MCP tools.
 
-`reset(task)` renders the system prompt (environments/mcp_tool/prompt.py) and worked examples as
-chat turns (environments/mcp_tool/examples.py) before the task's messages. With compact prompts the
-system prompt lists the tools from the manager as signatures and teaches a call format; with
-native prompts (`tool_prompt: native`) the tools' JSON schemas are in `chat_tools`, for the
-model's own chat template to render (`tools=`), the examples are structured tool calls, and each
-tool result carries its call's id. Each
-`step(assistant_text)` parses the tool calls (environments/toolcalls/), runs them through the
-`SharedToolManager` (concurrently, at most `max_calls_per_turn`), and returns one
-`{"role": "tool"}` observation per call plus one per unreadable piece of markup.
+`reset(task)` leases the episode's instances of stateful servers (tools/state.py), runs the task's
+hidden setup calls, and renders the system prompt (environments/mcp_tool/prompt.py) with the
+tools it shows (all, or the task's own plus distractors: environments/mcp_tool/exposure.py) and
+worked examples as chat turns (environments/mcp_tool/examples.py) before the task's messages.
+With compact prompts the system prompt lists the shown tools as signatures and teaches a call
+format; with native prompts (`tool_prompt: native`) their JSON schemas are in `chat_tools`, for
+the model's own chat template to render (`tools=`), the examples are structured tool calls, and
+each tool result carries its call's id. Each `step(assistant_text)` parses the tool calls
+(environments/toolcalls/), runs them through the `SharedToolManager` (concurrently, at most
+`max_calls_per_turn`), and returns one `{"role": "tool"}` observation per call plus one per
+unreadable piece of markup.
 
 The episode ends on a final answer (`<answer>`, "Final answer:"), when a turn has no tool-call
 markup at all (its text is then the answer candidate; an empty turn ends it with no answer), or
 after `max_turns` assistant turns. It is then scored by environments.rewards (reading the final
-server state first when the task checks it, and asking the LLM judge when `judge` is a method:
+server state and making the end-state checks first when the task has them:
+environments/mcp_tool/final_reads.py, and asking the LLM judge when `judge` is a method:
 environments/judge/); the reward arrives on the last step only.
-`close()` calls the cleanup tool (kv `reset`) for this episode on every server it touched.
+`close()` calls the cleanup tool (kv `reset`) for this episode on every server it touched and
+gives back its instances of stateful servers, also when the episode failed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from typing import TYPE_CHECKING, Any
@@ -29,18 +32,13 @@ from typing import TYPE_CHECKING, Any
 from environments.base import Message, StepResult
 from environments.config import EnvironmentConfig
 from environments.judge.judge import Judge, judge_episode
-from environments.mcp_tool.examples import calculator_examples, find_calculator
-from environments.mcp_tool.prompt import (
-    NATIVE_SYSTEM,
-    call_id,
-    example_turns,
-    native_example_turns,
-    render_system_prompt,
-    tool_schemas,
-)
+from environments.mcp_tool.examples import episode_examples
+from environments.mcp_tool.exposure import exposed_specs, public_specs, spec_of
+from environments.mcp_tool.final_reads import read_state, run_checks
+from environments.mcp_tool.prompt import call_id, opening_prompt
 from environments.rewards import CallRecord, Episode, RewardBreakdown, score
 from environments.tasks.schema import Task
-from environments.toolcalls import ToolCall, accepted_formats, format_tool_call, parse_tool_calls
+from environments.toolcalls import ToolCall, accepted_formats, parse_tool_calls
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
@@ -83,43 +81,36 @@ class MCPToolEnvironment:
         self.done, self.done_reason, self.breakdown = False, None, None
         self.empty_turns = self.truncated_turns = 0
         self._all_specs = list(self.tools.tool_specs())
-        # The state and cleanup tools serve the reward check and close(), not the model: a policy
-        # that could call them could wipe or read the very state it is scored on.
-        internal = {self.config.state_tool, self.config.cleanup_tool} - {None}
-        self._specs = [spec for spec in self._all_specs if spec.tool not in internal]
+        self._specs = exposed_specs(self.task, public_specs(self._all_specs, self.config), self.config.tools)
         self._by_name = self._name_table(self._specs)
         gt = self.task.reward_spec.ground_truth
         self.max_turns = gt.max_turns or self.config.max_turns.get(gt.complexity) or max(
             self.config.max_turns.values(), default=5)
 
+        await self.tools.start_episode(self.episode_id, self._servers_of_task())
         await self._run_setup()
-        examples = []
-        if self.config.one_shot_example:
-            examples = self.task.examples or await calculator_examples(
-                self.task, self._specs, self.tools, self.config.tool_timeout)
-        if self.config.tool_prompt == "native":
-            system, turns = NATIVE_SYSTEM, native_example_turns(examples, self._exposed_name)
-            self.chat_tools = tool_schemas(self._specs)
-        else:
-            calculator = find_calculator(self._specs)
-            example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, self.config.call_format)
-                            if calculator is not None else None)
-            system = render_system_prompt(self._specs, self.config.call_format, example_call)
-            turns = example_turns(examples, self.config.call_format, self._exposed_name)
-        task_messages = self.task.messages()
-        if task_messages[0]["role"] == "system":
-            system += "\n\n" + task_messages.pop(0)["content"]
-        messages = [{"role": "system", "content": system}, *turns, *task_messages]
+        examples = await episode_examples(self.task, self._specs, self.tools, self.config)
+        opening = opening_prompt(self.task, self._specs, examples, self.config)
+        self.chat_tools = opening.chat_tools
+        messages = opening.messages
         self.episode.messages = list(messages)
         self._opening = len(messages)
         return messages
+
+    def _servers_of_task(self) -> set[str]:
+        """Every server the episode may use: the tools shown, the setup calls, the state read and
+        the end-state checks (stateful ones are leased together, before the first call)."""
+        success = self.task.reward_spec.ground_truth.success
+        steps = [spec_of(step.tool, step.server, self._all_specs) for step in self.task.setup]
+        return ({spec.server for spec in self._specs} | {spec.server for spec in steps if spec is not None}
+                | set(success.state) | {check.server for check in success.checks})
 
     async def _run_setup(self) -> None:
         """The task's initial state: its setup calls, with this episode's id, unseen by the model.
         A failed setup call raises (the collector retries the episode, then excludes its group):
         an episode on a wrong initial state would be scored against the wrong truth."""
         for step in self.task.setup:
-            spec = self._spec_of(step.tool, step.server, self._all_specs)
+            spec = spec_of(step.tool, step.server, self._all_specs)
             if spec is None:
                 raise RuntimeError(f"task {self.task.task_id}: setup tool {step.server or ''}.{step.tool} "
                                    "is not offered by any configured server")
@@ -129,14 +120,6 @@ class MCPToolEnvironment:
             if result.is_error:
                 raise RuntimeError(f"task {self.task.task_id}: setup call {spec.name}({step.params}) "
                                    f"failed: {result.text}")
-
-    @staticmethod
-    def _spec_of(tool: str, server: str | None, specs: list[ToolSpec]) -> ToolSpec | None:
-        return next((s for s in specs if s.tool == tool and server in (None, s.server)), None)
-
-    def _exposed_name(self, tool: str, server: str | None) -> str:
-        spec = self._spec_of(tool, server, self._specs)
-        return spec.name if spec is not None else tool
 
     @staticmethod
     def _name_table(specs: list[ToolSpec]) -> dict[str, ToolSpec]:
@@ -213,7 +196,7 @@ class MCPToolEnvironment:
 
     async def _finish(self, observations: list[Message], reason: str) -> StepResult:
         self.done, self.done_reason = True, reason
-        await self._read_state()
+        await self._final_reads()
         verdict = pending = None
         if "judge" in self.task.reward_spec.method:  # a RewardError here excludes the group
             verdict, pending = await judge_episode(self.task, self.episode.messages[self._opening:],
@@ -254,25 +237,17 @@ class MCPToolEnvironment:
             status = "invalid" if result.error_kind in INVALID_ERROR_KINDS else "tool_error"
             content = "Error: " + _SDK_ERROR_PREFIX.sub("", result.text)
         record = CallRecord(call.name, call.arguments, status, tool=spec.tool, exposed_name=spec.name,
-                            server=spec.server, result=result.text, turn=turn)
+                            server=spec.server, result=result.text, turn=turn, structured=result.structured)
         return record, {"role": "tool", "name": spec.name, "content": content}
 
-    async def _read_state(self) -> None:
-        """The final state of each server the task's state check names, via its state tool."""
-        for server in self.task.reward_spec.ground_truth.success.state:
-            spec = next((s for s in self._all_specs if s.server == server and s.tool == self.config.state_tool), None)
-            if spec is None:
-                log.warning("episode %s: server %r has no %r tool; its state reads as empty",
-                            self.episode_id, server, self.config.state_tool)
-                continue
-            self._servers_used.add(server)
-            result = await self.tools.call_tool(spec.name, {}, timeout=self.config.tool_timeout,
-                                                episode_id=self.episode_id)
-            state = _state_of(result) if not result.is_error else None
-            if state is None:
-                log.warning("episode %s: reading the state of %r failed: %s", self.episode_id, server, result.text)
-                continue
-            self.episode.state[server] = state
+    async def _final_reads(self) -> None:
+        """The final state and the end-state checks the task scores, read on this episode's state."""
+        success = self.task.reward_spec.ground_truth.success
+        self._servers_used.update(success.state)
+        self.episode.state = await read_state(self.tools, self._all_specs, list(success.state), self.config.state_tool,
+                                              self.episode_id, self.config.tool_timeout)
+        self.episode.check_results = await run_checks(self.tools, self._all_specs, success.checks, self.episode_id,
+                                                      self.config.tool_timeout, self.task.task_id)
 
     def _info(self) -> dict[str, Any]:
         episode = self.episode
@@ -297,6 +272,8 @@ class MCPToolEnvironment:
                 "success": self.breakdown.success,
                 "checks": dict(self.breakdown.checks),
                 "state": episode.state,
+                "state_checks": [{"tool": c.exposed_name, "params": c.arguments, "status": c.status,
+                                  "result": c.result[:200]} for c in episode.check_results],
                 "calls": [{"name": c.name, "server": c.server, "tool": c.tool, "status": c.status, "turn": c.turn}
                           for c in episode.calls],
             })
@@ -309,6 +286,12 @@ class MCPToolEnvironment:
         if self._closed:
             return
         self._closed = True
+        try:
+            await self._clean_up()
+        finally:
+            await self.tools.end_episode(self.episode_id)
+
+    async def _clean_up(self) -> None:
         tool = self.config.cleanup_tool
         if not tool:
             return
@@ -327,19 +310,3 @@ _SDK_ERROR_PREFIX = re.compile(r"^(?:Error executing tool [^:]*:|Error:)\s*", re
 
 INVALID_ERROR_KINDS = frozenset({"invalid_arguments", "unknown_tool"})
 """Manager error kinds that mean the call never reached a tool (the model's mistake)."""
-
-
-def _state_of(result: Any) -> dict | None:
-    """The `state` object of a state-tool result: structured content, or its text as JSON."""
-    candidates: list[Any] = []
-    if isinstance(result.structured, dict):
-        candidates += [result.structured, result.structured.get("result")]
-    try:
-        candidates.append(json.loads(result.text))
-    except (TypeError, ValueError):
-        pass
-    for candidate in candidates:
-        if isinstance(candidate, dict) and isinstance(candidate.get("state"), dict):
-            return candidate["state"]
-    return None
-

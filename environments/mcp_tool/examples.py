@@ -25,6 +25,7 @@ from environments.tasks.schema import (
 )
 
 if TYPE_CHECKING:
+    from environments.config import EnvironmentConfig
     from tools.manager import SharedToolManager, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,15 @@ def find_calculator(specs: Sequence[ToolSpec]) -> ToolSpec | None:
         if list(properties) == ["expression"]:
             return spec
     return None
+
+
+async def episode_examples(task: Task, specs: Sequence[ToolSpec], tools: SharedToolManager,
+                           config: EnvironmentConfig) -> list[WorkedExample]:
+    """The worked examples an episode shows: the task's own, else the calculator pair when the
+    shown tools have a calculator; none with `one_shot_example` off."""
+    if not config.one_shot_example:
+        return []
+    return task.examples or await calculator_examples(task, specs, tools, config.tool_timeout)
 
 
 async def calculator_examples(task: Task, specs: Sequence[ToolSpec], tools: SharedToolManager,

@@ -12,9 +12,12 @@ tokenizer's template supports."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from environments.base import Message
+from environments.mcp_tool.examples import find_calculator
+from environments.mcp_tool.exposure import spec_of
 from environments.toolcalls import format_tool_call, resolve_format
 from environments.toolcalls.templates import (
     NATIVE_MARKERS,
@@ -26,7 +29,7 @@ from tools.schema import signature
 
 if TYPE_CHECKING:
     from environments.config import EnvironmentConfig
-    from environments.tasks.schema import WorkedExample
+    from environments.tasks.schema import Task, WorkedExample
     from tools.manager import ToolSpec
 
 
@@ -109,6 +112,49 @@ def native_example_turns(examples: Sequence[WorkedExample],
                       {"role": "tool", "tool_call_id": cid, "name": name, "content": step.result}]
         turns.append({"role": "assistant", "content": f"<answer>{example.answer}</answer>"})
     return turns
+
+
+@dataclass
+class OpeningPrompt:
+    """An episode's opening messages in their three parts (the prompt budget measures each)."""
+
+    system: Message
+    """The system message: how to call tools and the tools (compact), or NATIVE_SYSTEM; a system
+    message of the task's own is appended to it."""
+    examples: list[Message]
+    """The worked examples as chat turns."""
+    task: list[Message]
+    """The task's own messages."""
+    chat_tools: list[dict] | None
+    """Native prompts: the tools' JSON schemas for the template's `tools=`."""
+
+    @property
+    def messages(self) -> list[Message]:
+        return [self.system, *self.examples, *self.task]
+
+
+def opening_prompt(task: Task, specs: Sequence[ToolSpec], examples: Sequence[WorkedExample],
+                   config: EnvironmentConfig) -> OpeningPrompt:
+    """The opening of an episode of `task` showing the tools `specs` (config's tool prompt and
+    call format already resolved for the tokenizer)."""
+    def exposed(tool: str, server: str | None) -> str:
+        spec = spec_of(tool, server, specs)
+        return spec.name if spec is not None else tool
+
+    chat_tools = None
+    if config.tool_prompt == "native":
+        system, turns = NATIVE_SYSTEM, native_example_turns(examples, exposed)
+        chat_tools = tool_schemas(specs)
+    else:
+        calculator = find_calculator(specs)
+        example_call = (format_tool_call(calculator.name, {"expression": "2 + 2"}, config.call_format)
+                        if calculator is not None else None)
+        system = render_system_prompt(specs, config.call_format, example_call)
+        turns = example_turns(examples, config.call_format, exposed)
+    task_messages = task.messages()
+    if task_messages[0]["role"] == "system":
+        system += "\n\n" + task_messages.pop(0)["content"]
+    return OpeningPrompt({"role": "system", "content": system}, turns, task_messages, chat_tools)
 
 
 def resolve_tool_prompt(config: EnvironmentConfig, tokenizer) -> tuple[EnvironmentConfig, str]:

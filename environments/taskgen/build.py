@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
-from environments.taskgen.catalog import ToolProfile, build_catalog
+from environments.taskgen.catalog import ToolProfile, build_catalog, release_episode
 from environments.taskgen.compose import ChainPlan, Template, enumerate_templates, plan_chain
+from environments.taskgen.drafts import dig, parse_result
 from environments.tasks.schema import complexity_for, task_record
 
 if TYPE_CHECKING:
@@ -75,10 +76,8 @@ async def run_chain(tools: SharedToolManager, plan: ChainPlan, timeout: float | 
         numbers = [i for i, s in enumerate(plan.steps, start=1) if s.token != "S"]
         return {"calls": calls, "answer": _value(results[numbers[-1]]), "state": dict(state)}
     finally:
-        for server in {p.spec.server for p, _ in plan.setup} | {s.profile.spec.server for s in plan.steps}:
-            cleanup = next((s for s in tools.tool_specs() if s.server == server and s.tool == "reset"), None)
-            if cleanup is not None:
-                await tools.call_tool(cleanup.name, {}, timeout=timeout, episode_id=episode)
+        await release_episode(tools, episode, {p.spec.server for p, _ in plan.setup}
+                              | {s.profile.spec.server for s in plan.steps}, timeout)
 
 
 def to_record(plan: ChainPlan, gold: dict[str, Any], task_id: str, split: str) -> dict[str, Any]:
@@ -121,6 +120,10 @@ def _edit_distance(a: Sequence, b: Sequence) -> int:
     return row[-1]
 
 
+def _servers(record: dict) -> set[str]:
+    return {step["server"] for step in record["reward_spec"]["ground_truth"]["tool_sequence"]}
+
+
 def attach_examples(records: list[dict], per_task: int, seed: int) -> None:
     """Give every record `per_task` worked examples: gold chains of training tasks of its own
     template (other questions), or of the nearest training templates (edit distance over steps)
@@ -136,7 +139,11 @@ def attach_examples(records: list[dict], per_task: int, seed: int) -> None:
         steps = record["extra_info"]["template"].split(">")
         chosen: list[dict] = []
         # Nearest templates first (the task's own, at distance 0); within a template, a seeded draw.
-        for name in sorted(names, key=lambda n: (_edit_distance(steps, n.split(">")), n)):
+        # Templates sharing a server with the task first: an example only of other servers' tools
+        # teaches nothing about this one.
+        own = _servers(record)
+        for name in sorted(names, key=lambda n: (not own & _servers(train_by_template[n][0]),
+                                                 _edit_distance(steps, n.split(">")), n)):
             candidates = [r for r in train_by_template[name] if r["prompt"][-1]["content"] != question]
             for candidate in rng.sample(candidates, min(len(candidates), per_task - len(chosen))):
                 chosen.append(example_of(candidate))
@@ -150,7 +157,15 @@ def example_of(record: dict) -> dict:
     gt = record["reward_spec"]["ground_truth"]
     steps = [{"tool": s["tool"], "server": s["server"], "params": s["params"], "result": r}
              for s, r in zip(gt["tool_sequence"], record["extra_info"]["results"])]
-    answer = gt["success"]["answer"]
+    success = gt["success"]
+    if "answer" in success:
+        answer = success["answer"]
+    elif success.get("answer_from"):
+        # The example shows what its own recorded call returned, as an episode's answer would.
+        source = success["answer_from"]
+        answer = dig(parse_result(steps[source["step"] - 1]["result"]), source.get("field"))
+    else:
+        answer = "Done."
     return {"question": record["prompt"][-1]["content"], "steps": steps,
             "answer": answer if isinstance(answer, str) else json.dumps(answer)}
 
@@ -184,12 +199,14 @@ async def _plan_tasks(tools, templates: Sequence[Template], count: int, profiles
 
 async def generate(tools: SharedToolManager, *, servers: Sequence[str] | None, num: int, max_steps: int,
                    seed: int = 0, digits: int = 2, novel_fraction: float = 0.2, eval_tasks: int = 40,
-                   novel_tasks: int = 40, examples: int = 2, timeout: float | None = None
-                   ) -> tuple[list[dict], list[Template], list[ToolProfile]]:
+                   novel_tasks: int = 40, examples: int = 2, timeout: float | None = None,
+                   profiles: list[ToolProfile] | None = None) -> tuple[list[dict], list[Template], list[ToolProfile]]:
     """`num` training records over the training templates, `eval_tasks` held-out ones over their
     multi-step templates (new questions) and `novel_tasks` over the held-out templates (see the
-    module doc); returns the records, the templates and the tool catalog."""
-    profiles = await build_catalog(tools, servers, timeout=timeout)
+    module doc); returns the records, the templates and the tool catalog (`profiles`: one built
+    already)."""
+    if profiles is None:
+        profiles = await build_catalog(tools, servers, timeout=timeout)
     templates = enumerate_templates(profiles, max_steps)
     if not templates:
         raise ChainError(f"the tools of {servers or 'the configured servers'} make no chain: need a compute "

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+
+from environments.taskgen.safety import judge
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
@@ -78,14 +80,33 @@ def _summary(description: str) -> str:
     return first[:80].rstrip(". ")
 
 
+_OPERATION = {"+": ("add {operand} to {it}", "add {left} and {right}"),
+              "-": ("subtract {operand} from {it}", "subtract {right} from {left}"),
+              "*": ("multiply {it} by {operand}", "multiply {left} by {right}")}
+"""What each operator does, in words: a request names the operation, never leaves it to guess."""
+
+
 def generic_phrases(profile: ToolProfile) -> Phrases:
-    """A sentence per kind from the tool's name and description (servers without PHRASES)."""
+    """A sentence per kind from the tool's name and description (servers without PHRASES).
+
+    An expression tool is told the operation in words ("use it to subtract 27 from the result");
+    a tool of numbers does one operation itself, so the sentence says which number goes into
+    which argument."""
     what = f'the {profile.spec.name} tool ({_summary(profile.spec.description)})' if profile.spec.description \
         else f"the {profile.spec.name} tool"
+    names = list(profile.roles)
+    if profile.kind == "compute" and profile.roles[names[0]] == "expression":
+        chain = {op: f"Use {what} to {words[0]}." for op, words in _OPERATION.items()}
+        pair = {op: f"Use {what} to {words[1]}." for op, words in _OPERATION.items()}
+    else:
+        second = f" and {names[1]} = {{operand}}" if len(names) > 1 else ""
+        chain = {op: f"Use {what} with {names[0]} = {{it}}{second}." for op in _OPERATION}
+        pair = {op: f"Use {what} with {names[0]} = {{left}} and {names[-1]} = {{right}}." for op in _OPERATION}
     return Phrases(
-        first=f"Use {what} with {{args}}.",
-        chain={op: f"Use {what} on {{it}} and {{operand}}." for op in "+-*"},
-        pair={op: f"Use {what} on {{left}} and {{right}}." for op in "+-*"},
+        first=f"Use {what} with {{args}}." if profile.kind != "compute" or profile.roles[names[0]] != "expression"
+        else f"Use {what} to compute {{expression}}.",
+        chain=chain,
+        pair=pair,
         step=(f'Use {what} to save {{it}} under "{{key}}".' if profile.kind == "store"
               else f'Use {what} to read "{{key}}".'),
     )
@@ -129,11 +150,14 @@ def _is_number(text: str) -> bool:
 
 async def build_catalog(tools: SharedToolManager, servers: Iterable[str] | None = None,
                         hidden: Iterable[str] = ("dump", "reset"),
-                        timeout: float | None = None) -> list[ToolProfile]:
+                        timeout: float | None = None, allow: Sequence[str] = ()) -> list[ToolProfile]:
     """The tools of `servers` (all when None) a chain can use, each kind confirmed by a probe
-    call on the real server (see the module doc); tools named in `hidden` are never used."""
+    call on the real server (see the module doc); tools named in `hidden` are never used, and a
+    tool the safety policy does not allow (environments/taskgen/safety.py: not read-only, and no
+    disposable state) is never probed."""
     wanted = None if servers is None else set(servers)
-    specs = [s for s in tools.tool_specs() if (wanted is None or s.server in wanted) and s.tool not in set(hidden)]
+    specs = [s for s in tools.tool_specs() if (wanted is None or s.server in wanted) and s.tool not in set(hidden)
+             and judge(s, tools.config, allow).callable]
     episode = f"taskgen-probe-{uuid.uuid4().hex[:8]}"
     profiles: list[ToolProfile] = []
     stores: list[ToolSpec] = []
@@ -155,14 +179,24 @@ async def build_catalog(tools: SharedToolManager, servers: Iterable[str] | None 
                 stores.append(spec)
     for spec in specs:
         roles = _roles(spec)
-        if _candidate_kind(roles) != "load" or not stores:
+        # Only a server that stores has something to load; a key-only tool elsewhere may delete.
+        if _candidate_kind(roles) != "load" or spec.server not in {s.server for s in stores}:
             continue
         key = next(iter(roles))
         result = await tools.call_tool(spec.name, {key: "taskgen_probe"}, timeout=timeout, episode_id=episode)
         if not result.is_error and str(_PROBE_VALUE) in result.text and spec.server in {s.server for s in stores}:
             profiles.append(ToolProfile(spec, "load", roles))
-    for server in {s.server for s in stores}:
-        cleanup = next((s for s in tools.tool_specs() if s.server == server and s.tool == "reset"), None)
-        if cleanup is not None:
-            await tools.call_tool(cleanup.name, {}, timeout=timeout, episode_id=episode)
+    await release_episode(tools, episode, {s.server for s in stores}, timeout, allow)
     return profiles
+
+
+async def release_episode(tools: SharedToolManager, episode: str, servers: Iterable[str], timeout: float | None,
+                          allow: Sequence[str] = ()) -> None:
+    """Give back a generation episode: pooled state through the manager, and on servers that keep
+    state per episode id their own `reset` of that episode (called only where the safety policy
+    allows it: there, it empties that episode's disposable state and nothing else)."""
+    await tools.end_episode(episode)
+    for server in servers:
+        cleanup = next((s for s in tools.tool_specs() if s.server == server and s.tool == "reset"), None)
+        if cleanup is not None and cleanup.episode_scoped and judge(cleanup, tools.config, allow).callable:
+            await tools.call_tool(cleanup.name, {}, timeout=timeout, episode_id=episode)

@@ -92,8 +92,9 @@ MAX_REPORTED = 20
 """Bad records listed in one error; the rest are counted."""
 
 
-class _BadRecords:
-    """The problems of one file, each `<file> line N: field: what is wrong`, raised together."""
+class BadRecords:
+    """The problems of one file (or one check), each `<file> line N: field: what is wrong`,
+    raised together."""
 
     def __init__(self, name: str):
         self.name = name
@@ -176,44 +177,70 @@ def _read_records(path: Path) -> Iterable[tuple[Any, str, str | None]]:
         raise TaskDataError(f"{name}: unknown task file type {suffix!r}; use .json, .jsonl or .parquet")
 
 
-def env_class_problem(task: Task) -> str | None:
+def env_class_problem(env_class: Any) -> str | None:
     """What is wrong with a task's `env_class` (not a registered environment), or None."""
     registered = registered_ids()
-    if task.env_class in registered:
+    if env_class in registered:
         return None
-    return (f"env_class: got {task.env_class!r}; registered: {', '.join(registered) or 'none'} "
+    return (f"env_class: got {env_class!r}; registered: {', '.join(registered) or 'none'} "
             "(or set environment.env_class for every task)")
 
 
+def _declared_task_id(record: Any) -> str | None:
+    """The task id a record declares, read without validating it (None where it declares none):
+    a duplicate id is named even in a record that has other errors."""
+    if not isinstance(record, dict):
+        return None
+    if "reward_spec" not in record:
+        return str(record["task_id"]) if record.get("task_id") else None
+    spec = record["reward_spec"]
+    truth = spec.get("ground_truth") if isinstance(spec, dict) else None
+    task_id = truth.get("task_id") if isinstance(truth, dict) else None
+    return task_id if isinstance(task_id, str) and task_id else None
+
+
+def _record_problems(record: Any, where: str, env_class: str | None,
+                     seen: dict[str, str]) -> tuple[Task | None, list[str]]:
+    """A record's task and all of its problems at once: its fields, its `env_class` (unless the
+    config's `env_class` overrides it) and an id used before (`seen`: id -> where, updated)."""
+    task, problems = Task.check_record(record)
+    if env_class is None:
+        declared = task.env_class if task is not None else (
+            record.get("env_class", "mcp_tool") if isinstance(record, dict) else None)
+        wrong_env = None if declared is None else env_class_problem(declared)
+        if wrong_env is not None:
+            problems.append(wrong_env)
+    task_id = task.task_id if task is not None else _declared_task_id(record)
+    if task_id is not None and task_id in seen:
+        problems.append(f"reward_spec.ground_truth.task_id: {task_id!r} is already used at {seen[task_id]}")
+    elif task_id is not None:
+        seen[task_id] = where
+    return (None, problems) if problems else (task.with_origin(where), [])
+
+
 def load_file(path: str | Path, env_class: str | None = None) -> list[Task]:
-    """The tasks of a .jsonl, .json or .parquet file; every bad record in one TaskDataError.
-    `env_class`: the config's `environment.env_class` (null: each task's own must be registered)."""
+    """The tasks of a .jsonl, .json or .parquet file; every bad record in one TaskDataError, each
+    with all of its problems. `env_class`: the config's `environment.env_class` (null: each task's
+    own must be registered)."""
     path = Path(path)
+    if path.is_dir():
+        raise TaskDataError(f"task file {str(path)!r} is a directory; give a .jsonl, .json or .parquet file of "
+                            "task records")
     if not path.is_file():
         raise TaskDataError(f"task file {str(path)!r} does not exist")
     tasks: list[Task] = []
     seen: dict[str, str] = {}
-    bad = _BadRecords(str(path))
+    bad = BadRecords(str(path))
     try:
         for record, where, problem in _read_records(path):
             if problem is not None:
                 bad.add(problem)
                 continue
-            try:
-                task = Task.from_record(record, where)
-            except TaskDataError as exc:
-                bad.add(str(exc))
-                continue
-            if task.task_id in seen:
-                bad.add(f"{where}: reward_spec.ground_truth.task_id: {task.task_id!r} is already used at "
-                        f"{seen[task.task_id]}")
-                continue
-            seen[task.task_id] = where
-            wrong_env = None if env_class is not None else env_class_problem(task)
-            if wrong_env is not None:
-                bad.add(f"{where}: {wrong_env}")
-                continue
-            tasks.append(task)
+            task, problems = _record_problems(record, where, env_class, seen)
+            if problems:
+                bad.add(f"{where}: " + "\n  ".join(problems))
+            else:
+                tasks.append(task)
     except OSError as exc:  # unreadable (permissions, a device error): name the file, not a traceback
         raise TaskDataError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     bad.raise_if_any()
@@ -283,7 +310,8 @@ def generate_tasks(
         questions.add(key)
         task_id = f"{label}-{split}-s{seed}-{len(tasks):05d}"
         gt = task.reward_spec.ground_truth.model_copy(update={"task_id": task_id})
-        tasks.append(task.model_copy(update={"reward_spec": task.reward_spec.model_copy(update={"ground_truth": gt})}))
+        task = task.model_copy(update={"reward_spec": task.reward_spec.model_copy(update={"ground_truth": gt})})
+        tasks.append(task.with_origin(f"generator {name!r} task {task_id!r}"))
     return tasks
 
 
@@ -306,9 +334,9 @@ def load_tasks(source: DatasetSource, split: str = "train", exclude_questions: I
                                frozenset(exclude_questions))
     where = source.path or f"generator {source.generator!r}"
     if env_class is None and (prefix is not None or source.path is None):
-        bad = _BadRecords(where)
+        bad = BadRecords(where)
         for task in tasks:
-            problem = env_class_problem(task)
+            problem = env_class_problem(task.env_class)
             if problem is not None:
                 bad.add(f"{where}: task {task.task_id!r}: {problem}")
         bad.raise_if_any()

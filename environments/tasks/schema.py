@@ -15,9 +15,13 @@ A record (one line of a .jsonl file, one item of a .json list, one row of a .par
    "rubric": "Full marks when ...",                # optional: what method `judge` scores
    "ground_truth": {
      "task_id": "calc-00001",
-     "complexity": "easy",                         # easy | medium | hard
+     "complexity": "easy",                         # optional: easy | medium | hard (else by the
+                                                   # number of tool_sequence steps)
      "max_turns": 3,                               # optional; else by complexity
-     "success": {"answer": 476216, "must_call_tool": true, "state": {"kv": {"total": 476216}}},
+     "success": {"answer": 476216, "must_call_tool": true, "state": {"kv": {"total": 476216}},
+                 "checks": [{"server": "fs", "tool": "read_text_file", "params": {"path": "a.txt"},
+                             "expect": "hello", "match": "equals"}],      # optional: end state
+                 "answer_from": {"step": 1, "field": null}},             # instead of `answer`
      "tool_sequence": [{"step": 1, "server": "calculator", "tool": "calculate",
                         "params": {"expression": "964 * 494"}}],
      "limits": {"max_tool_calls": 4, "max_servers": 1}}},
@@ -37,7 +41,14 @@ import hashlib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from environments.tasks.success import AnswerFrom, StateCheck, SuccessCriteria
+from environments.tasks.success import Strict as _Strict
+
+__all__ = ["COMPONENTS", "AnswerFrom", "ExampleStep", "GroundTruth", "Limits", "PromptMessage", "RewardSpec",
+           "StateCheck", "SuccessCriteria", "Task", "TaskDataError", "ToolStep", "WorkedExample", "complexity_for",
+           "describe_error", "normalize_question", "question_key", "short_form_record", "task_record"]
 
 COMPONENTS: tuple[str, ...] = ("final_answer", "must_call_tool", "tool_sequence", "limits", "state", "process",
                                "success", "judge")
@@ -53,57 +64,6 @@ class TaskDataError(ValueError):
 def complexity_for(calls: int) -> Complexity:
     """The complexity label of a task that takes `calls` tool calls: 1 easy, 2-3 medium, more hard."""
     return "easy" if calls <= 1 else "medium" if calls <= 3 else "hard"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, use_attribute_docstrings=True)
-
-
-def _is_answer_scalar(value: Any) -> bool:
-    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
-
-
-class SuccessCriteria(_Strict):
-    """What must hold for the episode to count as a success (every criterion given)."""
-
-    answer: Any = None
-    """The correct final answer: a number, a string, or a list of accepted answers."""
-    answer_type: Literal["auto", "number", "string"] = "auto"
-    """`auto`: numeric comparison when the answer is a number or a numeric string."""
-    tolerance: float = Field(default=1e-6, ge=0.0)
-    """Absolute tolerance of numeric answers."""
-    rel_tolerance: float = Field(default=0.0, ge=0.0)
-    """Relative tolerance of numeric answers (the larger of the two applies)."""
-    must_call_tool: bool | list[str] = False
-    """Tools that must be called without error at least once; `true`: the tools of
-    `tool_sequence` (any tool when it is empty)."""
-    state: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Expected final state by server name, e.g. `{"kv": {"total": 42}}` (read by the
-    environment at the end of the episode)."""
-
-    @field_validator("answer", mode="before")
-    @classmethod
-    def _check_answer(cls, value: Any) -> Any:
-        if value is None or _is_answer_scalar(value):
-            return value
-        if isinstance(value, (list, tuple)) and value and all(_is_answer_scalar(v) for v in value):
-            return list(value)
-        raise ValueError(f"got {value!r}; expected a number, a string or a non-empty list of them")
-
-    @field_validator("must_call_tool", mode="before")
-    @classmethod
-    def _check_must_call(cls, value: Any) -> Any:
-        if value is None:
-            return False
-        if isinstance(value, str):
-            return [value]
-        if isinstance(value, bool) or (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
-            return value if isinstance(value, bool) else list(value)
-        raise ValueError(f"got {value!r}; expected true/false, a tool name or a list of tool names")
-
-    @property
-    def has_criteria(self) -> bool:
-        return self.answer is not None or bool(self.must_call_tool) or bool(self.state)
 
 
 class ToolStep(_Strict):
@@ -141,11 +101,29 @@ class Limits(_Strict):
 class GroundTruth(_Strict):
     task_id: str = Field(min_length=1)
     complexity: Complexity
+    """The task's difficulty bucket (it picks `environment.max_turns` and groups held-out success);
+    absent or null: `complexity_for` the number of `tool_sequence` steps."""
     max_turns: int | None = Field(default=None, ge=1)
     """Assistant turns allowed (null: `environment.max_turns[complexity]`)."""
     success: SuccessCriteria = Field(default_factory=SuccessCriteria)
     tool_sequence: list[ToolStep] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _answer_step_exists(self) -> GroundTruth:
+        source = self.success.answer_from
+        if source is not None and source.step > len(self.tool_sequence):
+            raise ValueError(f"success.answer_from.step is {source.step}, but tool_sequence has "
+                             f"{len(self.tool_sequence)} step(s)")
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_complexity(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("complexity") is None:
+            steps = data.get("tool_sequence")
+            data = {**data, "complexity": complexity_for(len(steps) if isinstance(steps, list) else 0)}
+        return data
 
 
 _CUSTOM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -176,22 +154,23 @@ class RewardSpec(_Strict):
     def _ground_truth_for_each_method(self) -> RewardSpec:
         gt = self.ground_truth
         needs = {
-            "final_answer": (gt.success.answer is not None, "ground_truth.success.answer"),
-            "state": (bool(gt.success.state), "ground_truth.success.state"),
+            "final_answer": (gt.success.has_answer, "ground_truth.success.answer or .answer_from"),
+            "state": (gt.success.has_state, "ground_truth.success.state or .checks"),
             "tool_sequence": (bool(gt.tool_sequence), "ground_truth.tool_sequence"),
             "must_call_tool": (bool(gt.success.must_call_tool) or bool(gt.tool_sequence),
                                "ground_truth.success.must_call_tool or ground_truth.tool_sequence"),
             "limits": (gt.limits.max_tool_calls is not None or gt.limits.max_servers is not None,
                        "ground_truth.limits"),
         }
-        for name in self.method:
-            if name in needs and not needs[name][0]:
-                raise ValueError(f"method {name!r} needs {needs[name][1]}")
+        problems = [f"method {name!r} needs {needs[name][1]}"
+                    for name in self.method if name in needs and not needs[name][0]]
         unknown = sorted(set(self.weights) - set(self.method))
         if unknown:
-            raise ValueError(f"weights for {unknown} which are not in method {self.method}")
+            problems.append(f"weights for {unknown} which are not in method {self.method}")
         if any(w < 0 for w in self.weights.values()):
-            raise ValueError("weights must be >= 0")
+            problems.append("weights must be >= 0")
+        if problems:  # all at once: a dataset author fixes a record in one pass
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -231,17 +210,35 @@ class Task(_Strict):
     examples: list[WorkedExample] = Field(default_factory=list)
     """Worked examples shown before this task (else the environment's own, if any)."""
     extra_info: dict[str, Any] = Field(default_factory=dict)
+    _origin: str | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # Where a task was read from is not part of it: the same record in two files is one task.
+        return self.__dict__ == other.__dict__ if isinstance(other, Task) else NotImplemented
 
     @field_validator("prompt")
     @classmethod
     def _check_prompt(cls, prompt: list[PromptMessage]) -> list[PromptMessage]:
+        problems = []
         if not any(m.role == "user" for m in prompt):
-            raise ValueError("needs at least one user message")
+            problems.append("needs at least one user message")
+        elif prompt[-1].role != "user":
+            problems.append("the last message must be a user message")
         if any(m.role == "system" for m in prompt[1:]):
-            raise ValueError("a system message may only come first")
-        if prompt[-1].role != "user":
-            raise ValueError("the last message must be a user message")
+            problems.append("a system message may only come first")
+        if problems:
+            raise ValueError("; ".join(problems))
         return prompt
+
+    @property
+    def origin(self) -> str:
+        """Where the task was read, for messages: `tasks.jsonl line 7`, `generator 'calculator'
+        task 'calculator-train-s0-00003'` (else its id)."""
+        return self._origin or f"task {self.task_id!r}"
+
+    def with_origin(self, origin: str) -> Task:
+        self._origin = origin
+        return self
 
     @property
     def ground_truth(self) -> GroundTruth:
@@ -266,17 +263,29 @@ class Task(_Strict):
     @classmethod
     def from_record(cls, record: Any, where: str) -> Task:
         """Validate one record (full or short form); `where` (e.g. "tasks.jsonl line 7") starts
-        any TaskDataError message, which names the field."""
+        any TaskDataError message, which names every field that is wrong, and is the task's origin."""
+        task, problems = cls.check_record(record)
+        if problems:
+            raise TaskDataError(f"{where}: " + "\n  ".join(problems))
+        return task.with_origin(where)
+
+    @classmethod
+    def check_record(cls, record: Any) -> tuple[Task | None, list[str]]:
+        """The task of one record (full or short form) and every problem found in it, each as
+        `field.path: what is wrong` (the task is None when there are problems)."""
         if not isinstance(record, dict):
-            raise TaskDataError(f"{where}: expected an object, got {type(record).__name__}")
+            return None, [f"expected an object, got {type(record).__name__}"]
+        problems: list[str] = []
+        if "reward_spec" not in record and "tool_sequence" in record:
+            problems, convertible = short_form_problems(record)
+            if not convertible:
+                return None, problems  # no question or no steps to build a task from
+            record = short_form_record(record)
         try:
-            if "reward_spec" not in record and "tool_sequence" in record:
-                record = short_form_record(record)
-            return cls.model_validate(record)
+            task = cls.model_validate(record)
         except ValidationError as exc:
-            raise TaskDataError(f"{where}: " + "\n  ".join(describe_error(e) for e in exc.errors())) from None
-        except (ValueError, TypeError) as exc:
-            raise TaskDataError(f"{where}: {exc}") from exc
+            return None, problems + [describe_error(e) for e in exc.errors()]
+        return (None, problems) if problems else (task, [])
 
 
 def task_record(
@@ -304,23 +313,33 @@ SHORT_FORM_FIELDS = frozenset({"question", "tool_sequence", "answer", "state", "
                                "extra_info"})
 
 
+def short_form_problems(record: dict[str, Any]) -> tuple[list[str], bool]:
+    """What is wrong with a tool-sequence record's own fields (unknown ones, no question, no
+    steps), and whether it can still be converted (it has a question and steps) so that the
+    full record's problems are found too."""
+    problems = []
+    unknown = sorted(set(record) - SHORT_FORM_FIELDS)
+    if unknown:
+        problems.append(f"unknown field(s) {unknown} in a tool-sequence record; allowed: {sorted(SHORT_FORM_FIELDS)}")
+    question, steps = record.get("question"), record.get("tool_sequence")
+    has_question = isinstance(question, str) and bool(question.strip())
+    has_steps = isinstance(steps, list) and bool(steps)
+    if not has_question:
+        problems.append("question: a tool-sequence record needs a non-empty question")
+    if not has_steps:
+        problems.append("tool_sequence: needs a non-empty list of {server, tool, params} steps")
+    return problems, has_question and has_steps
+
+
 def short_form_record(record: dict[str, Any]) -> dict[str, Any]:
-    """A full record from `{"question": str, "tool_sequence": [{server?, tool, params?}, ...]}`.
+    """A full record from `{"question": str, "tool_sequence": [{server?, tool, params?}, ...]}`
+    (`short_form_problems` says what keeps a record from being one; unknown fields are ignored here).
 
     Optional: `answer` and `state` (then also scored and required for success), `task_id`
     (default `seq-<hash of the question>`), `complexity` (default from the number of steps),
     `max_turns`, `system`, `limits`, `methods`, `data_source`, `env_class`, `extra_info`.
-    Raises ValueError naming what is wrong.
     """
-    unknown = sorted(set(record) - SHORT_FORM_FIELDS)
-    if unknown:
-        raise ValueError(f"unknown field(s) {unknown} in a tool-sequence record; allowed: {sorted(SHORT_FORM_FIELDS)}")
-    question = record.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError("question: a tool-sequence record needs a non-empty question")
-    steps = record.get("tool_sequence")
-    if not isinstance(steps, list) or not steps:
-        raise ValueError("tool_sequence: needs a non-empty list of {server, tool, params} steps")
+    question, steps = record["question"], record["tool_sequence"]
     sequence = [{**step, "step": step.get("step", i + 1)} if isinstance(step, dict) else step
                 for i, step in enumerate(steps)]
     methods = ["tool_sequence"]
@@ -341,7 +360,7 @@ def short_form_record(record: dict[str, Any]) -> dict[str, Any]:
         methods=record.get("methods", methods),
         ground_truth={
             "task_id": str(record.get("task_id") or f"seq-{digest}"),
-            "complexity": record.get("complexity", complexity_for(len(steps))),
+            "complexity": record.get("complexity"),  # null: GroundTruth's default, by the steps
             "max_turns": record.get("max_turns"),
             "success": success,
             "tool_sequence": sequence,

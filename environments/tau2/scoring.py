@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from environments.endpoint import OpenAIEndpoint
 from environments.tau2 import official
 from environments.tau2.config import Tau2JudgeConfig
-from environments.tau2.endpoint import OpenAIEndpoint
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from environments.endpoint import OpenAIEndpoint
 from environments.tau2 import official
 from environments.tau2.config import Tau2UserConfig
-from environments.tau2.endpoint import OpenAIEndpoint
 from environments.toolcalls import format_tool_call, parse_tool_calls
 from tools.schema import signature
 

@@ -35,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +134,16 @@ class TrajectoryCollector:
         """Episodes in flight now (reset by each collect)."""
 
     # -- environment -------------------------------------------------------------------------
+    @contextmanager
+    def playing_with(self, env_config: EnvironmentConfig) -> Iterator[None]:
+        """Collections inside the block play with `env_config` instead (a variant of this
+        collector's own, already fitted to the tokenizer: e.g. every tool shown)."""
+        own, self.env_config = self.env_config, env_config
+        try:
+            yield
+        finally:
+            self.env_config = own
+
     def _make_env(self, task: Any, episode_id: str) -> Environment:
         if self.env_factory is not None:
             return self.env_factory(task, episode_id)

@@ -278,6 +278,11 @@ class DistributedGRPOTrainer(GRPOTrainer):
         )
         log.info("checkpoint: %s", path)
 
+    def _save_on_interrupt(self) -> None:
+        """Nothing: the sharded save is collective, and an interrupted rank cannot know that its
+        peers stopped at the same step (they would wait for it forever). `train.save_every` keeps
+        a data-parallel run's progress."""
+
     def _maybe_resume(self) -> None:
         path = resolve_resume(self.config.train.resume, self.run_dir)
         if path is None:

@@ -6,11 +6,16 @@
   so we convert it once into a plain safetensors checkpoint in the cache and load that (0.1 s).
 - `tiny-random` is a 2-layer Llama with random weights and the real SmolLM2 tokenizer, for tests
   and smoke runs.
+
+A folder that cannot be loaded (no or broken config.json, no tokenizer, weights transformers
+refuses) raises ModelSourceError naming the folder and the problem, for `--dry-run` and a real
+run alike (launch/validate_setup.py `setup_problem` words it); the cause stays chained to it.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -22,6 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""A model folder holds at least one of these when it holds a tokenizer."""
 
 
 class ModelSourceError(RuntimeError):
@@ -113,12 +120,28 @@ def resolve_model_dir(name_or_path: str, cache_dir: str | None = None) -> Path |
             f"model {name_or_path!r} is neither {EMBEDDED_DEFAULT!r}, {TINY_RANDOM!r}, nor a local "
             "Hugging Face directory with a config.json (models are never downloaded at run time)"
         )
+    try:
+        json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ModelSourceError(f"model {name_or_path!r}: its config.json is not valid JSON ({exc})") from None
     return path
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def load_tokenizer(name_or_path: str, cache_dir: str | None = None):
     model_dir = resolve_model_dir(name_or_path, cache_dir)
-    tok = AutoTokenizer.from_pretrained(str(model_dir or tokenizer_dir(cache_dir)))
+    if model_dir is not None and not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelSourceError(f"model {name_or_path!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                               "save the tokenizer into the folder beside the model")
+    source = model_dir or tokenizer_dir(cache_dir)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(source))
+    except Exception as exc:  # whatever transformers raises reading the folder is the folder's problem
+        raise ModelSourceError(f"model {name_or_path!r}: cannot load its tokenizer from {source}: "
+                               f"{_one_line(exc)}") from exc
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -164,4 +187,7 @@ def load_causal_lm(
     if model_dir is None:
         tokenizer = tokenizer or load_tokenizer(name_or_path, cache_dir)
         return build_tiny_model(tokenizer, tiny_layers, tiny_hidden_size, seed).to(dtype)
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **from_pretrained_kwargs)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **from_pretrained_kwargs)
+    except Exception as exc:  # whatever transformers raises reading the folder is the folder's problem
+        raise ModelSourceError(f"model {name_or_path!r}: cannot load it from {model_dir}: {_one_line(exc)}") from exc

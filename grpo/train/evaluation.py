@@ -1,4 +1,6 @@
-"""Held-out evaluation: success rate, mean reward and pass@k, with per-task transcripts."""
+"""Held-out evaluation: success rate, mean reward and pass@k, with per-task transcripts; with
+task-scoped tool exposure also the same figures with every allowed tool shown (`eval/all_tools/`),
+as a deployed model sees the tools."""
 
 from __future__ import annotations
 
@@ -65,6 +67,21 @@ def summarize(trajectories: Sequence, num_tasks: int, k: int, excluded_groups: i
     }
 
 
+ALL_TOOLS_METRICS = ("success_rate", "reward_mean", "excluded_tasks")
+"""What `eval/all_tools/` reports (plus pass@k)."""
+
+
+async def _with_every_tool(collector, tasks: Sequence, k: int, temperature: float, seed: int) -> dict[str, float]:
+    """`eval/all_tools/...`: the tasks played with every allowed tool in the prompt."""
+    scoped = collector.env_config
+    every_tool = scoped.model_copy(update={"tools": scoped.tools.model_copy(update={"exposure": "all"})})
+    with collector.playing_with(every_tool):
+        result = await collector.collect(list(tasks), group_size=k, temperature=temperature, seed=seed, step=-1)
+    metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
+    kept = (*ALL_TOOLS_METRICS, f"pass@{k}")
+    return {f"eval/all_tools/{name}": metrics[f"eval/{name}"] for name in kept}
+
+
 def transcript_records(trajectories: Sequence) -> list[dict[str, Any]]:
     return [
         {
@@ -90,13 +107,17 @@ async def evaluate(
     seed: int = 0,
     transcripts_path: Path | None = None,
 ) -> dict[str, float]:
-    """Play each task k times at `temperature` (0 = greedy) and score it."""
+    """Play each task k times at `temperature` (0 = greedy) and score it; with task-scoped tool
+    exposure (and `environment.tools.eval_all_tools`) once more with every tool shown."""
     if not tasks:
         raise ValueError("evaluation needs at least one task")
     result = await collector.collect(list(tasks), group_size=k, temperature=temperature, seed=seed, step=-1)
     metrics = summarize(result.trajectories, len(tasks), k, result.excluded_groups)
     task_ids = [task_id_of(task, i) for i, task in enumerate(tasks)]
     metrics.update(grouped_success(result.trajectories, tasks, task_ids, k))
+    exposure = collector.env_config.tools
+    if exposure.exposure == "task" and exposure.eval_all_tools:
+        metrics.update(await _with_every_tool(collector, tasks, k, temperature, seed))
     if transcripts_path is not None:
         transcripts_path.parent.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories)]

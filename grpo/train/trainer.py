@@ -1,8 +1,10 @@
 """The GRPO trainer: wires policy, reference, engine, tools, data and collector into a run.
 
-`GRPOTrainer(config).run()` does: evaluate before → for each step: collect groups → update
-(grpo/algorithm/update.py) → EMA reference → push weights to the engine → metrics →
-checkpoint → evaluate after → final model, summary.json and the reward/success curve.
+`GRPOTrainer(config).run()` does: check the tasks' tool names against the started servers →
+evaluate before → for each step: collect groups → update (grpo/algorithm/update.py) → EMA
+reference → push weights to the engine → metrics → checkpoint → evaluate after → final model,
+summary.json and the reward/success curve. Ctrl-C checkpoints the last finished step and raises
+TrainingInterrupted, which says where the run stopped and how to resume it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 
 from environments.tasks.loading import train_validation_split
+from environments.tasks.tool_references import check_tool_references
 from grpo.algorithm.reference import make_reference
 from grpo.algorithm.update import (
     NonFiniteLossError,
@@ -28,12 +31,14 @@ from grpo.algorithm.update import (
 )
 from grpo.collect.collector import TrajectoryCollector
 from grpo.collect.episode import task_id_of
+from grpo.collect.prompt_budget import check_prompt_budget
 from grpo.config import RunConfig, save_config
 from grpo.models.devices import memory_metrics, resolve_device, select_attention_kernels
 from grpo.models.export import save_pretrained
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
 from grpo.train.checkpoint import (
+    latest_checkpoint,
     load_checkpoint,
     resolve_resume,
     restore_rng_state,
@@ -56,11 +61,17 @@ def _eval_summary(metrics: dict[str, float], tag: str) -> dict[str, float]:
     (complexity, split) as `success_<tag>/<group>`."""
     out = {f"success_{tag}": metrics["eval/success_rate"], f"reward_{tag}": metrics["eval/reward_mean"]}
     out.update({f"success_{tag}/{k.split('/', 2)[2]}": v for k, v in metrics.items() if k.startswith("eval/success/")})
+    if "eval/all_tools/success_rate" in metrics:  # task-scoped tools: also every tool shown
+        out[f"success_{tag}_all_tools"] = metrics["eval/all_tools/success_rate"]
     return out
 
 
 class TrainingStopped(RuntimeError):
     """The run stopped on a health check; the message says which and why."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run; the message says at which step and which checkpoint holds it."""
 
 
 class GRPOTrainer:
@@ -205,28 +216,15 @@ class GRPOTrainer:
         started = time.time()
         summary: dict[str, Any] = {"run_dir": str(self.run_dir), "device": str(self.device),
                                    "engine": self.engine_name}
-        async with SharedToolManager(cfg.tools) as tools:
-            self.collector = TrajectoryCollector(
-                self.engine, self.tokenizer, tools, cfg.environment, cfg.rollout
-            )
-            if cfg.train.eval_before and self.step == 0:
-                before = await self._evaluate("before")
-                summary.update(_eval_summary(before, "before"))
-            if cfg.train.warmup.steps and self.step == 0:
-                await self._warm_start(tools)
-            while self.step < cfg.train.steps:
-                if cfg.train.max_minutes and time.time() - started > 60 * cfg.train.max_minutes:
-                    log.info("train.max_minutes=%g reached after %d steps: stopping", cfg.train.max_minutes, self.step)
-                    break
-                metrics = await self._one_step(tools)
-                self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
-                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
-                    await self._evaluate(f"step{self.step}")
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
-                    self._save()
-            if cfg.train.eval_after:
-                after = await self._evaluate("after")
-                summary.update(_eval_summary(after, "after"))
+        try:
+            async with SharedToolManager(cfg.tools) as tools:
+                await self._loop(tools, summary, started)
+        except asyncio.CancelledError:
+            # Ctrl-C: asyncio.run cancels the run at an await (a rollout, an evaluation), never
+            # inside an update, so the last finished step is whole: keep it.
+            self._save_on_interrupt()
+            self.logger.close()
+            raise
         self._save()
         if cfg.train.save_final_model:
             self._save_final_model()
@@ -236,18 +234,66 @@ class GRPOTrainer:
         self.engine.close()
         return summary
 
+    async def _loop(self, tools, summary: dict[str, Any], started: float) -> None:
+        cfg = self.config
+        # A task that names a tool no server offers would score 0 in every episode: stop first.
+        check_tool_references(self.train_tasks + self.val_tasks, tools.tool_specs(), cfg.tools, cfg.environment)
+        self.collector = TrajectoryCollector(self.engine, self.tokenizer, tools, cfg.environment, cfg.rollout)
+        budget = await check_prompt_budget([*self.train_tasks, *self.val_tasks], tools,
+                                           self.collector.env_config, self.tokenizer, cfg.rollout)
+        if budget is not None:
+            log.info("prompt budget: %s", budget.summary())
+        if cfg.train.eval_before and self.step == 0:
+            before = await self._evaluate("before")
+            summary.update(_eval_summary(before, "before"))
+        if cfg.train.warmup.steps and self.step == 0:
+            await self._warm_start(tools)
+        while self.step < cfg.train.steps:
+            if cfg.train.max_minutes and time.time() - started > 60 * cfg.train.max_minutes:
+                log.info("train.max_minutes=%g reached after %d steps: stopping", cfg.train.max_minutes, self.step)
+                break
+            metrics = await self._one_step(tools)
+            self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
+            if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
+                await self._evaluate(f"step{self.step}")
+            if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                self._save()
+        if cfg.train.eval_after:
+            after = await self._evaluate("after")
+            summary.update(_eval_summary(after, "after"))
+
     def run(self) -> dict[str, Any]:
         self.setup()
-        return asyncio.run(self.run_async())
+        try:
+            return asyncio.run(self.run_async())
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(self._interrupted_at()) from None
+
+    def _save_on_interrupt(self) -> None:
+        """Checkpoint the last finished step (nothing when no step finished in this run)."""
+        if self.step > 0:
+            self._save()
+
+    def _interrupted_at(self) -> str:
+        where = f"at step {self.step} of {self.config.train.steps}"
+        checkpoint = latest_checkpoint(self.run_dir)
+        if checkpoint is None:
+            return f"{where}: no checkpoint written"
+        return f"{where}: checkpoint {checkpoint}; resume with train.resume=auto"
 
     async def _one_step(self, tools) -> dict[str, float]:
         cfg = self.config
         t0 = time.time()
-        tasks = self._local_share(self.stream.next_batch())
-        collected = await self.collector.collect(
-            tasks, cfg.algorithm.group_size, seed=cfg.seed, step=self.step
-        )
-        trajectories, dynamic = await self._dynamic_sampling(collected, tasks)
+        data_at_start = self.stream.state_dict()
+        try:
+            tasks = self._local_share(self.stream.next_batch())
+            collected = await self.collector.collect(
+                tasks, cfg.algorithm.group_size, seed=cfg.seed, step=self.step
+            )
+            trajectories, dynamic = await self._dynamic_sampling(collected, tasks)
+        except asyncio.CancelledError:
+            self.stream.load_state_dict(data_at_start)  # a resumed run serves this step's tasks again
+            raise
         t_rollout = time.time() - t0
         if not trajectories:
             raise TrainingStopped(

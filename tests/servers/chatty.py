@@ -1,7 +1,7 @@
 """A test MCP server that prints lines that are not JSON-RPC on its stdout before serving, like a
 server whose start-up banner or debug prints go to stdout.
 
-`python tests/servers/chatty.py LINES`
+`python tests/servers/chatty.py LINES [--not-utf8]`: with the flag the lines are not UTF-8 either.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ def main() -> None:
     from mcp.server.mcpserver import MCPServer
 
     lines = int(sys.argv[1])
+    ending = b" \xff\n" if "--not-utf8" in sys.argv else b"\n"  # \xff starts no UTF-8 character
     # Straight to the descriptor: once serving, the SDK diverts Python's own prints to stderr.
     for number in range(lines):
-        os.write(1, f"debug: loading plugin {number}\n".encode())
+        os.write(1, f"debug: loading plugin {number}".encode() + ending)
     server = MCPServer("chatty", log_level="WARNING")
 
     @server.tool()

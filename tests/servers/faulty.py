@@ -51,7 +51,7 @@ def serve() -> None:
         """This server's process id."""
         return os.getpid()
 
-    @server.tool()
+    @server.tool(structured_output=False)  # the text once, not again as structured content
     def big(chars: int) -> str:
         """A string of `chars` x characters."""
         return "x" * chars

@@ -1,9 +1,10 @@
-"""Landlock for the sandbox: after `restrict_writes(workdir)` the kernel refuses this process and
-everything it starts every filesystem change outside `workdir` (writing, truncating, creating,
-removing, renaming or linking files and directories), whoever does it: C code included, which
-the in-process guard cannot see. With Landlock ABI 4+ (Linux 6.7) also TCP bind and connect;
-with ABI 6+ (Linux 6.12) also signals to, and abstract Unix sockets of, processes outside.
-Reading and executing stay allowed everywhere.
+"""Landlock for the sandbox: after `restrict(workdir, readable)` the kernel refuses this process
+and everything it starts every filesystem change outside `workdir` (writing, truncating, creating,
+removing, renaming or linking files and directories) and every read outside `workdir` and the
+`readable` paths (so no secrets in home directories, and no /proc files of other processes),
+whoever asks: C code included, which the in-process guard cannot see. With Landlock ABI 4+
+(Linux 6.7) also TCP bind and connect; with ABI 6+ (Linux 6.12) also signals to, and abstract
+Unix sockets of, processes outside. Landlock always refuses ptrace of processes outside.
 
 Unprivileged: needs no root, only a kernel with Landlock enabled (5.13+, `lsm=...,landlock`).
 Standard library only (ctypes), because the sandbox child imports it before its lock-down.
@@ -21,8 +22,10 @@ RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
 
 # Filesystem rights from linux/landlock.h that change something, by the ABI that added them.
-# Left unhandled, and so allowed everywhere: EXECUTE, READ_FILE, READ_DIR and IOCTL_DEV.
+# Left unhandled, and so allowed wherever reading is: EXECUTE and IOCTL_DEV.
 FS_WRITE_FILE = 1 << 1
+FS_READ_FILE = 1 << 2
+FS_READ_DIR = 1 << 3
 FS_TRUNCATE = 1 << 14
 _FS_WRITES_BY_ABI = (
     (1, FS_WRITE_FILE | sum(1 << bit for bit in range(4, 13))),  # REMOVE_DIR ... MAKE_SYM
@@ -66,25 +69,28 @@ def abi_version() -> int:
         return 0
 
 
-def restrict_writes(workdir: str) -> int:
-    """Confine filesystem changes to `workdir` (plus writes to /dev/null) for good; returns the
-    ABI version used. Raises OSError where the kernel cannot."""
+def restrict(workdir: str, readable: list[str]) -> int:
+    """Confine filesystem changes to `workdir` (plus writes to /dev/null) and reads to `workdir`
+    and the `readable` files and directories (with everything beneath them), for good; returns
+    the ABI version used. Raises OSError where the kernel cannot."""
     abi = abi_version()
     if abi < 1:
         raise OSError("this kernel has no Landlock (or it is disabled)")
     writes = sum(rights for since, rights in _FS_WRITES_BY_ABI if abi >= since)
+    reads = FS_READ_FILE | FS_READ_DIR
     attr = _RulesetAttr(
-        handled_access_fs=writes,
+        handled_access_fs=writes | reads,
         handled_access_net=NET_TCP_BIND_AND_CONNECT if abi >= 4 else 0,
         scoped=SCOPE_ABSTRACT_UNIX_SOCKET_AND_SIGNAL if abi >= 6 else 0,
     )
     # A kernel older than this struct accepts it as long as the fields it lacks are zero.
     ruleset = _syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
     try:
-        _allow(ruleset, workdir, writes)
-        _allow(
-            ruleset, os.devnull, writes & (FS_WRITE_FILE | FS_TRUNCATE)
-        )  # a file: file rights only
+        _allow(ruleset, workdir, writes | reads)
+        for path in readable:
+            _allow(ruleset, path, reads if os.path.isdir(path) else FS_READ_FILE)
+        # A file takes file rights only.
+        _allow(ruleset, os.devnull, FS_READ_FILE | (writes & (FS_WRITE_FILE | FS_TRUNCATE)))
         # Required to restrict an unprivileged process; the sandbox never gains privileges anyway.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         _syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0)

@@ -1,8 +1,10 @@
 """The in-process guard of the sandbox child under `landlock` and `rlimits`: a Python audit hook
 (which cannot be removed) that refuses sockets, process creation, signals, ctypes, reads of other
 processes' /proc files and writes outside the working directory, as far as Python code goes.
-C code passes it (sqlite3 opening a file, for one): the kernel must contain that (see
-_landlock.py), or the result says it is not contained (sandbox.not_contained).
+It is no boundary: C code passes it (sqlite3 opening a file, for one), and it lives in the
+program's own memory, where plain Python can find it (gc.get_objects) and switch it off. It stops
+accidents with a clear message; under `landlock` the kernel contains what it misses (Landlock,
+seccomp, see _sandbox_child.py), under `rlimits` nothing does (sandbox.level_gaps says so).
 
 Standard library only: the sandbox child imports it before its lock-down.
 """

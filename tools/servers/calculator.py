@@ -22,6 +22,7 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 
 from tools.servers import _cli
 
@@ -257,7 +258,8 @@ server = MCPServer(
 )
 
 
-@server.tool()
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True,
+                                          open_world_hint=False))
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression and return the number.
 

@@ -7,17 +7,25 @@ process never see each other's keys. Multi-step tasks check the final state with
 structured result is `{"state": {key: value}}`; environments call `reset` when an episode ends
 (the store also evicts the least recently used episodes past MAX_EPISODES).
 
-Values are any JSON values. Run alone: `python -m tools.servers.kv` (or `--http --port N`).
+`--fixture FILE` (a JSON object of keys and values) is every episode's initial state: an episode's
+first call finds a fresh copy of it, and after `reset` the next call starts from it again, so the
+episodes of a group start alike and never see each other's writes (no setup calls needed).
+
+Values are any JSON values. Run alone: `python -m tools.servers.kv [--fixture FILE]` (or
+`--http --port N`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import sys
 from collections import OrderedDict
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from tools.servers import _cli
@@ -32,12 +40,14 @@ EpisodeId = Annotated[str, Field(description="Reserved: filled in by the tool ma
 Key = Annotated[str, Field(description="The key, a short string.")]
 
 _episodes: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_fixture: dict[str, Any] = {}
+"""Every episode's initial state (`--fixture`)."""
 
 
 def _store(episode_id: str) -> dict[str, Any]:
     store = _episodes.get(episode_id)
     if store is None:
-        store = _episodes[episode_id] = {}
+        store = _episodes[episode_id] = copy.deepcopy(_fixture)
         while len(_episodes) > MAX_EPISODES:
             _episodes.popitem(last=False)
     _episodes.move_to_end(episode_id)
@@ -64,6 +74,9 @@ server = MCPServer(
 )
 
 
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
 @server.tool()
 def put(
     key: Key,
@@ -84,7 +97,7 @@ def put(
     return f"stored {key!r}"
 
 
-@server.tool()
+@server.tool(annotations=_READ_ONLY)
 def get(key: Key, episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
     """The value stored under `key`, as JSON."""
     store = _store(episode_id)
@@ -93,7 +106,7 @@ def get(key: Key, episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
     return json.dumps(store[key])
 
 
-@server.tool(name="list")
+@server.tool(name="list", annotations=_READ_ONLY)
 def list_keys(episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
     """All keys, sorted, as a JSON list."""
     return json.dumps(sorted(_store(episode_id)))
@@ -111,21 +124,51 @@ def delete(key: Key, episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
 
 @server.tool()
 def reset(episode_id: EpisodeId = DEFAULT_EPISODE) -> str:
-    """Remove every key."""
+    """Remove every key (back to the initial state, when the server has one)."""
     _episodes.pop(episode_id, None)
     return "reset"
 
 
-@server.tool()
+@server.tool(annotations=_READ_ONLY)
 def dump(episode_id: EpisodeId = DEFAULT_EPISODE) -> dict[str, dict[str, Any]]:
     """The whole store: {"state": {key: value}}."""
     return {"state": dict(sorted(_store(episode_id).items()))}
 
 
+def load_fixture(path: str) -> dict[str, Any]:
+    """The initial state in `path`: a JSON object of keys (valid keys) and values. ValueError
+    names what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"kv: cannot read the fixture {path}: {exc}") from None
+    problem = None
+    if not isinstance(state, dict):
+        problem = f"must hold a JSON object of keys and values, not a {type(state).__name__}"
+    elif len(state) > MAX_KEYS:
+        problem = f"has {len(state)} keys; the limit is {MAX_KEYS}"
+    else:
+        bad = next((key for key in state if not key or len(key) > MAX_KEY_CHARS), None)
+        if bad is not None:
+            problem = f"has a key of {len(bad)} characters (1-{MAX_KEY_CHARS} allowed)"
+    if problem:
+        raise ValueError(f"kv: the fixture {path} {problem}")
+    return state
+
+
 def main(argv: list[str] | None = None) -> None:
-    _cli.serve(
-        server, _cli.parser("Key-value MCP server with per-episode isolation").parse_args(argv)
-    )
+    global _fixture
+    parser = _cli.parser("Key-value MCP server with per-episode isolation")
+    parser.add_argument("--fixture", help="a JSON object of keys and values: every episode's initial state")
+    args = parser.parse_args(argv)
+    if args.fixture:
+        try:
+            _fixture = load_fixture(args.fixture)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            raise SystemExit(2) from None
+    _cli.serve(server, args)
 
 
 if __name__ == "__main__":

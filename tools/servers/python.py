@@ -9,7 +9,9 @@ exit_code, stdout, stderr, duration_s, isolation, stdout_bytes, stderr_bytes and
 
 Run alone: `python -m tools.servers.python [--timeout 5] [--cpu 4] [--memory-mb 512]
 [--disk-mb 64] [--isolation auto|namespaces|landlock|rlimits] [--max-concurrent N]` (add
-`--http --port N` for HTTP). `auto` picks the strongest level that works here.
+`--http --port N` for HTTP). `auto` picks the strongest level that works here, `namespaces` or
+`landlock`, and never `rlimits`, which contains nothing: where neither works, every call answers
+with the reason. `rlimits` asked for by name runs, with a warning at start-up.
 Give this server a `call_timeout` above `--timeout` (the manager's default, 10 s, is): a manager
 timeout is an error without the program's output, while the sandbox's own verdict shows it.
 """
@@ -27,8 +29,9 @@ from tools.servers import _cli
 from tools.servers.sandbox import (
     ISOLATIONS,
     SandboxLimits,
-    SandboxResult,
+    SandboxUnavailable,
     detect_isolation,
+    level_gaps,
     run_sandboxed,
 )
 
@@ -45,24 +48,15 @@ _settings: dict = {
     "limits": SandboxLimits(),
     "isolation": "auto",
     "semaphore": asyncio.Semaphore(_MAX_CONCURRENT),
-    "warned": False,
 }
 
 
 async def _isolation() -> str:
-    if _settings["isolation"] == "auto":  # resolved once; concurrent first calls agree anyway
+    """The level to run under. `auto` is resolved at the first call (concurrent first calls
+    agree anyway); raises SandboxUnavailable where no level that contains programs works."""
+    if _settings["isolation"] == "auto":
         _settings["isolation"] = await detect_isolation()
     return _settings["isolation"]
-
-
-def _warn_once_if_weak(result: SandboxResult) -> None:
-    """The operator reads this in the server's stderr (the model never sees it)."""
-    if result.isolation == "rlimits" and not _settings["warned"]:
-        _settings["warned"] = True
-        logger.warning(
-            "python server: isolation 'rlimits', no kernel containment; not contained: %s",
-            result.not_contained,
-        )
 
 
 @server.tool()
@@ -72,10 +66,15 @@ async def run_python(code: str) -> CallToolResult:
     Print what you want to see. The program runs in a fresh empty directory with the standard
     library only, no network and no subprocesses, under time and memory limits.
     """
-    limits, isolation = _settings["limits"], await _isolation()
+    limits = _settings["limits"]
+    try:
+        isolation = await _isolation()
+    except SandboxUnavailable as exc:
+        logger.error("python server: %s", exc)  # the operator's to fix: in the server's stderr
+        text = f"sandbox error (the program did not run): {exc}"
+        return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
     async with _settings["semaphore"]:
         result = await run_sandboxed(code, limits, isolation)
-    _warn_once_if_weak(result)
     return CallToolResult(
         content=[TextContent(type="text", text=result.to_text(limits))],
         structured_content=result.to_dict(),
@@ -102,6 +101,12 @@ def main(argv: list[str] | None = None) -> None:
         isolation=args.isolation,
         semaphore=asyncio.Semaphore(args.max_concurrent),
     )
+    if args.isolation == "rlimits":  # the operator reads this in the server's stderr
+        logger.warning(
+            "python server: isolation 'rlimits' does not contain untrusted programs; "
+            "not contained: %s",
+            level_gaps("rlimits"),
+        )
     _cli.serve(server, args)
 
 

@@ -2,9 +2,11 @@
 
 The child (tools/servers/_sandbox_child.py) gets a fresh temporary working directory (removed
 afterwards), a scrubbed environment, CPU / memory / file-size / open-file limits, no child
-processes, no network and no writes outside its working directory; see that module for the three
-isolation levels, and not_contained below for what each leaves open. This module adds the
-wall-clock limit, the disk cap where no tmpfs enforces it, bounded output capture and the verdict.
+processes, no network, no writes outside its working directory and a keeper that kills whatever
+it leaves running; see that module for the three isolation levels, and level_gaps below for what
+each leaves open. This module adds the wall-clock limit, the disk cap where no tmpfs enforces it,
+bounded output capture that never waits on a process that outlived the program (see
+_sandbox_output.py), and the verdict.
 """
 
 from __future__ import annotations
@@ -23,15 +25,24 @@ from typing import Literal
 
 from tools.procs import OWNER_ENV
 from tools.servers._landlock import abi_version
+from tools.servers._sandbox_output import OutputPipes
 
 CHILD = Path(__file__).with_name("_sandbox_child.py")
 SETUP_FAILED = 120  # the child's exit code when the lock-down itself failed
 DISK_POLL_S = 0.02
 """How often the work directory is measured where no tmpfs caps it (landlock, rlimits)."""
 
+KEEPER_GRACE_S = 1.0
+"""How long the keeper gets to kill the program and its leftovers before its group is killed."""
+
 Isolation = Literal["namespaces", "landlock", "rlimits"]
 ISOLATIONS: tuple[Isolation, ...] = ("namespaces", "landlock", "rlimits")
-"""Strongest first: the order detect_isolation tries them in."""
+"""Strongest first. detect_isolation tries the first two: `rlimits` contains nothing."""
+NEEDS = {
+    "namespaces": "root, unshare(2) and seccomp (on x86_64, aarch64 or riscv64)",
+    "landlock": "Landlock (Linux 5.13+) and seccomp (on x86_64, aarch64 or riscv64)",
+    "rlimits": "nothing",
+}
 ExitReason = Literal[
     "ok",
     "error",
@@ -48,7 +59,7 @@ ExitReason = Literal[
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_seconds: float = 5.0
-    """Wall-clock limit; the whole process group is killed when it passes."""
+    """Wall-clock limit; the program and everything it started are killed when it passes."""
     cpu_seconds: int = 4
     """CPU-time limit (RLIMIT_CPU)."""
     memory_mb: int = 512
@@ -82,6 +93,8 @@ class SandboxResult:
     """How the disk cap was enforced: `tmpfs` (by the kernel) or `polled`."""
     not_contained: str = ""
     """What this run's isolation left open, in words (see not_contained)."""
+    leftovers_killed: int = 0
+    """Processes that outlived the program and held its output open, killed by the server."""
 
     def to_text(self, limits: SandboxLimits) -> str:
         """What the model reads: the verdict line, both streams, and a final marker with the
@@ -129,18 +142,6 @@ def _signal_name(exit_code: int | None) -> str:
         return signal.Signals(-exit_code).name
     except ValueError:
         return str(-exit_code)
-
-
-async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> tuple[str, int]:
-    """(the first `limit` bytes as text, with a marker if more came; the total byte count)."""
-    kept = bytearray()
-    total = 0
-    while chunk := await stream.read(65536):
-        kept += chunk[: limit - len(kept)]
-        total += len(chunk)
-    text = kept.decode("utf-8", errors="replace")
-    dropped = total - len(kept)
-    return text + (f"\n…[truncated {dropped} bytes]" if dropped else ""), total
 
 
 def _disk_usage(workdir: str, max_entries: int) -> tuple[int, int]:
@@ -220,25 +221,25 @@ async def run_sandboxed(code: str, limits: SandboxLimits, isolation: Isolation) 
     """Run `code` as a program; never raises for anything the program does."""
     workdir = tempfile.mkdtemp(prefix="mcp-grpo-sandbox-")
     start = time.monotonic()
+    output = OutputPipes()
     try:
         Path(workdir, "main.py").write_text(code, encoding="utf-8")
+        await output.open(limits.max_output_bytes)
         report_read, report_write = os.pipe()
         try:
             try:
-                proc = await _start_child(workdir, limits, isolation, report_write)
+                proc = await _start_child(workdir, limits, isolation, report_write, output)
             finally:
                 os.close(report_write)
-            readers = asyncio.gather(
-                _read_bounded(proc.stdout, limits.max_output_bytes),
-                _read_bounded(proc.stderr, limits.max_output_bytes),
-            )
+                output.started()
             ended_by = await _supervise(proc, workdir, limits)
-            (stdout, stdout_bytes), (stderr, stderr_bytes) = await readers
-            # Every writer is gone (the child closed it or exited): this read cannot block.
+            leftovers_killed = await output.drain()
+            # The keeper closed its end before the program ran, and has exited: cannot block.
             disk_cap = "tmpfs" if os.read(report_read, 16) == b"tmpfs" else "polled"
         finally:
             os.close(report_read)
         duration = time.monotonic() - start
+        stdout, stderr = output.stdout.text(), output.stderr.text()
         reason = _verdict(proc.returncode, ended_by, stderr, duration, limits, disk_cap)
         return SandboxResult(
             reason,
@@ -247,17 +248,19 @@ async def run_sandboxed(code: str, limits: SandboxLimits, isolation: Isolation) 
             stderr,
             round(duration, 3),
             isolation,
-            stdout_bytes,
-            stderr_bytes,
+            output.stdout.total,
+            output.stderr.total,
             disk_cap,
             not_contained(isolation, disk_cap),
+            leftovers_killed,
         )
     finally:
+        output.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def _start_child(
-    workdir: str, limits: SandboxLimits, isolation: Isolation, report_fd: int
+    workdir: str, limits: SandboxLimits, isolation: Isolation, report_fd: int, output: OutputPipes
 ) -> asyncio.subprocess.Process:
     owner = os.environ.get(OWNER_ENV, str(os.getpid()))
     argv = [
@@ -281,8 +284,8 @@ async def _start_child(
         *argv,
         pass_fds=(report_fd,),
         stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stdout=output.write_fds[0],
+        stderr=output.write_fds[1],
         env=_child_env(workdir),
         cwd=workdir,
         start_new_session=True,
@@ -309,11 +312,37 @@ async def _supervise(
     finally:
         for task in watched - {exited}:
             task.cancel()
-        # The child is a session leader (start_new_session): its group holds anything it made.
-        if proc.returncode is None or ended_by is not None:
-            _kill_group(proc.pid)
+        if proc.returncode is None and ended_by is not None:
+            await _stop(proc, exited)
+        elif proc.returncode is None:  # this call was cancelled (the server may be closing)
+            _stop_soon(proc)
         await exited
     return ended_by
+
+
+async def _stop(proc: asyncio.subprocess.Process, exited: asyncio.Future) -> None:
+    """Ask the keeper to kill the program and what it left (SIGTERM); if it has not ended within
+    KEEPER_GRACE_S (a program that may signal it can stop it), kill its process group."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(asyncio.shield(exited), KEEPER_GRACE_S)
+    except (ProcessLookupError, asyncio.TimeoutError):  # one with TimeoutError from 3.11 on
+        _kill_group(proc.pid)
+
+
+def _stop_soon(proc: asyncio.subprocess.Process) -> None:
+    """_stop without waiting: the keeper is asked now, its group killed later if it is still
+    there (should this server exit first, the keeper's parent-death signal asks it again)."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        return
+
+    def kill_if_running() -> None:
+        if proc.returncode is None:
+            _kill_group(proc.pid)
+
+    asyncio.get_running_loop().call_later(KEEPER_GRACE_S, kill_if_running)
 
 
 def _kill_group(pid: int) -> None:
@@ -331,36 +360,56 @@ def _landlock_abi() -> int:
 def not_contained(isolation: Isolation, disk_cap: str) -> str:
     """What `isolation` (with the disk cap `tmpfs` or `polled`) leaves open on this machine, in
     words, for the tool result and the server's log."""
-    guard = "only an in-process guard, which C code bypasses, stops"
-    root = os.geteuid() == 0  # RLIMIT_NPROC stops process creation for everyone else
-    processes = ", process creation" if root else ""
-    polled = ""
-    if disk_cap != "tmpfs":
-        polled = (
-            f"; the disk cap is polled every {DISK_POLL_S * 1000:g} ms, so a fast writer can go "
-            "over it by what it writes in that time (no mount namespace for a tmpfs here)"
-        )
+    if disk_cap == "tmpfs":
+        return level_gaps(isolation)
+    return (
+        f"{level_gaps(isolation)}; the disk cap is polled every {DISK_POLL_S * 1000:g} ms, so a "
+        "fast writer can go over it by what it writes in that time (no mount namespace for a "
+        "tmpfs here)"
+    )
+
+
+def level_gaps(isolation: Isolation) -> str:
+    """What `isolation` does not contain on this machine, in words."""
     if isolation == "namespaces":
         return "reads of files that every user may read (the program runs as nobody)"
     if isolation == "landlock":
         abi = _landlock_abi()
-        network = "UDP and Unix-socket connections" if abi >= 4 else "network connections"
-        signals = ", signals to other processes" if abi < 6 else ""
-        return (
-            f"reads of every file the server's user may read; {guard} {network}{processes}"
-            f"{signals} (Landlock ABI {abi}){polled}"
+        truncate = (
+            ""
+            if abi >= 3
+            else f"; truncating files outside the work directory (Landlock ABI {abi})"
         )
+        return (
+            "reads of the system and Python directories (/usr, /lib*, /bin, /sbin, the Python "
+            f"installation and a few files in /etc){truncate}"
+        )
+    if os.geteuid() == 0:  # dropped capabilities guard root's other processes; fork works
+        reads = "reads of every file and key ring the server's user may read"
+        processes = (
+            "; processes that outlive the call (a program may fork, and a child that kills its "
+            "keeper and lets go of the output keeps running)"
+        )
+    else:  # RLIMIT_NPROC 0 stops fork; a user namespace of its own hides the others' secrets
+        reads = (
+            "reads of every file the server's user may read and, where the kernel gives the "
+            "program no user namespace of its own, of that user's key rings and the environment "
+            "of its other processes"
+        )
+        processes = ""
     return (
-        f"{guard} writes outside the work directory (sqlite3, for one, writes anywhere the "
-        f"server's user may), network connections{processes}, signals and reads of other "
-        "processes' /proc files; the program runs as the server's user and reads every file "
-        f"that user may read{polled}"
+        "writes outside the work directory, network connections, signals to other processes, "
+        f"{reads}{processes}: only an in-process guard stands in the way, and a program can "
+        "switch it off"
     )
 
 
+class SandboxUnavailable(RuntimeError):
+    """No isolation level that contains untrusted programs works on this machine."""
+
+
 async def isolation_works(isolation: Isolation) -> bool:
-    """Whether a program runs under `isolation` here (namespaces need root; landlock a kernel
-    with Landlock enabled; rlimits always)."""
+    """Whether a program runs under `isolation` here (see NEEDS)."""
     if isolation == "namespaces" and os.geteuid() != 0:
         return False
     result = await run_sandboxed("print('ok')", SandboxLimits(wall_seconds=10), isolation)
@@ -368,8 +417,14 @@ async def isolation_works(isolation: Isolation) -> bool:
 
 
 async def detect_isolation() -> Isolation:
-    """The strongest isolation level that works on this machine."""
+    """The strongest isolation level that works on this machine; never `rlimits`, which contains
+    nothing: raises SandboxUnavailable (naming what each level needs) instead."""
     for isolation in ISOLATIONS[:-1]:
         if await isolation_works(isolation):
             return isolation
-    return "rlimits"
+    needs = ", ".join(f"{level!r} needs {NEEDS[level]}" for level in ISOLATIONS[:-1])
+    raise SandboxUnavailable(
+        f"no isolation level that contains untrusted programs works here: {needs}. Start the "
+        "server with --isolation rlimits to run programs anyway, without containment: "
+        f"{level_gaps('rlimits')}"
+    )

@@ -1,5 +1,5 @@
-"""A minimal client of OpenAI-compatible chat-completions endpoints (httpx, no SDK): the `openai`
-user backend and the NL-assertion judge use it.
+"""A minimal client of OpenAI-compatible chat-completions endpoints (httpx, no SDK): the one client
+of the τ² `openai` user backend, the NL-assertion judge and the task writer (environments/taskgen).
 
 The API key is read from the environment variable the config names, when the client is built (a
 missing variable is an error naming it), and is sent only in the Authorization header: never

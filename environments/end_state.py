@@ -1,0 +1,116 @@
+"""How generated tasks are judged on what an episode left and what its own calls returned.
+
+- End-state checks (`success.checks`, schema `StateCheck`): the environment calls each check's
+  read-only tool when the episode ends, on the episode's own state; `check_passes` compares the
+  result with `expect`: a string against the result text (both stripped), any other JSON value
+  against the result as JSON (`result_json`: the text parsed as JSON, else the structured
+  content, unwrapped from the SDK's `{"result": ...}`).
+- Answers from the episode's own calls (`success.answer_from`): `expected_answer` is the result of
+  the episode's last successful call of the named step's tool, or one field of it.
+
+Task generation records `expect` with `recorded_expect` and reads a gold answer with
+`answer_value`, so a check recorded on the gold chain's state passes on the same state.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from environments.process_reward import calls_tool
+from environments.tasks.schema import StateCheck, Task
+
+if TYPE_CHECKING:
+    from environments.rewards import CallRecord, Episode
+
+MISSING = object()
+"""No JSON value: the result is neither JSON text nor structured content."""
+
+
+def result_json(text: str, structured: dict | None) -> Any:
+    """The result as a JSON value: its text parsed as JSON, else its structured content (the
+    SDK's `{"result": x}` wrapper of a non-object return unwrapped), else MISSING."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        pass
+    if isinstance(structured, dict):
+        return structured["result"] if list(structured) == ["result"] else structured
+    return MISSING
+
+
+def recorded_expect(text: str, structured: dict | None) -> Any:
+    """What a check made on this result should expect: the JSON value when the text is JSON,
+    else the stripped text. (`check_passes` with `match: equals` then holds on this result.)"""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text.strip()
+
+
+def json_equal(expected: Any, actual: Any) -> bool:
+    """JSON equality: numbers by value (1 == 1.0), but a boolean is no number; lists in order."""
+    if isinstance(expected, bool) or isinstance(actual, bool):
+        return type(expected) is type(actual) and expected == actual
+    if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
+        return expected == actual
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        return expected.keys() == actual.keys() and all(json_equal(v, actual[k]) for k, v in expected.items())
+    if isinstance(expected, list) and isinstance(actual, list):
+        return len(expected) == len(actual) and all(json_equal(e, a) for e, a in zip(expected, actual))
+    return type(expected) is type(actual) and expected == actual
+
+
+def json_contains(expected: Any, actual: Any) -> bool:
+    """`expected` is part of `actual`: an object's keys with containing values, a list's items
+    each in some item, a string inside the string; other values equal."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(k in actual and json_contains(v, actual[k]) for k, v in expected.items())
+    if isinstance(expected, list):
+        return isinstance(actual, list) and all(any(json_contains(e, a) for a in actual) for e in expected)
+    if isinstance(expected, str):
+        return isinstance(actual, str) and expected in actual
+    return json_equal(expected, actual)
+
+
+def check_passes(check: StateCheck, record: CallRecord | None) -> bool:
+    """Whether the check's call succeeded and its result matches `check.expect`."""
+    if record is None or record.status != "ok":
+        return False
+    if isinstance(check.expect, str):
+        text, expected = record.result.strip(), check.expect.strip()
+        return text == expected if check.match == "equals" else expected in text
+    actual = result_json(record.result, record.structured)
+    if actual is MISSING:
+        return False
+    return json_equal(check.expect, actual) if check.match == "equals" else json_contains(check.expect, actual)
+
+
+def answer_value(text: str, structured: dict | None, field: str | None) -> str | int | float | None:
+    """The answer a call's result gives: the stripped text (`field` null), or the value at the
+    dotted `field` of its JSON (digits index lists; booleans as `true` / `false`). None when the
+    field is missing or holds no scalar."""
+    if field is None:
+        return text.strip()
+    value = result_json(text, structured)
+    for part in field.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, (str, int, float)) else None
+
+
+def expected_answer(task: Task, episode: Episode) -> str | int | float | None:
+    """For `success.answer_from`: what the episode's own last successful call of the step's tool
+    answered (None: no such call, or no value at the field)."""
+    source = task.reward_spec.ground_truth.success.answer_from
+    step = task.reward_spec.ground_truth.tool_sequence[source.step - 1]
+    calls = [c for c in episode.calls if c.status == "ok" and calls_tool(c, step.tool, step.server)]
+    if not calls:
+        return None
+    return answer_value(calls[-1].result, calls[-1].structured, source.field)

@@ -1,0 +1,262 @@
+"""Any MCP server, knowing no tool by name: tasks from schemas and results alone.
+
+Exploring calls the read-only tools (argument-free first, then with values from their schemas and
+from what earlier results held, environments/taskgen/values.py) and keeps every call that worked
+with its parsed result. Requests name the tool, every argument's value, and which item of a
+result they mean by a field whose value is unique among the items (`the entity whose entityType
+is "company"`), so the answer and the calls are determined:
+
+- `generic:read`: one read; the answer is one field of one item of its result;
+- `generic:read>read`: an item found in one read gives the argument of a second read;
+- `generic:write`: one write with values from the schema (on a disposable copy of the state only),
+  checked by the argument-free reads;
+- `generic:read>write`: an item found in a read gives an argument of a write.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick, dig, parse_result
+from environments.taskgen.families.base import Explorer, Template
+from environments.taskgen.values import add_to_pool, records, same_kind, schema_value, singular
+
+MAX_FILLINGS = 6
+"""Argument sets tried per read tool while exploring."""
+
+
+@dataclass
+class Read:
+    tool: str
+    args: dict[str, Any]
+    data: Any
+
+
+@dataclass
+class Selector:
+    """One item of a result's array, named by a field whose value is unique in the array."""
+
+    path: str
+    """Where the array is (`entities`)."""
+    key: str
+    value: Any
+    item: dict
+
+    def says(self) -> str:
+        return f'the {singular(self.path)} whose "{self.key}" is {json.dumps(self.value)}'
+
+    def pick(self, step: int, field: str) -> Pick:
+        def extract(_text: str, data: Any) -> Any:
+            matches = [x for x in dig(data, self.path) if isinstance(x, dict) and x.get(self.key) == self.value]
+            if len(matches) != 1:
+                raise DraftRejected(f"{self.says()} matches {len(matches)} items")
+            return dig(matches[0], field)
+        return Pick(step, extract, f"the {field} of {self.says()}")
+
+
+def selectors(data: Any) -> list[Selector]:
+    found = []
+    for path, items in records(data):
+        for key in sorted({k for item in items for k in item}):
+            values = [item.get(key) for item in items]
+            for item, value in zip(items, values):
+                if isinstance(value, (str, int)) and not isinstance(value, bool) and values.count(value) == 1:
+                    found.append(Selector(path, key, value, item))
+    return found
+
+
+def _scalar_fields(item: dict, but: str) -> list[str]:
+    fields = [k for k, v in item.items() if k != but and isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+    fields += [f"{k}.0" for k, v in item.items() if k != but and isinstance(v, list) and v
+               and isinstance(v[0], (str, int, float))]
+    return fields
+
+
+def _phrase_field(field: str) -> str:
+    return f'first entry of "{field[:-2]}"' if field.endswith(".0") else f'"{field}"'
+
+
+def _args_text(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items()) or "no arguments"
+
+
+class GenericFamily:
+    name = "generic"
+
+    def __init__(self, server: str):
+        self.server = server
+        self.reads: list[Read] = []
+        self.pool: dict[str, list[Any]] = {}
+        self.specs: dict[str, Any] = {}
+        self.writers: list[str] = []
+
+    def claims(self, tools: Sequence[str]) -> bool:
+        return True
+
+    async def explore(self, explorer: Explorer) -> None:
+        self.specs = explorer.specs
+        readers = sorted(t for t in explorer.specs if explorer.usable(t) and not explorer.verdicts[t].writes)
+        self.writers = sorted(t for t in explorer.specs if explorer.usable(t) and explorer.verdicts[t].writes)
+        rng = random.Random(f"mcp-grpo|explore|{self.server}")
+        free = [t for t in readers if not (explorer.specs[t].input_schema.get("required") or [])]
+        for rounds, tools in enumerate((free, readers)):
+            for tool in tools:
+                schema = explorer.specs[tool].input_schema
+                required = schema.get("required") or []
+                tries = [{}] if not required else [
+                    {n: schema_value(n, (schema.get("properties") or {}).get(n, {}), rng, self.pool) for n in required}
+                    for _ in range(MAX_FILLINGS)]
+                for args in {json.dumps(a, sort_keys=True): a for a in tries}.values():
+                    if rounds == 1 and not required:
+                        continue
+                    try:
+                        text = await explorer.call(tool, args)
+                    except DraftRejected:
+                        continue
+                    data = parse_result(text)
+                    self.reads.append(Read(tool, args, data))
+                    add_to_pool(self.pool, data)
+
+    def _summary(self, tool: str) -> str:
+        first = " ".join((self.specs[tool].description or "").strip().split("\n\n")[0].split())
+        return f" ({first[:90].rstrip('. ')})" if first else ""
+
+    def _read_call(self, read: Read) -> Call:
+        return Call(self.server, read.tool, dict(read.args))
+
+    def _feeds(self, key: str) -> list[tuple[str, str]]:
+        """(tool, argument) pairs that take a value of a result field named `key`."""
+        out = []
+        for tool, spec in sorted(self.specs.items()):
+            for arg in (spec.input_schema.get("required") or []):
+                prop = (spec.input_schema.get("properties") or {}).get(arg, {})
+                if same_kind(arg, key) and prop.get("type") in ("string", "array"):
+                    out.append((tool, arg))
+        return out
+
+    def _answerable(self) -> list[tuple[Read, Selector, str]]:
+        return [(read, sel, field) for read in self.reads for sel in selectors(read.data)
+                for field in _scalar_fields(sel.item, sel.key)]
+
+    def templates(self) -> list[Template]:
+        s = self.server
+        answerable = self._answerable()
+        readers = {r.tool for r in self.reads}
+        free_reads = [r for r in self.reads if not r.args]
+
+        def read(rng):
+            if not answerable:
+                return None
+            r, sel, field = rng.choice(answerable)
+            return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)}. In its result, "
+                         f"what is the {_phrase_field(field)} of {sel.says()}?",
+                         [self._read_call(r)], sel.pick(1, field))
+
+        def read_read(rng):
+            options = [(r, sel, key, tool, arg) for r in self.reads for sel in selectors(r.data)
+                       for key in _scalar_fields(sel.item, sel.key) if "." not in key
+                       for tool, arg in self._feeds(key) if tool in readers]
+            if not options:
+                return None
+            r, sel, key, tool, arg = rng.choice(options)
+            spec = self.specs[tool].input_schema
+            is_list = (spec.get("properties") or {}).get(arg, {}).get("type") == "array"
+            second = Call(s, tool, {arg: ""}, {arg: sel.pick(1, key)}, {arg: (lambda v: [v]) if is_list else (lambda v: v)})
+            value = sel.item[key]
+            targets = [(sel2, f) for sel2 in _selectors_of(self.reads, tool, value)
+                       for f in _scalar_fields(sel2.item, sel2.key)]
+            if not targets:
+                return None
+            sel2, field = rng.choice(targets)
+            if tool == r.tool and r.args == {arg: [value] if is_list else value}:
+                return None  # the second call would repeat the first
+            holding = f"a list holding its {key}" if is_list else f"its {key}"
+            return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)} and find "
+                         f"{sel.says()}. Then call {tool} with {arg} set to {holding}. In that result, what is the "
+                         f"{_phrase_field(field)} of {sel2.says()}?",
+                         [self._read_call(r), second], sel2.pick(2, field))
+
+        def write(rng):
+            if not self.writers or not free_reads:
+                return None
+            tool = rng.choice(self.writers)
+            spec = self.specs[tool].input_schema
+            required = spec.get("required") or list(spec.get("properties") or {})
+            args = {n: schema_value(n, (spec.get("properties") or {}).get(n, {}), rng, self.pool,
+                                    fresh=rng.random() < 0.5) for n in required}
+            return Draft("generic", "", f"Call {tool}{self._summary(tool)} with {_args_text(args)}.",
+                         [Call(s, tool, args)], checks=[Check(self._read_call(r)) for r in free_reads[:1]])
+
+        def read_write(rng):
+            options = [(r, sel, key, tool, arg) for r in self.reads for sel in selectors(r.data)
+                       for key in _scalar_fields(sel.item, sel.key) if "." not in key
+                       for tool, arg in self._writer_feeds(key)]
+            if not options or not free_reads:
+                return None
+            r, sel, key, tool, path = rng.choice(options)
+            spec = self.specs[tool].input_schema
+            required = spec.get("required") or list(spec.get("properties") or {})
+            args = {n: schema_value(n, (spec.get("properties") or {}).get(n, {}), rng, self.pool) for n in required}
+            try:
+                dig(args, path)
+            except DraftRejected:
+                return None
+            top = path.split(".")[0]
+            shown = json.loads(json.dumps(args[top]))
+            if "." in path:
+                _put(shown, path.split(".", 1)[1], f"<its {key}>")
+            said = _args_text({k: v for k, v in args.items() if k != top})
+            return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)} and find "
+                         f"{sel.says()}. Then call {tool}{self._summary(tool)} with {path} set to its {key}"
+                         + (f" and {said}" if said != "no arguments" else "")
+                         + (f", so {top} = {json.dumps(shown)}" if "." in path else "") + ".",
+                         [self._read_call(r), Call(s, tool, args, {path: sel.pick(1, key)})],
+                         checks=[Check(self._read_call(x)) for x in free_reads[:1]])
+
+        makers = [(read, 1), (read_read, 2), (write, 1), (read_write, 2)]
+        return [Template(f"generic:{m.__name__.replace('_', '>')}", n, m) for m, n in makers]
+
+    def _writer_feeds(self, key: str) -> list[tuple[str, str]]:
+        """(write tool, dotted argument path) whose string leaf takes a value of field `key`."""
+        out = []
+        for tool in self.writers:
+            schema = self.specs[tool].input_schema
+            for arg in schema.get("required") or []:
+                prop = (schema.get("properties") or {}).get(arg, {})
+                if same_kind(arg, key) and prop.get("type") == "string":
+                    out.append((tool, arg))
+                elif same_kind(arg, key) and prop.get("type") == "array" and (prop.get("items") or {}).get("type") == "string":
+                    out.append((tool, f"{arg}.0"))
+                elif prop.get("type") == "array" and (prop.get("items") or {}).get("type") == "object":
+                    for sub in ((prop["items"].get("required")) or []):
+                        sub_prop = (prop["items"].get("properties") or {}).get(sub, {})
+                        if same_kind(sub, key) and sub_prop.get("type") == "string":
+                            out.append((tool, f"{arg}.0.{sub}"))
+        return out
+
+
+def _put(data: Any, dotted: str, value: Any) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    if isinstance(data, list):
+        data[int(last)] = value
+    else:
+        data[last] = value
+
+
+def _selectors_of(reads: list[Read], tool: str, value: Any) -> list[Selector]:
+    """Selectors over the results of `tool` that explored reads got when called with `value`."""
+    found = []
+    for read in reads:
+        if read.tool == tool and value in (v for arg in read.args.values() for v in (arg if isinstance(arg, list) else [arg])):
+            found.extend(selectors(read.data))
+    return found
+
+
+def family(server: str) -> GenericFamily:
+    return GenericFamily(server)

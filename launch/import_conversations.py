@@ -1,0 +1,81 @@
+"""Turn chat logs with tool calls into verified task records:
+`python -m launch.import_conversations --config configs/mcp_servers.yaml --chats logs.jsonl
+--out outputs/data/imported.jsonl`
+
+CHATS: one conversation per line (`{"messages": [...]}` or a bare list of messages), or a JSON
+list of them, in the OpenAI chat format (assistant `tool_calls`, `tool` messages with the
+results). Each log's calls are re-executed on the config's servers (only calls the generation's
+safety policy allows; `--allow-tool server.tool` opts a tool in) and must give the results the log
+recorded; the first user message becomes the prompt, the calls the `tool_sequence`, and the last
+result the answer where the final message states it. Logs that do not verify are kept out and
+named (printed, and in OUT with `.report.json`). Keys and tokens in the logs are masked (`***`)
+and never written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from environments.taskgen.conversations import import_conversations
+from grpo.config import ConfigError, load_config
+from launch.interrupt import stops_cleanly_on_interrupt
+from tools.manager import SharedToolManager, ToolServerStartError
+
+
+def read_chats(path: Path) -> list:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of conversations")
+        # A list of messages is one conversation; a list of conversations is many.
+        return [data] if data and isinstance(data[0], dict) and "role" in data[0] else data
+    items = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                items.append(json.loads(line))
+            except ValueError as exc:
+                raise ValueError(f"{path} line {number} is not JSON: {exc}") from None
+    return items
+
+
+async def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    items = read_chats(Path(args.chats))
+    async with SharedToolManager(config.tools) as tools:
+        kept, rejected = await import_conversations(tools, items, allow=args.allow_tool)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    report = out.with_name(out.name.removesuffix(".jsonl") + ".report.json")
+    report.write_text(json.dumps({"kept": len(kept), "kept_out": rejected}, indent=1) + "\n", encoding="utf-8")
+    for item in rejected:
+        print(f"kept out: conversation {item['index']}: {item['reason']}")
+    print(f"{len(kept)} of {len(items)} conversations verified; wrote {out} and {report}")
+    return 0 if kept else 2
+
+
+@stops_cleanly_on_interrupt
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="YAML run config whose tools.servers re-execute the calls")
+    parser.add_argument("--chats", required=True, help="chat logs (.jsonl, or a .json list)")
+    parser.add_argument("--out", required=True, help="task records .jsonl")
+    parser.add_argument("--allow-tool", action="append", default=[], metavar="SERVER.TOOL",
+                        help="re-execute this tool (glob) though it may write and its server has no per-episode state")
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides")
+    args = parser.parse_args(argv)
+    try:
+        return asyncio.run(_run(args))
+    except (ConfigError, ToolServerStartError, ValueError, OSError) as exc:
+        print(f"import_conversations: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

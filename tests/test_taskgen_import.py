@@ -1,0 +1,85 @@
+"""Conversation import (launch/import_conversations.py): OpenAI-format chat logs become task
+records only when their calls re-execute with the logged results; the rest are kept out and
+named; keys and tokens never reach the written files."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from conftest import REPO
+
+from environments.taskgen.conversations import mask_secrets
+from environments.tasks.schema import Task
+from launch import import_conversations
+
+SECRET = "sk-proj-4f8a9c2b7d1e6f30"
+TOKEN = "ghp_A1b2C3d4E5f6G7h8I9j0"
+
+
+def _call(call_id: str, name: str, args: dict) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+def _chat(question: str, calls: list[tuple[str, dict, str]], answer: str) -> dict:
+    messages = [{"role": "system", "content": "You help."}, {"role": "user", "content": question}]
+    for i, (name, args, result) in enumerate(calls):
+        messages.append({"role": "assistant", "content": None, "tool_calls": [_call(f"c{i}", name, args)]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": result})
+    messages.append({"role": "assistant", "content": answer})
+    return {"messages": messages}
+
+
+CHATS = [
+    _chat(f"My key is {SECRET}. What is 12 * 7, plus 5?",
+          [("calculate", {"expression": "12 * 7"}, "84"), ("calculate", {"expression": "84 + 5"}, "89")],
+          "It is 89."),
+    _chat("Store the note under 'gh' and read it back.",
+          [("put", {"key": "gh", "value": f"token={TOKEN}"}, "stored 'gh'"),
+           ("get", {"key": "gh"}, json.dumps(f"token={TOKEN}"))], "Done, it is stored."),
+    _chat("What is 2 + 2?", [("calculate", {"expression": "2 + 2"}, "5")], "5"),          # no longer verifies
+    _chat("Remove the pear.", [("delete_item", {"name": "pear"}, "deleted")], "Gone."),   # may write: not run
+    _chat("Translate this.", [("translate", {"text": "hi"}, "salut")], "salut"),          # no such tool
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]},  # no calls
+]
+
+
+def test_secrets_are_masked():
+    assert mask_secrets(f"key {SECRET} and Authorization: Bearer abc.def-123456") == (
+        "key *** and Authorization: Bearer ***", 2)
+    assert mask_secrets("api_key=XYZ12345&x=1 password: hunter22") == ("api_key=***&x=1 password: ***", 2)
+    assert mask_secrets("the order of 12345 tokens is ready") == ("the order of 12345 tokens is ready", 0)
+
+
+def test_import_keeps_verified_conversations_and_names_the_rest(tmp_path, capsys):
+    log = tmp_path / "recorder.jsonl"
+    config = tmp_path / "tools.yaml"
+    config.write_text(yaml.safe_dump({"tools": {"servers": {
+        "calculator": {"command": "python", "args": ["-m", "tools.servers.calculator"], "cwd": str(REPO)},
+        "kv": {"command": "python", "args": ["-m", "tools.servers.kv"], "cwd": str(REPO)},
+        "recorder": {"command": "python", "args": [str(REPO / "tests/servers/recorder.py"), "--log", str(log)]}}}}))
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(c) + "\n" for c in CHATS))
+    out = tmp_path / "imported.jsonl"
+    assert import_conversations.main(["--config", str(config), "--chats", str(chats), "--out", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["extra_info"]["source_index"] for r in records] == [0, 1]
+    first, second = (Task.from_record(r, "imported") for r in records)
+    assert first.question == "My key is ***. What is 12 * 7, plus 5?"
+    assert [(s.tool, s.params) for s in first.ground_truth.tool_sequence] == [
+        ("calculate", {"expression": "12 * 7"}), ("calculate", {"expression": "84 + 5"})]
+    assert first.ground_truth.success.answer == 89
+    assert second.ground_truth.tool_sequence[0].params == {"key": "gh", "value": "token=***"}
+    assert second.ground_truth.success.answer is None  # the final message does not state the result
+    report = json.loads((tmp_path / "imported.report.json").read_text())
+    reasons = {item["index"]: item["reason"] for item in report["kept_out"]}
+    assert sorted(reasons) == [2, 3, 4, 5]
+    assert "no longer gives the logged result" in reasons[2]
+    assert "recorder.delete_item is not re-executed" in reasons[3] and "may write" in reasons[3]
+    assert "no configured server offers the tool 'translate'" in reasons[4]
+    assert reasons[5] == "no tool calls"
+    assert not log.exists()
+    printed = capsys.readouterr().out
+    assert "kept out: conversation 2:" in printed and "2 of 6 conversations verified" in printed
+    for path in (out, tmp_path / "imported.report.json"):
+        assert SECRET not in path.read_text() and TOKEN not in path.read_text()

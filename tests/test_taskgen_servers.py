@@ -1,0 +1,171 @@
+"""Task generation against real third-party MCP servers from the registries, as `make servers`
+installs them (configs/mcp_servers.yaml): time, git, SQLite, the npm filesystem server, and the
+npm memory server through the generic path alone. A few tasks each; ground truth is checked
+against the fixtures directly (the seed database, the text files), not through the servers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from environments.taskgen.run import generate_tasks
+from environments.tasks.schema import Task
+from launch.build_fixtures import build
+from tools.config import ToolsConfig
+from tools.manager import SharedToolManager
+
+SERVERS = REPO / ".servers"
+NEEDS = {"time": "time", "git": "git", "sqlite": "sqlite", "filesystem": "node", "memory": "node"}
+
+
+def _missing(server: str) -> str | None:
+    part = NEEDS[server]
+    if part == "node" and shutil.which("node") is None:
+        return "node is not on PATH (the npm servers need node >= 20)"
+    if not (SERVERS / part / ".installed").is_file():
+        return f"the {part} server is not installed: run `make servers`"
+    return None
+
+
+def _config(fixtures: Path, servers: list[str]) -> ToolsConfig:
+    data = yaml.safe_load((REPO / "configs" / "mcp_servers.yaml").read_text())["tools"]
+    chosen = {}
+    for name in servers:
+        server = data["servers"][name]
+        server["command"] = str(REPO / server["command"])
+        if "state" in server:  # fixtures built for this test, two instances each
+            server["state"] = {**server["state"], "fixture": str(fixtures / Path(server["state"]["fixture"]).name),
+                               "pool_size": 2}
+        chosen[name] = server
+    return ToolsConfig(servers=chosen, call_timeout=30)
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("fixtures")
+    build(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def four(loop, fixtures):
+    servers = [s for s in ("time", "git", "sqlite", "filesystem") if _missing(s) is None]
+    if not servers:
+        pytest.skip(_missing("time"))
+    tools = SharedToolManager(_config(fixtures, servers))
+    loop.run_until_complete(tools.start())
+    outcome = loop.run_until_complete(generate_tasks(tools, servers=servers, num=12 * len(servers), max_steps=3,
+                                                     seed=3, eval_tasks=0, novel_tasks=0, examples=1))
+    loop.run_until_complete(tools.close())
+    return servers, outcome
+
+
+def _server_records(outcome, server: str) -> list[dict]:
+    return [r for r in outcome.records if r["data_source"] == f"taskgen/{server}"]
+
+
+@pytest.mark.parametrize("server", ["time", "git", "sqlite", "filesystem"])
+def test_each_server_gives_verified_single_and_multi_call_tasks(four, server):
+    servers, outcome = four
+    if server not in servers:
+        pytest.skip(_missing(server))
+    records = _server_records(outcome, server)
+    lengths = {r["extra_info"]["chain_length"] for r in records}
+    assert len(records) >= 8 and 1 in lengths and lengths & {2, 3} and lengths <= {1, 2, 3}
+    for record in records:
+        task = Task.from_record(record, record["reward_spec"]["ground_truth"]["task_id"])
+        success = task.ground_truth.success
+        assert success.has_answer or success.checks, record["prompt"]
+    assert outcome.report["servers"][server]["tasks"] == len(records)
+
+
+def test_time_answers_come_from_the_episode(four):
+    servers, outcome = four
+    if "time" not in servers:
+        pytest.skip(_missing("time"))
+    for record in _server_records(outcome, "time"):
+        success = record["reward_spec"]["ground_truth"]["success"]
+        assert "answer" not in success and success["answer_from"]["field"] in (
+            "datetime", "day_of_week", "target.datetime", "target.day_of_week", "time_difference")
+        assert "(time zone " in record["prompt"][0]["content"] or "UTC (Etc/UTC)" in record["prompt"][0]["content"]
+
+
+def test_sql_answers_match_the_seed_database(four, fixtures):
+    servers, outcome = four
+    if "sqlite" not in servers:
+        pytest.skip(_missing("sqlite"))
+    database = sqlite3.connect(fixtures / "sql" / "shop.db")
+    checked = 0
+    for record in _server_records(outcome, "sqlite"):
+        gt = record["reward_spec"]["ground_truth"]
+        if "answer" not in gt["success"] or any(s["tool"] == "write_query" for s in gt["tool_sequence"]):
+            continue
+        last = gt["tool_sequence"][-1]
+        if last["tool"] == "read_query":
+            (value,) = database.execute(last["params"]["query"]).fetchone()
+            assert gt["success"]["answer"] == value, record["prompt"]
+            checked += 1
+    assert checked >= 3
+
+
+def test_file_answers_and_write_checks_match_the_fixture(four, fixtures):
+    servers, outcome = four
+    if "filesystem" not in servers:
+        pytest.skip(_missing("filesystem"))
+    root = fixtures / "files"
+    seen = set()
+    for record in _server_records(outcome, "filesystem"):
+        gt = record["reward_spec"]["ground_truth"]
+        last = gt["tool_sequence"][-1]
+        if last["tool"] == "read_text_file" and "answer" in gt["success"]:
+            assert gt["success"]["answer"] == (root / last["params"]["path"]).read_text().strip()
+            assert not Path(last["params"]["path"]).is_absolute()  # relative to the state root
+            seen.add("read")
+        if last["tool"] == "write_file" and "content" in last["params"]:
+            check = gt["success"]["checks"][0]
+            assert check["tool"] == "read_text_file" and check["expect"] == last["params"]["content"]
+            assert not (root / check["params"]["path"]).exists()  # the fixture itself is never written
+            seen.add("write")
+    assert seen == {"read", "write"}
+
+
+def test_the_report_names_tools_left_out_and_why(four):
+    servers, outcome = four
+    reasons = {(t["server"], t["tool"]): t["reason"] for t in outcome.report["tools_left_out"]}
+    if "filesystem" in servers:
+        assert "deny" in reasons[("filesystem", "read_media_file")]
+    if "sqlite" in servers:
+        assert "deny" in reasons[("sqlite", "append_insight")]
+    used = {(t["server"], t["tool"]) for t in outcome.report["tools_used"]}
+    assert not used & set(reasons)
+    assert outcome.report["servers_without_tasks"] == []
+
+
+def test_an_unseen_server_gets_tasks_through_the_generic_path(loop, fixtures):
+    if _missing("memory"):
+        pytest.skip(_missing("memory"))
+    tools = SharedToolManager(_config(fixtures, ["memory"]))
+    loop.run_until_complete(tools.start())
+    try:
+        outcome = loop.run_until_complete(generate_tasks(tools, servers=["memory"], num=16, max_steps=3, seed=0,
+                                                         eval_tasks=0, novel_tasks=0, examples=0))
+    finally:
+        loop.run_until_complete(tools.close())
+    assert outcome.report["servers"]["memory"]["family"] == "generic"
+    records = outcome.records
+    assert len(records) == 16 and any(r["extra_info"]["chain_length"] == 2 for r in records)
+    seeds = [json.loads(line) for line in (fixtures / "memory" / "memory.jsonl").read_text().splitlines()]
+    names = {s["name"] for s in seeds if s["type"] == "entity"}
+    for record in records:
+        gt = record["reward_spec"]["ground_truth"]
+        request = record["prompt"][0]["content"]
+        assert all(step["tool"] in request for step in gt["tool_sequence"])  # the generic form names each tool
+        assert "answer" in gt["success"] or gt["success"]["checks"]
+    reads = [r for r in records if "answer" in r["reward_spec"]["ground_truth"]["success"]]
+    assert any(any(n in r["prompt"][0]["content"] for n in names) for r in reads)
