@@ -52,9 +52,9 @@ def model_dir(tmp_path_factory, tokenizer):
     return str(path)
 
 
-def four_bit_policy(model_dir: str) -> PolicyWithValueHead:
+def four_bit_policy(model_dir: str, dtype: str = "float32") -> PolicyWithValueHead:
     policy, _ = PolicyWithValueHead.from_config(
-        ModelConfig(name_or_path=model_dir, load_in_4bit=True, dtype="float32"), LORA, "cpu", seed=0
+        ModelConfig(name_or_path=model_dir, load_in_4bit=True, dtype=dtype), LORA, "cpu", seed=0
     )
     return policy
 
@@ -67,12 +67,16 @@ def four_bit_state(policy) -> dict[str, torch.Tensor]:
             if n in weights or n.rpartition(".weight.")[0] + ".weight" in weights}
 
 
-def test_a_grpo_step_moves_the_adapters_and_leaves_the_4bit_base_as_it_was(model_dir):
-    policy = four_bit_policy(model_dir)
+@pytest.mark.parametrize(("dtype", "gate"), [("float32", 1e-5), ("bfloat16", 0.05)])
+def test_a_grpo_step_moves_the_adapters_and_leaves_the_4bit_base_as_it_was(model_dir, dtype, gate):
+    """fp32 compute (`auto` on a CPU without bf16 instructions) and bf16 (`auto` on one with
+    them; here emulated, slowly): the step-0 check's gate for bf16 is the default tolerance."""
+    policy = four_bit_policy(model_dir, dtype)
     linears = [m for m in policy.modules() if isinstance(m, bitsandbytes.nn.Linear4bit)]
     assert len(linears) == 2 * 7  # every projection of both layers is 4-bit
-    # dequantized to fp32 and multiplied in fp32, as `model.dtype: float32` asks
-    assert all(m.weight.quant_state.dtype == m.compute_dtype == torch.float32 for m in linears)
+    # quantized from the fp32 weights; multiplied in the compute dtype `model.dtype` asks for
+    assert all(m.weight.quant_state.dtype == torch.float32 for m in linears)
+    assert all(m.compute_dtype == getattr(torch, dtype) for m in linears)
     base = four_bit_state(policy)
     assert any(".absmax" in n for n in base) and len(base) > len(linears)
     reference = make_reference(policy, ReferenceConfig(ema_decay=0.5, update_every=1))
@@ -86,7 +90,7 @@ def test_a_grpo_step_moves_the_adapters_and_leaves_the_4bit_base_as_it_was(model
                        make_settings(loss={"kl": "loss", "kl_coef": 0.1}), check_logprobs=True)
     reference.update()
     engine.sync_weights(policy)  # the push reads (dequantizes) the base: it must not change it
-    assert math.isfinite(stats["train/loss"]) and stats["train/logprob_mismatch"] < 1e-5
+    assert math.isfinite(stats["train/loss"]) and stats["train/logprob_mismatch"] < gate
     after = four_bit_state(policy)
     assert after.keys() == base.keys()
     assert all(torch.equal(after[n], base[n]) for n in base)
