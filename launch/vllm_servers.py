@@ -34,6 +34,7 @@ import httpx
 from grpo.config import load_config
 from grpo.models.source import resolve_model_dir
 from grpo.rollout.vllm.server import SERVER_ENV, serve_command
+from launch.interrupt import stops_cleanly_on_interrupt
 
 
 class ServerStartError(RuntimeError):
@@ -117,6 +118,7 @@ def running_servers(config, model_dir: str | Path, ports: list[int], *, log_dir:
             server.stop()
 
 
+@stops_cleanly_on_interrupt
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[argv.index("--") + 1:] if "--" in argv else []

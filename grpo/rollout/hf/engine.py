@@ -37,14 +37,10 @@ Settings: the engine takes its config section (`rollout.hf`, grpo/rollout/config
 compute dtype, device and seed come from the other sections (grpo/rollout/registry.py).
 
 Reproducibility: a seeded request draws its random numbers from its own counter-based stream
-(grpo/rollout/hf/sampling.py), so its tokens do not depend on its batch company as long as its
-logits do not. In fp32 they do not (seeded requests alone and batched together give identical
-tokens and log-probs). In bf16, batch shape and padding change the last bits of some
-activations and bf16 rounding amplifies that: seeded requests reproduce exactly in the same
-batch, but may diverge when batched differently. Use `dtype=None` (an fp32 copy, slower on a CPU
-with bf16 instructions) where batch-independent reproducibility matters more than speed.
-On a CPU without them `auto` is fp32 anyway, and the copy's packed fp32 products keep a row's
-results independent of its company (grpo/rollout/hf/weights.py).
+(grpo/rollout/hf/sampling.py), so the same requests in the same batch give the same tokens and
+log-probs everywhere; in fp32 on a CPU its tokens do not depend on the rows beside it either (up
+to near-ties within fp32 rounding), in bf16 they do. `sampling_promise` says which holds here
+(grpo/rollout/hf/batch_invariance.py has the promise and its measurements).
 
 Thread safety: `generate` and `serve` may be called from a worker thread (the collector uses
 `asyncio.to_thread`); a lock serialises callers, and torch ops release the GIL while they run.
@@ -65,6 +61,7 @@ from grpo.rollout.base import (
     check_request,
 )
 from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.batch_invariance import SamplingPromise, sampling_promise
 from grpo.rollout.hf.decode_loop import DecodeLoop
 from grpo.rollout.hf.runner import ModelRunner
 
@@ -121,7 +118,17 @@ class HFEngine(RolloutEngine):
             "kv_cache_dtype": str(self.runner.kv_cache_dtype or "model").removeprefix("torch."),
             "continuous_batching": str(settings.continuous_batching).lower(),
             "weight_bytes": str(self.runner.weight_bytes()),
+            "sampling": str(self.sampling_promise),
         }
+
+    @property
+    def sampling_promise(self) -> SamplingPromise:
+        """What a seeded request's tokens depend on here: reproducible for a fixed batch, or
+        batch-invariant too (batch_invariance.py); the products are probed once per process."""
+        runner = self.runner
+        return sampling_promise(
+            runner.model, self.device, runner.autocast_dtype, runner.kv_cache_dtype
+        )
 
     def sync_weights(self, policy) -> None:
         """Copy the policy's current weights (LoRA merged) into the engine's copy."""

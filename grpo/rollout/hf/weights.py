@@ -4,19 +4,28 @@
 matmuls (embeddings, norms, the residual stream, rotary, attention, KV cache) in the policy's
 dtype, while the Linear layers get bf16 weights: the input is rounded to bf16, as under bf16
 autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN
-(`_Matmul`), and sibling projections that read the same input run as one matmul (q/k/v,
-gate/up; which ones is the model family's record, grpo/rollout/hf/architecture.py). That is
-faster than bf16 autocast over the fp32 policy and its sampled tokens' log-probs are as close to
-an fp32 forward's; an fp32 LM head (`head_dtype`) brings them closer still. A copy that is bf16
-throughout (the residual stream too) is not offered: SmolLM2's hidden states carry large
-outliers, and its log-probs came too close to the trainer's step-0 tolerance
-(`bench.generation` compares the variants).
+(`_Matmul`; where oneDNN has bf16 kernels, else `F.linear`: `_onednn_bf16`), and sibling
+projections that read the same input run as one matmul (q/k/v, gate/up; which ones is the model
+family's record, grpo/rollout/hf/architecture.py). That is faster than bf16 autocast over the
+fp32 policy and its sampled tokens' log-probs are as close to an fp32 forward's; an fp32 LM head
+(`head_dtype`) brings them closer still. A copy that is bf16 throughout (the residual stream too)
+is not offered: SmolLM2's hidden states carry large outliers, and its log-probs came too close to
+the trainer's step-0 tolerance (`bench.generation` compares the variants).
 
 An fp32 copy on a CPU (`auto` on a CPU without bf16 instructions, or `dtype=None` over an fp32
 policy) is built the same way with fp32 weights: packed and fused for speed alone, since packed
 fp32 products are several times faster than `F.linear`'s at decode shapes
 (`_FP32_PACKING_MACHINES`). Where torch has MKL the fp32 weights are packed for MKL's sgemm
 rather than oneDNN (`_MKL_PACK_ROWS`).
+
+Row independence: whether a product gives a row the same bits whatever rows are computed with it
+depends on the CPU and the kernel the BLAS picks for it, not on the weights' values. MKL's
+AVX-512 fp32 kernels do at every row count probed; its AVX2 ones (MKL_ENABLE_INSTRUCTIONS=AVX2,
+or a CPU without AVX-512) do not at 2-3 rows of each block of 4 for some shapes, and MKL on an
+AMD CPU not at one row; oneDNN's fp32 packs not at one row for some shapes; `F.linear` not at
+1-8 rows. `products_rows_independent` probes the copy's products (once per process and kind of
+product) and the engine reports it (grpo/rollout/hf/batch_invariance.py: the engine's promise,
+which holds either way).
 
 `copy_weights_into` (sync_weights) copies tensors by name from the policy, casting as it goes,
 then re-packs the packed weights.
@@ -25,6 +34,7 @@ then re-packs the packed weights.
 from __future__ import annotations
 
 import copy
+import functools
 import platform
 from collections.abc import Callable
 
@@ -45,8 +55,7 @@ _FP32_PACKING_MACHINES = ("x86_64", "amd64")
 an x86-64 CPU without bf16 instructions (no AVX-512 BF16 or AMX, where `auto` computes in fp32)
 `F.linear`'s decode-shape products run at a fraction of the packed ones' speed (prefill-sized
 products about the same; at one row the packed product is a little slower). Packed fp32 products
-are the same for a row whatever the rows beside it, where MKL's plain ones are not at a few
-rows; they differ from `F.linear`'s in the last bits."""
+differ from `F.linear`'s in the last bits."""
 _PACK_BATCH_HINT = 16
 """Rows oneDNN lays the decoder layers' packed weights out for: a little faster than a 64-row
 layout at decode batches of 16 to 64 rows, the same at prefill sizes, the same tokens."""
@@ -55,11 +64,18 @@ _HEAD_PACK_BATCH_HINT = 64
 16."""
 _MKL_PACK_ROWS = 256
 """Rows MKL lays a packed fp32 weight out for (`cblas_sgemm_pack`'s m). The layout serves any row
-count: the products are right for every count, each row's bits do not depend on the rows beside
-it, and Intel's own extension for PyTorch computes with one B pack whatever the input's rows. It
-is chosen for speed: at decode and prefill sizes it runs MKL's fp32 products at least as fast as
-oneDNN's packs, where a layout for the decode batch (16 rows) made products of 40-128 rows
-markedly slower."""
+count: the products are right for every count (whether a row's bits depend on the rows beside
+it depends on the CPU's kernels: module docstring), and Intel's own extension for PyTorch
+computes with one B pack whatever the input's rows. It is chosen for speed: at decode and
+prefill sizes it runs MKL's fp32 products at least as fast as oneDNN's packs, where a layout for
+the decode batch (16 rows) made products of 40-128 rows markedly slower."""
+
+_PROBE_ROWS = 80
+"""Rows a probe computes together (`probe_rows_independent`): past a 64-row decode batch."""
+_PROBE_COUNTS = (1, 2, 3, 5, 8, 16, 17, 33, 64)
+"""Row counts a probe computes alone: decode batch sizes, among them those where kernels were
+seen to treat rows apart -- a lone row (MKL on an AMD CPU; oneDNN's fp32 packs for some shapes),
+2 or 3 rows past a multiple of 4 (MKL's AVX2 kernels), one past a power of two."""
 
 
 def _onednn_packs(device: torch.device) -> bool:
@@ -85,11 +101,53 @@ def packs_fp32(device: torch.device) -> bool:
     return _onednn_packs(device) and platform.machine().lower() in _FP32_PACKING_MACHINES
 
 
+def _onednn_bf16() -> bool:
+    """Can oneDNN compute bf16 products on this CPU? It refuses to pack bf16 weights on one
+    without AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (an AVX2-only x86-64 CPU, or oneDNN capped by
+    ONEDNN_MAX_CPU_ISA): there a bf16 copy keeps `F.linear`."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return check is not None and bool(check())
+
+
 def can_pack(weight: torch.Tensor) -> bool:
-    """Is `weight` pre-packed in the engine copy (bf16 with oneDNN, fp32 where `packs_fp32`)?"""
+    """Is `weight` pre-packed in the engine copy (bf16 with oneDNN where it has bf16 kernels, fp32
+    where `packs_fp32`)?"""
     if weight.dtype == torch.float32:
         return packs_fp32(weight.device)
-    return weight.dtype == torch.bfloat16 and _onednn_packs(weight.device)
+    return weight.dtype == torch.bfloat16 and _onednn_packs(weight.device) and _onednn_bf16()
+
+
+def _packer_for(weight: torch.Tensor) -> str | None:
+    """How `_Matmul` lays out `weight`: "mkl" (fp32, torch has MKL), "onednn", or None (plain)."""
+    if not can_pack(weight):
+        return None
+    return "mkl" if weight.dtype == torch.float32 and _mkl_packs(weight.device) else "onednn"
+
+
+def probe_rows_independent(product, in_features: int, dtype: torch.dtype, device) -> bool:
+    """Does `product` (a function of an [n, in_features] input) give each row the same bits
+    whether the row is computed alone or among others? Random inputs: the first n rows of
+    `_PROBE_ROWS` for each n of `_PROBE_COUNTS`, and the last 1 and 3, computed on their own
+    against the same rows among all of them. A BLAS picks its kernel and blocking by the row
+    count (and the CPU, and the threads), so a product that passes is not proven to pass at
+    every count: these are the counts where kernels were seen to differ."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(_PROBE_ROWS, in_features, generator=generator).to(device, dtype)
+    together = product(x)
+    return all(
+        torch.equal(product(x[:rows]), together[:rows]) for rows in _PROBE_COUNTS
+    ) and all(torch.equal(product(x[-rows:]), together[-rows:]) for rows in (1, 3))
+
+
+@functools.cache
+def _probe_kind(packer, dtype, shape, has_bias, batch_hint, device_type, threads) -> bool:
+    """`probe_rows_independent` for a random weight packed as a `_Matmul` with these traits; the
+    answer depends on them (and the CPU), not on the weight's values, so it is kept per process."""
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(shape, generator=generator).to(device_type, dtype)
+    bias = torch.randn(shape[0], generator=generator).to(device_type, dtype) if has_bias else None
+    matmul = _Matmul(weight, bias, batch_hint, packer=packer)
+    return probe_rows_independent(matmul, shape[1], dtype, weight.device)
 
 
 class _Matmul:
@@ -102,22 +160,29 @@ class _Matmul:
     weight (sync_weights)."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = _PACK_BATCH_HINT
+        self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = _PACK_BATCH_HINT,
+        packer: str | None = "auto",
     ) -> None:
         self.weight, self.bias, self.batch_hint = weight, bias, batch_hint
         self.packed: torch.Tensor | None = None
-        self.packer: str | None = None
+        self.packer = _packer_for(weight) if packer == "auto" else packer
         self.repack()
 
     def repack(self) -> None:
-        if not can_pack(self.weight):
-            return
-        if self.weight.dtype == torch.float32 and _mkl_packs(self.weight.device):
-            self.packer = "mkl"
+        if self.packer == "mkl":
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, _MKL_PACK_ROWS)
-        else:
-            self.packer = "onednn"
+        elif self.packer == "onednn":
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, self.batch_hint)
+
+    def rows_independent(self) -> bool:
+        """Is each row's product the same bits whatever rows it is computed with? Probed once per
+        process for this kind of product (`probe_rows_independent`); a quantized weight is not."""
+        if not self.weight.is_floating_point():
+            return False
+        return _probe_kind(
+            self.packer, self.weight.dtype, tuple(self.weight.shape), self.bias is not None,
+            self.batch_hint, self.weight.device.type, torch.get_num_threads(),
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.weight.dtype:  # (a same-dtype `to` costs a dispatch per call)
@@ -297,6 +362,29 @@ def inference_copy(
             fuse_rms_norms(clone, is_norm)
     clone.eval()
     return clone
+
+
+def linear_products(model: nn.Module) -> list[_Matmul]:
+    """The distinct Linear products of `model`: its packed ones, and a plain `_Matmul` (the
+    `F.linear` it calls) for each `nn.Linear` left as it is."""
+    products: dict[int, _Matmul] = {}
+    for module in model.modules():
+        if isinstance(module, LowPrecisionLinear):
+            matmul = module.matmul
+        elif isinstance(module, FusedMember):
+            matmul = module.group.matmul
+        elif isinstance(module, nn.Linear):
+            matmul = _Matmul(module.weight, module.bias, packer=None)
+        else:
+            continue
+        products[id(matmul)] = matmul
+    return list(products.values())
+
+
+def products_rows_independent(model: nn.Module) -> bool:
+    """Does every Linear product of `model` give each row the same bits whatever rows are computed
+    with it? Each kind of product is probed once per process (`_Matmul.rows_independent`)."""
+    return all(matmul.rows_independent() for matmul in linear_products(model))
 
 
 @torch.no_grad()
