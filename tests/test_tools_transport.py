@@ -196,3 +196,25 @@ async def test_a_result_over_the_limit_is_an_error_and_costs_less_than_reading_o
         assert (await manager.call_tool("pid", {})).structured["result"] == pid
         metrics = manager.metrics()
         assert (metrics["tools/restarts"], metrics["tools/errors/result_too_large"]) == (0.0, 1.0)
+
+
+@pytest.mark.anyio
+async def test_a_server_that_stops_reading_never_blocks_a_call_past_its_timeout():
+    # SIGSTOP: alive, reading nothing. A request bigger than the pipe then blocked the writer
+    # for good, and every request after it waited behind, before any timeout clock had started.
+    config = ToolsConfig(servers={"faulty": faulty_server()}, call_timeout=2)
+    async with SharedToolManager(config) as manager:
+        frozen = await manager.call_tool("freeze", {})
+        assert (frozen.error_kind, frozen.text) == ("timeout", "tool freeze timed out: no answer within 2 s")
+        text = "x" * MB  # 16 times a pipe's buffer
+        big, small = await asyncio.wait_for(
+            # The big call's own clock is longer than the write's bound (the server's call_timeout).
+            asyncio.gather(manager.call_tool("echo", {"text": text}, timeout=30),
+                           manager.call_tool("echo", {"text": "small"})),
+            timeout=60,
+        )
+        # Both on the restarted server: the write's bound ended the stuck session.
+        assert (big.error_kind, big.text[:3], small.text) == (None, "xxx", "small")
+        metrics = manager.metrics()
+        assert (metrics["tools/restarts"], metrics["tools/timeouts"]) == (1.0, 1.0)
+        assert metrics["tools/transport_failures"] >= 1.0

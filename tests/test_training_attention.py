@@ -192,5 +192,7 @@ def test_the_policy_gets_eagers_logprobs_and_gradients(layout):
     (eager_layout, eager_logprobs, eager_grads), (layout_name, logprobs, grads) = results
     assert layout_name == eager_layout == ("PackedRows" if layout == "packed" else "list")
     assert torch.equal(logprobs, eager_logprobs)
+    # Gradients to fp32 rounding of their scale, not bits: the packed layout's backward runs
+    # products of other shapes, and MKL's AVX2 kernels order a sum by the shape (AVX-512's did not).
     for got, want in zip(grads, eager_grads, strict=True):
-        _assert_grad_close(got, want, rel=0)
+        _assert_grad_close(got, want, rel=1e-6)

@@ -115,7 +115,8 @@ class MCPServerConfig(_Section):
     startup_timeout: float = Field(default=30.0, gt=0)
     """Seconds to start the server and finish `initialize` + `list_tools`."""
     call_timeout: float | None = Field(default=None, gt=0)
-    """Per-call timeout for this server (null: the manager's default)."""
+    """Per-call timeout for this server (null: the manager's default). A stdio server that takes
+    no request for this long has stopped reading: its session ends and it is restarted."""
     retry_on_timeout: bool = False
     """Retry a call that timed out (up to `max_retries`). Off by default: a timeout usually means
     the call is slow, and each retry costs another `call_timeout` (a dead server is detected and

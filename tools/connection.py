@@ -130,6 +130,8 @@ class ServerConnection:
         self.name = name
         self.config = config
         self.max_result_bytes = tools_config.max_result_bytes
+        # A request not taken within a call's time means the server stopped reading stdin.
+        self.write_timeout = config.call_timeout or tools_config.call_timeout
         self.semaphore = asyncio.Semaphore(config.max_in_flight)
         self.breaker = CircuitBreaker(tools_config.breaker_failures, tools_config.breaker_cooldown)
         self.client: Client | None = None
@@ -292,6 +294,7 @@ class ServerConnection:
                             extra,
                             name=self.name,
                             max_message_bytes=self.max_result_bytes,
+                            write_timeout=self.write_timeout,
                             on_junk=self.note_stdout_junk,
                         )
                     client = Client(stream, read_timeout_seconds=self.config.startup_timeout)

@@ -12,6 +12,10 @@ like `mcp.client.stdio.stdio_client`, which it replaces for three reasons:
   dies on it and takes the session along: one unsendable argument restarted the server, and
   the retries opened its circuit breaker.
 - Lines on stdout that are not JSON-RPC go to a callback, not to one logged traceback each.
+- A write is bounded by `write_timeout`. A server that stops reading stdin (stuck, or stopped)
+  would otherwise block the writer once the pipe is full, and every later request behind it,
+  before any call's timeout clock starts: the session ends instead, its calls fail at once and
+  the manager restarts the server.
 
 Shutdown follows the MCP lifecycle: close stdin, give the server a grace period to exit, then
 SIGTERM and SIGKILL its process group (it runs in a session of its own). POSIX only, like the
@@ -167,12 +171,14 @@ async def stdio_transport(
     *,
     name: str,
     max_message_bytes: int,
+    write_timeout: float,
     on_junk: Callable[[str], None],
 ) -> AsyncIterator[tuple[MemoryObjectReceiveStream, MemoryObjectSendStream]]:
     """Start `server` (its `env` is its whole environment) and carry messages to and from it.
 
     `name` is for log messages; `on_junk` gets the start of every stdout line that is not
-    JSON-RPC. Raises OSError when the command cannot be started."""
+    JSON-RPC; a message the server does not take within `write_timeout` seconds ends the
+    session. Raises OSError when the command cannot be started."""
     process = await anyio.open_process(
         [server.command, *server.args],
         env=server.env,
@@ -240,7 +246,18 @@ async def stdio_transport(
                     except ValueError as exc:  # the request's own fault; the server is fine
                         refuse(task_group, message, str(exc))
                         continue
-                    await process.stdin.send(data)
+                    try:
+                        with anyio.fail_after(write_timeout):
+                            await process.stdin.send(data)
+                    except TimeoutError:
+                        logger.warning(
+                            "MCP server %r took no request for %g s (it stopped reading stdin); "
+                            "ending its session",
+                            name,
+                            write_timeout,
+                        )
+                        received_in.close()
+                        return
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             # The server stopped reading, so nothing more can be said to it: end the session
             # now instead of letting each call wait for its timeout.

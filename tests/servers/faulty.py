@@ -88,6 +88,12 @@ def serve() -> None:
         return f"episode {episode_id}"
 
     @server.tool()
+    def freeze() -> str:
+        """Stop this server (SIGSTOP): alive, but it reads and answers nothing any more."""
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return "unreachable"
+
+    @server.tool()
     def add(a: int, b: int) -> int:
         """a + b (typed arguments for validation tests)."""
         return a + b
