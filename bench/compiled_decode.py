@@ -30,12 +30,12 @@ import time
 import torch
 import torch._inductor.config
 
-import grpo.rollout.weights as engine_weights
+import grpo.rollout.hf.weights as engine_weights
 from bench.generation import make_prompts
 from grpo.models.devices import compute_dtype
 from grpo.models.source import load_causal_lm, load_tokenizer
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
 
 
 def _ms_per_call(fn, repeats: int) -> float:
@@ -59,8 +59,8 @@ def measure(model, tokenizer, device: torch.device, batch: int, window: int, rep
     capacity = width + window + 1
     with torch.inference_mode():
         # Every column zeroed: the timed step reads `window` columns no decode has written.
-        cache = PreallocatedCache(engine._num_layers, len(prompts), capacity, zero_columns=capacity)
-        logits = engine._loop._prefill(prompts, cache, pos=width, first=0)
+        cache = PreallocatedCache(engine.runner.num_layers, len(prompts), capacity, zero_columns=capacity)
+        logits = engine.loop.prefill.prompts(prompts, cache, pos=width, first=0)
         start = torch.tensor([width - len(p) for p in prompts], device=device)  # [B]
         allowed = torch.arange(capacity, device=device)[None] >= start[:, None]  # [B, cap]
         pos, lo = width + window, int(start.min())
@@ -68,20 +68,20 @@ def measure(model, tokenizer, device: torch.device, batch: int, window: int, rep
         mask = allowed[:, None, None, lo : pos + 1]  # [B, 1, 1, L]
         positions = (pos - start)[:, None]  # [B, 1]
         tokens = logits.argmax(-1)[:, None]  # [B, 1]
-        eager_ms = _ms_per_call(lambda: engine._forward(tokens, mask, positions, cache), repeats)
-        reference = engine._forward(tokens, mask, positions, cache).float()
+        eager_ms = _ms_per_call(lambda: engine.runner.forward(tokens, mask, positions, cache), repeats)
+        reference = engine.runner.forward(tokens, mask, positions, cache).float()
 
         if device.type == "cpu":
-            packed, packs_fp32 = engine_weights._can_pack, engine_weights.packs_fp32
-            engine_weights._can_pack = lambda weight: False
+            packed, packs_fp32 = engine_weights.can_pack, engine_weights.packs_fp32
+            engine_weights.can_pack = lambda weight: False
             engine_weights.packs_fp32 = lambda device: False
             try:
                 engine = HFEngine(model, tokenizer, device=device, dtype=dtype)
             finally:
-                engine_weights._can_pack, engine_weights.packs_fp32 = packed, packs_fp32
-            compiled = torch.compile(engine._forward, dynamic=dynamic)
+                engine_weights.can_pack, engine_weights.packs_fp32 = packed, packs_fp32
+            compiled = torch.compile(engine.runner.forward, dynamic=dynamic)
         else:
-            compiled = torch.compile(engine._forward, dynamic=dynamic, mode="reduce-overhead")
+            compiled = torch.compile(engine.runner.forward, dynamic=dynamic, mode="reduce-overhead")
         # Inductor compiles at the first call; freezing (CPU: weights as constants) only for it.
         with torch._inductor.config.patch(freezing=device.type == "cpu"):
             started = time.perf_counter()

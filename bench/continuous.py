@@ -6,7 +6,7 @@
 
 The same tasks (the config's training data, the first `--tasks`) are collected `--repeats` times
 in each mode, alternating, through one HF engine and the config's real MCP servers:
-`continuous` (`hf.continuous_batching: true`: requests of episodes back from their tools join the
+`continuous` (`rollout.hf.continuous_batching: true`: requests of episodes back from their tools join the
 running batch, results go back as each sequence ends) and `turn-batched` (each turn's requests
 gathered into one `generate` call that waits for its longest row). An untrained model makes few
 tool calls, so the default is the model `make train-multistep` leaves
@@ -156,7 +156,7 @@ async def measure(args: argparse.Namespace) -> dict:
             config.environment,
             config.rollout,
             env_factory=lambda task, episode_id: RemoteLatency(
-                plain._make_env(task, episode_id), lambda: draws.uniform(lo, hi)
+                plain.make_env(task, episode_id), lambda: draws.uniform(lo, hi)
             ),
         )
         # One warm-up collection (first-call costs: kernels, tool servers), not reported.

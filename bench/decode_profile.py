@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.decode_profile --batches 16 64        # this CPU
 
 On a GPU a decode step is one CUDA-graph replay of the forward and the sampler
-(grpo/rollout/decode_graphs.py; `--sample-after-step`: the sampler runs eagerly after the
+(grpo/rollout/hf/decode_graphs.py; `--sample-after-step`: the sampler runs eagerly after the
 replay, as before), then the tokens are copied to the host, then the engine's Python bookkeeping
 (finish checks, compaction, admission) runs before the next replay. The host waits for the
 device at the copy and the device waits for the host until the next launch, so the step costs
@@ -46,8 +46,9 @@ from bench.generation import make_prompts
 from grpo.models.devices import compute_dtype
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.live_batch import LiveBatch
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.live_batch import LiveBatch
 
 
 def _sync(device: torch.device) -> None:
@@ -59,8 +60,8 @@ def _sync(device: torch.device) -> None:
 def _timed_parts(engine: HFEngine, seconds: dict[str, float]):
     """While open, the engine's decode forwards and samplings add their synchronised wall time
     to `seconds["forward"]` and `seconds["sample"]`."""
-    loop, device = engine._loop, engine.device
-    decode_step, sample = loop._decode_step, LiveBatch.sample
+    loop, device = engine.loop, engine.device
+    decode_step, sample = loop.decode_step, LiveBatch.sample
 
     def timed_step(batch, metrics):
         started = time.perf_counter()
@@ -74,12 +75,12 @@ def _timed_parts(engine: HFEngine, seconds: dict[str, float]):
         _sync(device)
         seconds["sample"] += time.perf_counter() - started
 
-    loop._decode_step = timed_step
+    loop.decode_step = timed_step
     LiveBatch.sample = timed_sample
     try:
         yield
     finally:
-        del loop._decode_step
+        del loop.decode_step
         LiveBatch.sample = sample
 
 
@@ -140,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto",
                         help="the engine copy's dtype (auto: what a training run's engine takes here)")
     parser.add_argument("--sample-after-step", action="store_true",
-                        help="sample after each decode step, not inside it (hf.sample_in_decode_step=false)")
+                        help="sample after each decode step, not inside it (rollout.hf.sample_in_decode_step=false)")
     parser.add_argument("--kv-cache-dtype", choices=("auto", "model"), default="auto",
-                        help="the engine's KV cache dtype (hf.kv_cache_dtype; model: the copy's states' dtype)")
+                        help="the engine's KV cache dtype (rollout.hf.kv_cache_dtype; model: the copy's states' dtype)")
     parser.add_argument("--unfused-norms", action="store_true",
-                        help="the RMSNorm layers as transformers writes them (hf.fuse_norms=false)")
+                        help="the RMSNorm layers as transformers writes them (rollout.hf.fuse_norms=false)")
     parser.add_argument("--transformers-forward", action="store_true",
-                        help="each forward through transformers' modules (hf.lean_forward=false)")
+                        help="each forward through transformers' modules (rollout.hf.lean_forward=false)")
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     args = parser.parse_args(argv)
     device = args.device
@@ -158,10 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model).eval().to(device)
     dtype = compute_dtype(torch.device(device), args.dtype)
-    engine = HFEngine(model, tokenizer, max_batch_size=max(args.batches), dtype=dtype,
-                      sample_in_decode_step=not args.sample_after_step,
-                      kv_cache_dtype="auto" if args.kv_cache_dtype == "auto" else None,
-                      fuse_norms=not args.unfused_norms, lean_forward=not args.transformers_forward)
+    settings = HFEngineConfig(
+        max_batch_size=max(args.batches), sample_in_decode_step=not args.sample_after_step,
+        kv_cache_dtype=args.kv_cache_dtype, fuse_norms=not args.unfused_norms,
+        lean_forward=not args.transformers_forward,
+    )
+    engine = HFEngine(model, tokenizer, settings, dtype=dtype)
     results = []
     for batch in args.batches:
         requests = [
@@ -169,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
             for i, prompt in enumerate(make_prompts(tokenizer, batch, group=4))
         ]
         results.append(profile_batch(engine, requests))
-    lean = engine.lean is not None
+    described = engine.describe()
     engine.close()
-    report = {"device": str(engine.device), "dtype": str(dtype).removeprefix("torch."),
-              "decode_mode": engine.decode_mode, "sample_in_decode_step": engine.sample_in_decode_step,
-              "kv_cache_dtype": str(engine.kv_cache_dtype).removeprefix("torch."),
-              "fuse_norms": not args.unfused_norms, "lean_forward": lean,
+    report = {"device": described["device"], "dtype": described["dtype"],
+              "decode_mode": described["decode_mode"],
+              "sample_in_decode_step": engine.settings.sample_in_decode_step,
+              "kv_cache_dtype": described["kv_cache_dtype"],
+              "fuse_norms": not args.unfused_norms, "forward": described["forward"],
               "new_tokens": args.new_tokens, "results": results}
     if device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()

@@ -17,23 +17,23 @@ with events). Fraction of peak = tokens/s × 2 × parameters (FLOP per token of 
 peak of the dtype the variant's products compute in (`matmul_dtype`: on a CPU without bf16
 instructions bf16 is emulated, slower than fp32, so fp32 work is measured against fp32's peak).
 
-Variants (the engine's weight copy, grpo/rollout/weights.py):
+Variants (the engine's weight copy, grpo/rollout/hf/weights.py):
   bf16             Linear weights bf16 (packed, fused), the rest fp32: the engine's default
   bf16-fp32-head   as bf16 with an fp32 LM head (closer log-probs, slower head)
   bf16-sdpa-decode as bf16 with transformers' SDPA for decode steps too (the engine's default is
-                   grpo/rollout/decode_attention.py)
+                   grpo/rollout/hf/decode_attention.py)
   bf16-dynamic     as bf16, decode_mode dynamic (the default on CPU; on CUDA the default is graph)
   bf16-static      as bf16, decode_mode static (fixed-shape steps, no graphs)
   bf16-fp32-cache  as bf16 with an fp32 KV cache (the CPU default is a bf16 one, keys transposed)
   bf16-whole-prefill as bf16, every prompt prefilled whole (no shared-prefix prefill)
   bf16-previous    both of the above: the engine before the bf16 cache and shared prefixes
   bf16-no-kept-prefix as bf16, without the kept prefix (decode steps read every row's prefix from
-                   the cache; grpo/rollout/kept_prefix.py)
+                   the cache; grpo/rollout/hf/kept_prefix.py)
   fp32             an fp32 copy
   fp32-unfused-norms  as fp32, the RMSNorm layers in transformers' forward (fuse_norms=False;
-                   the default runs each as one torch.rms_norm op: grpo/rollout/fused_norms.py)
+                   the default runs each as one torch.rms_norm op: grpo/rollout/hf/fused_norms.py)
   fp32-transformers-forward  as fp32, each forward through transformers' modules (lean_forward=False;
-                   the default skips their plumbing: grpo/rollout/lean_forward.py)
+                   the default skips their plumbing: grpo/rollout/hf/lean_forward.py)
   bf16-transformers-forward  the same for bf16
   autocast         no copy: the fp32 policy under bf16 autocast
 One warm-up call per variant and batch precedes the timed repeats, which alternate between the
@@ -49,25 +49,25 @@ import torch
 
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.engine import HFEngine
 
-VARIANTS = {
-    "bf16": {"dtype": torch.bfloat16},
-    "bf16-fp32-head": {"dtype": torch.bfloat16, "head_dtype": torch.float32},
-    "bf16-sdpa-decode": {"dtype": torch.bfloat16, "decode_attention": "sdpa"},
-    "bf16-dynamic": {"dtype": torch.bfloat16, "decode_mode": "dynamic"},
-    "bf16-static": {"dtype": torch.bfloat16, "decode_mode": "static"},
-    "bf16-fp32-cache": {"dtype": torch.bfloat16, "kv_cache_dtype": None},
-    "bf16-whole-prefill": {"dtype": torch.bfloat16, "shared_prefix_min_tokens": 0},
-    "bf16-previous": {
-        "dtype": torch.bfloat16, "kv_cache_dtype": None, "shared_prefix_min_tokens": 0
-    },
-    "bf16-no-kept-prefix": {"dtype": torch.bfloat16, "prefix_attention_min_tokens": 0},
-    "fp32": {"dtype": None},
-    "fp32-unfused-norms": {"dtype": None, "fuse_norms": False},
-    "fp32-transformers-forward": {"dtype": None, "lean_forward": False},
-    "bf16-transformers-forward": {"dtype": torch.bfloat16, "lean_forward": False},
-    "autocast": {"copy_weights": False, "autocast_dtype": torch.bfloat16},
+VARIANTS: dict[str, tuple[torch.dtype | None, dict]] = {
+    # name: (the engine's compute dtype (None: the model's fp32), its `rollout.hf` settings)
+    "bf16": (torch.bfloat16, {}),
+    "bf16-fp32-head": (torch.bfloat16, {"head_dtype": "float32"}),
+    "bf16-sdpa-decode": (torch.bfloat16, {"decode_attention": "sdpa"}),
+    "bf16-dynamic": (torch.bfloat16, {"decode_mode": "dynamic"}),
+    "bf16-static": (torch.bfloat16, {"decode_mode": "static"}),
+    "bf16-fp32-cache": (torch.bfloat16, {"kv_cache_dtype": "model"}),
+    "bf16-whole-prefill": (torch.bfloat16, {"shared_prefix_min_tokens": 0}),
+    "bf16-previous": (torch.bfloat16, {"kv_cache_dtype": "model", "shared_prefix_min_tokens": 0}),
+    "bf16-no-kept-prefix": (torch.bfloat16, {"prefix_attention_min_tokens": 0}),
+    "fp32": (None, {}),
+    "fp32-unfused-norms": (None, {"fuse_norms": False}),
+    "fp32-transformers-forward": (None, {"lean_forward": False}),
+    "bf16-transformers-forward": (torch.bfloat16, {"lean_forward": False}),
+    "autocast": (torch.bfloat16, {"copy_weights": False}),  # the policy itself under bf16 autocast
 }
 
 
@@ -77,8 +77,7 @@ PEAK_DTYPES = (torch.float32, torch.bfloat16)
 def matmul_dtype(variant: str) -> torch.dtype:
     """The dtype a variant's products compute in (its `% peak` is of that dtype's peak): the
     copy's dtype, autocast's, or the model's own (fp32) where the copy keeps it."""
-    options = VARIANTS[variant]
-    return options.get("dtype") or options.get("autocast_dtype") or torch.float32
+    return VARIANTS[variant][0] or torch.float32
 
 
 def best_seconds(work, repeats: int, device: str) -> float:
@@ -208,8 +207,10 @@ def main(argv: list[str] | None = None) -> None:
     # alternate between them, so a busy spell on a shared machine hits them all alike.
     engines = {
         (variant, compact): HFEngine(
-            model, tokenizer, compact_fraction=compact, max_batch_size=max(args.batches),
-            **VARIANTS[variant],
+            model, tokenizer, HFEngineConfig(
+                compact_fraction=compact, max_batch_size=max(args.batches), **VARIANTS[variant][1]
+            ),
+            dtype=VARIANTS[variant][0],
         )
         for variant in args.variants
         for compact in args.compact

@@ -80,19 +80,19 @@ piece cuda_tests 120 $PY -m pytest -rs -p no:cacheprovider tests/test_rollout_hf
   tests/test_lean_forward.py tests/test_continuous_batching.py tests/test_reference.py tests/test_gpu_backends.py -k "cuda or graph or gpu or offload"
 piece calculator512 130 $B --sections calculator512 --out "$OUT/calculator512"
 piece standard_trl 130 $B --sections standard trl --out "$OUT/standard_trl"
-# The same steps with each engine forward through transformers' modules (hf.lean_forward=false;
+# The same steps with each engine forward through transformers' modules (rollout.hf.lean_forward=false;
 # the default runs the same ops without their plumbing): the eager prefills of joining turns.
-piece standard_transformers_forward 60 $B --set hf.lean_forward=false --sections standard \
+piece standard_transformers_forward 60 $B --set rollout.hf.lean_forward=false --sections standard \
   --out "$OUT/standard_transformers_forward"
-piece calculator512_transformers_forward 110 $B --set hf.lean_forward=false --sections calculator512 \
+piece calculator512_transformers_forward 110 $B --set rollout.hf.lean_forward=false --sections calculator512 \
   --out "$OUT/calculator512_transformers_forward"
 # The same steps with the engine copy's RMSNorm layers as transformers writes them (~7 kernels
-# each instead of one torch.rms_norm: hf.fuse_norms), to compare in the same session.
-piece standard_unfused 60 $B --set hf.fuse_norms=false --sections standard --out "$OUT/standard_unfused"
-piece calculator512_unfused 110 $B --set hf.fuse_norms=false --sections calculator512 \
+# each instead of one torch.rms_norm: rollout.hf.fuse_norms), to compare in the same session.
+piece standard_unfused 60 $B --set rollout.hf.fuse_norms=false --sections standard --out "$OUT/standard_unfused"
+piece calculator512_unfused 110 $B --set rollout.hf.fuse_norms=false --sections calculator512 \
   --out "$OUT/calculator512_unfused"
 # And with 1,024 columns for later turns (the CPU default; on CUDA 512): does a batch still drain?
-piece calculator512_cols1024 110 $B --set hf.join_columns=1024 --sections calculator512 \
+piece calculator512_cols1024 110 $B --set rollout.hf.join_columns=1024 --sections calculator512 \
   --out "$OUT/calculator512_cols1024"
 # Where a graph decode step goes: the replay, the sampler, the host's bookkeeping; with the
 # norms fused and not.
@@ -128,7 +128,7 @@ print("  standard step s:", std.get("standard_step_median_s"), " TRL s:",
       std.get("trl", {}).get("trl_step_median_s", std.get("trl", {}).get("skipped")),
       " speed-up:", std.get("standard_step_speedup_vs_trl"), "(target >= 4);", "engine forward:",
       std.get("standard", {}).get("engine_forward"))
-for name, setting in (("standard_transformers_forward", "hf.lean_forward"), ("standard_unfused", "hf.fuse_norms")):
+for name, setting in (("standard_transformers_forward", "rollout.hf.lean_forward"), ("standard_unfused", "rollout.hf.fuse_norms")):
     other = report(name).get("standard", {})
     print(f"  standard step with {setting}=false, s:", other.get("standard_step_median_s"), other.get("split_median_s"))
 for name in ("decode_profile", "decode_profile_unfused"):

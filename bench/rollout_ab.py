@@ -1,7 +1,7 @@
 """The standard work's rollout with two engine settings, alternating in one process.
 
-    python -m bench.rollout_ab --set hf.lean_forward=false --rounds 9
-    python -m bench.rollout_ab --set hf.fuse_norms=false --device cuda
+    python -m bench.rollout_ab --set rollout.hf.lean_forward=false --rounds 9
+    python -m bench.rollout_ab --set rollout.hf.fuse_norms=false --device cuda
 
 On a shared machine two separate runs of `bench.run` differ by more than most engine changes
 gain. Here one policy feeds two HF engines, one built from the standard work's config (bench/steps.py)

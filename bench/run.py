@@ -34,7 +34,7 @@ step reads every weight once: steps/s x weight bytes); training reports tokens/s
 ceiling (a CPU measure) is skipped.
 
 `--set KEY=VALUE` (repeatable) overrides the training config of standard, multiturn and
-calculator512, e.g. `--set hf.fuse_norms=false` for the engine's RMSNorm layers as transformers
+calculator512, e.g. `--set rollout.hf.fuse_norms=false` for the engine's RMSNorm layers as transformers
 writes them; `--cudnn-attention` lets our sections' attention use cuDNN (off by default:
 `model.cudnn_attention`); the TRL section always runs with torch's own setting.
 
@@ -69,7 +69,8 @@ from grpo.models.devices import compute_dtype
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.engine import HFEngine
 
 SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512", "trl",
             "continuous")
@@ -132,10 +133,11 @@ def _generation(batches: list[int], new_tokens: int = 64, device: str = "cpu") -
     tok = load_tokenizer("smollm2-135m-instruct")
     model = load_causal_lm("smollm2-135m-instruct").eval().to(device)
     dtype = compute_dtype(torch.device(device), "auto")
-    engine = HFEngine(model, tok, dtype=dtype, max_batch_size=max(batches))
+    engine = HFEngine(model, tok, HFEngineConfig(max_batch_size=max(batches)), dtype=dtype)
+    described = engine.describe()
     out = {"parameters": _n_params(model), "new_tokens": new_tokens,
-           "decode_mode": engine.decode_mode, "dtype": str(dtype).removeprefix("torch."),
-           "weight_bytes": sum(p.numel() * p.element_size() for p in engine.model.parameters())}
+           "decode_mode": described["decode_mode"], "dtype": described["dtype"],
+           "weight_bytes": int(described["weight_bytes"])}
     if device == "cpu":
         out["b64_decode_matmul_ceiling_gflops"] = round(decode_matmul_ceiling(model, 64, dtype=dtype), 1)
     for batch in batches:
@@ -328,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="standard step: train every sequence (no zero-advantage skipping)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for the sections that run a training config "
-                             "(multiturn, calculator512), e.g. --set hf.sample_in_decode_step=false")
+                             "(multiturn, calculator512), e.g. --set rollout.hf.sample_in_decode_step=false")
     parser.add_argument("--cudnn-attention", action="store_true",
                         help="CUDA: let our sections' scaled_dot_product_attention use cuDNN's "
                              "kernels (model.cudnn_attention=true; off by default), to compare")

@@ -49,14 +49,15 @@ def closeness_reward(text: str, truth: int) -> float:
 
 
 def engine_forward(engine) -> str:
-    """How `engine` runs its weight copy's forward (HFEngine.forward_kind); what the report says,
-    since the setting alone can be refused."""
-    return getattr(engine, "forward_kind", "not the HF engine")
+    """How `engine` runs its forward, as it describes itself (`RolloutEngine.describe`); what the
+    report says, since the setting alone can be refused."""
+    return engine.describe().get("forward", "not said by the engine")
 
 
 def engine_sampling(engine) -> str:
-    """What a seeded request's tokens depend on with `engine` here (HFEngine.sampling_promise)."""
-    return str(getattr(engine, "sampling_promise", "not the HF engine"))
+    """What a seeded request's tokens depend on with `engine` here, as it describes itself (the HF
+    engine's `sampling_promise`)."""
+    return engine.describe().get("sampling", "not said by the engine")
 
 
 def standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
@@ -103,7 +104,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
     `skip_zero_advantage=False` trains every sequence (for comparisons of the other levers: which
     groups have zero variance depends on what was sampled). `model` is for tests (tiny-random).
     `cudnn_attention`: `model.cudnn_attention` (CUDA: SDPA may use cuDNN), as a run sets it.
-    `overrides`: `KEY=VALUE` config overrides (`bench.run --set`), e.g. `hf.fuse_norms=false`;
+    `overrides`: `KEY=VALUE` config overrides (`bench.run --set`), e.g. `rollout.hf.fuse_norms=false`;
     the loop itself (prompts, sampling, one update per step) is the standard work's."""
 
     torch.set_num_threads(threads)

@@ -90,12 +90,18 @@ async def compare_with_raw_client(
         servers={"bench": server.model_copy(update={"max_in_flight": max(64, concurrency)})}
     )
     per_round = max(1, n_calls // rounds)
+    connections: dict[str, ServerConnection] = {}
+
+    def connect(name: str, server: MCPServerConfig, tools: ToolsConfig) -> ServerConnection:
+        connections[name] = ServerConnection(name, server, tools)
+        return connections[name]
+
     async with AsyncExitStack() as stack:
-        manager = await stack.enter_async_context(SharedToolManager(config))
+        manager = await stack.enter_async_context(SharedToolManager(config, connect))
         if separate_process:
             raw = await stack.enter_async_context(Client(params, read_timeout_seconds=30))
         else:
-            raw = manager._connections["bench"].client  # the manager's own SDK session
+            raw = connections["bench"].client  # the manager's own SDK session
 
         async def via_manager(i: int) -> None:
             result = await manager.call_tool(tool, arguments(i))
@@ -139,6 +145,21 @@ async def compare_with_raw_client(
 class _InstantConnection(ServerConnection):
     """A server that answers at once, in-process: what remains is the manager's own work."""
 
+    async def start(self) -> None:
+        self.tools = [
+            Tool(
+                name="calculate",
+                input_schema={
+                    "type": "object",
+                    "properties": {"expression": {"title": "Expression", "type": "string"}},
+                    "required": ["expression"],
+                },
+            )
+        ]
+
+    async def close(self) -> None:
+        """Nothing was started."""
+
     async def call(self, tool: str, arguments: dict, timeout: float) -> CallToolResult:
         await asyncio.sleep(0)
         return _INSTANT_RESULT
@@ -154,21 +175,9 @@ async def manager_path_cost(n_calls: int = 20_000) -> dict[str, float]:
     checks, breaker, semaphore, normalisation, metrics), measured against a server stub that
     answers at once: independent of machine load, unlike the end-to-end comparison."""
     config = ToolsConfig(servers={"stub": MCPServerConfig(command="python")})
-    manager = SharedToolManager(config)
     stub = _InstantConnection("stub", config.servers["stub"], config)
-    stub.tools = [
-        Tool(
-            name="calculate",
-            input_schema={
-                "type": "object",
-                "properties": {"expression": {"title": "Expression", "type": "string"}},
-                "required": ["expression"],
-            },
-        )
-    ]
-    manager._connections = {"stub": stub}
-    manager._register_tools([stub])
-    manager._state = "started"
+    manager = SharedToolManager(config, lambda name, server, tools: stub)
+    await manager.start()
     for i in range(1000):
         await manager.call_tool("calculate", {"expression": f"{i} * 2"})
     start = time.process_time()
@@ -179,6 +188,7 @@ async def manager_path_cost(n_calls: int = 20_000) -> dict[str, float]:
     for i in range(n_calls):
         await stub.call("calculate", {"expression": f"{i} * 2"}, 10.0)
     bare = time.process_time() - start
+    await manager.close()
     return {"manager_path_us_per_call": round(1e6 * (with_manager - bare) / n_calls, 1)}
 
 

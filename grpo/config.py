@@ -8,8 +8,8 @@ known one); a key that moved in a release is an error naming its new place (`MOV
 HTTP headers) are masked.
 
 The sections live beside what they configure: grpo/models/config.py (`model`, `lora`),
-grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`,
-`vllm_server`),
+grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout` with its engines'
+`rollout.hf`, `rollout.vllm` and `rollout.vllm_server`),
 grpo/train/config.py (`train`, `logging`), tools/config.py (`tools`), environments/config.py
 (`environment`, `data`).
 """
@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from environments.config import DataConfig, EnvironmentConfig
 from grpo.algorithm.config import AlgorithmConfig, GAEConfig
 from grpo.models.config import Device, LoraConfig, ModelConfig
-from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig, VLLMServerConfig
+from grpo.rollout.config import RolloutConfig
 from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
@@ -56,9 +56,6 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
-    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
-    vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
@@ -66,12 +63,12 @@ class RunConfig(Section):
             raise ValueError("model.load_in_4bit needs lora.enabled: 4-bit base weights cannot be trained")
         if isinstance(self.algorithm.advantage, GAEConfig) and not self.model.value_head:
             raise ValueError("algorithm.advantage.estimator=gae needs model.value_head: true")
-        if self.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
-            raise ValueError(f"hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
+        if self.rollout.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
+            raise ValueError(f"rollout.hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
         if self.rollout.engine == "vllm" and self.device == "mps":
             raise ValueError("rollout.engine=vllm runs on device cuda or cpu (vLLM has no MPS build), not mps")
-        if self.rollout.engine == "vllm_server" and not self.vllm_server.urls:
-            raise ValueError("rollout.engine=vllm_server needs vllm_server.urls (the servers' base URLs)")
+        if self.rollout.engine == "vllm_server" and not self.rollout.vllm_server.urls:
+            raise ValueError("rollout.engine=vllm_server needs rollout.vllm_server.urls (the servers' base URLs)")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):
             raise ValueError(f"run_name {self.run_name!r} may hold only letters, digits, '.', '_', '-'")
         return self
@@ -100,6 +97,9 @@ _BACKEND_MOVED = (
 MOVED_KEYS: dict[str, str] = {
     "backend": _BACKEND_MOVED,
     "vllm.enabled": "use `rollout.engine: hf` (or the ENABLE_VLLM=0 environment variable)",
+    "hf": "rollout.hf (the HF engine's section sits under rollout:)",
+    "vllm": "rollout.vllm (the vLLM engine's section sits under rollout:)",
+    "vllm_server": "rollout.vllm_server (the vLLM servers' section sits under rollout:)",
     "algorithm.normalize_std": "algorithm.advantage.normalize_std",
     "algorithm.gamma": "algorithm.advantage.gamma (with algorithm.advantage.estimator: gae)",
     "algorithm.lam": "algorithm.advantage.lam (with algorithm.advantage.estimator: gae)",

@@ -2,9 +2,9 @@
 `python -m launch.vllm_servers --config C [--num 2] [--base-port 8100] [overrides] [-- command ...]`.
 
 Each server is vLLM's OpenAI server for the run's base model with the run's engine arguments
-(grpo/rollout/vllm_server.py `serve_command`, the environment `SERVER_ENV`); its log goes to
+(grpo/rollout/vllm/server.py `serve_command`, the environment `SERVER_ENV`); its log goes to
 `<run dir>/vllm-server-<port>.log`. Without a command the URLs are printed and the servers run
-until interrupted; with one (after `--`), the command runs with `vllm_server.urls=[...]` appended
+until interrupted; with one (after `--`), the command runs with `rollout.vllm_server.urls=[...]` appended
 (an override of `launch.train`), and the servers stop when it ends:
 
     python -m launch.vllm_servers --config configs/vllm_servers.yaml --num 2 -- \\
@@ -13,7 +13,7 @@ until interrupted; with one (after `--`), the command runs with `vllm_server.url
 On a CPU the servers split the cores between them (`VLLM_CPU_OMP_THREADS_BIND`): by default each
 vLLM CPU server binds its threads to core 0 and leaves the rest, so two would share one core.
 Servers on other machines: run this there with `--host 0.0.0.0` and no command, and list their
-URLs in `vllm_server.urls` (with `vllm_server.weights_dir` on a filesystem they all read).
+URLs in `rollout.vllm_server.urls` (with `rollout.vllm_server.weights_dir` on a filesystem they all read).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import httpx
 
 from grpo.config import load_config
 from grpo.models.source import resolve_model_dir
-from grpo.rollout.vllm_server import SERVER_ENV, serve_command
+from grpo.rollout.vllm.server import SERVER_ENV, serve_command
 from launch.interrupt import stops_cleanly_on_interrupt
 
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 while all(s.process.poll() is None for s in servers):
                     time.sleep(1.0)
             return 0
-        return subprocess.call([*command, f"vllm_server.urls=[{','.join(urls)}]"])
+        return subprocess.call([*command, f"rollout.vllm_server.urls=[{','.join(urls)}]"])
 
 
 if __name__ == "__main__":

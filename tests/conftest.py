@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from grpo.models.source import build_tiny_model, load_tokenizer
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.engine import HFEngine
 from tools.config import MCPServerConfig, ToolsConfig
 from tools.manager import SharedToolManager
 
@@ -82,6 +84,12 @@ def build_varied_tiny_model(tokenizer):
                 scale = (3.0 if "embed" in name else 1.0) / math.sqrt(param.shape[1])
                 param.copy_(torch.randn(param.shape, generator=generator) * scale)
     return model.eval()
+
+
+def fp32_engine(model, tokenizer, device=None, **settings) -> HFEngine:
+    """An HFEngine over `model` with an fp32 weight copy (the tests that compare its tokens and
+    log-probs bit for bit need one) and these `rollout.hf` settings."""
+    return HFEngine(model, tokenizer, HFEngineConfig(**settings), device=device, dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from conftest import build_varied_tiny_model
 
 from grpo.models.source import load_tokenizer
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.weights import _onednn_bf16, linear_products
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.weights import _onednn_bf16, linear_products
 
 DIRECT_ROWS = 80
 DIRECT_COUNTS = (*range(1, 18), 31, 33, 63, 64)
@@ -71,7 +71,7 @@ def measure(model, tokenizer, dtype: torch.dtype) -> dict:
         "batched_logprobs": [x for r, same in zip(first, same_tokens) if same
                              for x in r.behavior_logprobs],
         "vocab": model.config.vocab_size,
-        "packers": sorted({str(m.packer) for m in linear_products(engine.model)}),
+        "packers": sorted({str(m.packer) for m in linear_products(engine.runner.model)}),
     }
 
 
@@ -80,7 +80,7 @@ def probe_against_direct(model, tokenizer, dtype: torch.dtype) -> list[dict]:
     each of `DIRECT_COUNTS` rows alone among `DIRECT_ROWS` (other data) shows."""
     engine = HFEngine(model, tokenizer, dtype=dtype)
     found = []
-    for matmul in linear_products(engine.model):
+    for matmul in linear_products(engine.runner.model):
         x = torch.randn(
             DIRECT_ROWS, matmul.weight.shape[1], generator=torch.Generator().manual_seed(7)
         ).to(dtype)

@@ -109,7 +109,7 @@ def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
     assert all(step["generated_tokens"] > 0 for step in report["steps"])
     assert report["standard_step_median_s"] == round(report["steps"][1]["step_s"], 3)
     assert report["step_0_logprob_mismatch"] is not None
-    assert report["engine_forward"] == "lean"  # what ran, not just what the config asked for
+    assert report["engine_forward"] == "lean (llama)"  # what ran, not just what the config asked for
     # fp32 where `auto` computes in fp32 (a CPU without bf16 instructions), else bf16 weights.
     fp32 = compute_dtype(torch.device("cpu")) == torch.float32
     promise = "batch-invariant up to fp32 rounding (" if fp32 else "reproducible for a fixed batch ("
@@ -118,7 +118,7 @@ def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
 
 def test_the_standard_step_takes_config_overrides(monkeypatch):
     """`bench.run --set KEY=VALUE` reaches the standard step's engine too (e.g. to compare
-    `hf.fuse_norms=false` side by side); a key the config does not have is refused by name."""
+    `rollout.hf.fuse_norms=false` side by side); a key the config does not have is refused by name."""
     from bench import steps
 
     built = []
@@ -130,15 +130,15 @@ def test_the_standard_step_takes_config_overrides(monkeypatch):
 
     monkeypatch.setattr(steps, "make_engine", spy)
     report = standard_step(steps=0, threads=1, micro_batch_size=4, model="tiny-random",
-                           overrides=("hf.fuse_norms=false", "hf.park_steps=3"))
-    assert (built[0].hf.fuse_norms, built[0].hf.park_steps) == (False, 3)
+                           overrides=("rollout.hf.fuse_norms=false", "rollout.hf.park_steps=3"))
+    assert (built[0].rollout.hf.fuse_norms, built[0].rollout.hf.park_steps) == (False, 3)
     assert built[0].rollout.max_new_tokens == 48  # the standard work's own settings stay
-    assert report["overrides"] == ["hf.fuse_norms=false", "hf.park_steps=3"]
+    assert report["overrides"] == ["rollout.hf.fuse_norms=false", "rollout.hf.park_steps=3"]
     off = standard_step(steps=0, threads=1, micro_batch_size=4, model="tiny-random",
-                        overrides=("hf.lean_forward=false",))
+                        overrides=("rollout.hf.lean_forward=false",))
     assert off["engine_forward"] == "transformers' modules (lean_forward is off)"
     with pytest.raises(ConfigError, match="fuse_normz"):
-        standard_step(steps=0, threads=1, model="tiny-random", overrides=("hf.fuse_normz=false",))
+        standard_step(steps=0, threads=1, model="tiny-random", overrides=("rollout.hf.fuse_normz=false",))
 
 
 def test_headline_cuda_bandwidth_share_trl_ratio_and_calculator512():
@@ -258,11 +258,11 @@ def test_our_sections_run_without_cudnn_attention_unless_asked_and_trl_with_torc
 def test_decode_profile_splits_the_step_and_leaves_the_engine_as_it_was(varied_tiny_model, tokenizer):
     from bench.decode_profile import profile_batch
     from grpo.rollout.base import GenerationRequest, SamplingParams
-    from grpo.rollout.hf import HFEngine
-    from grpo.rollout.live_batch import LiveBatch
+    from grpo.rollout.hf.engine import HFEngine
+    from grpo.rollout.hf.live_batch import LiveBatch
 
     engine = HFEngine(varied_tiny_model, tokenizer, dtype=None)
-    sample, decode_step = LiveBatch.sample, engine._loop._decode_step
+    sample, decode_step = LiveBatch.sample, engine.loop.decode_step
     requests = [GenerationRequest([5, 6, 7 + i], SamplingParams(max_new_tokens=5, seed=i)) for i in range(3)]
     report = profile_batch(engine, requests, top=3)
     assert (report["rows"], report["decode_steps"]) == (3, 4)  # 5 tokens: the prefill samples the first
@@ -271,8 +271,8 @@ def test_decode_profile_splits_the_step_and_leaves_the_engine_as_it_was(varied_t
     assert report["plain_ms_per_step"] > 0 and report["per_step"]["top-level aten calls"] > 0
     assert "Name" in report["top"][1] and len(report["top"]) == 3 + 5  # 3 rows, rules, header, total
     # The timing wrappers are gone: the class's sampler and the loop's own decode step again.
-    assert LiveBatch.sample is sample and "_decode_step" not in vars(engine._loop)
-    assert engine._loop._decode_step == decode_step
+    assert LiveBatch.sample is sample and "decode_step" not in vars(engine.loop)
+    assert engine.loop.decode_step == decode_step
     before = [r.token_ids for r in engine.generate(requests)]
     assert before == [r.token_ids for r in HFEngine(varied_tiny_model, tokenizer, dtype=None).generate(requests)]
 
@@ -289,7 +289,7 @@ def test_generation_prompts_can_share_a_long_system_prompt(tokenizer):
 
 
 def test_compiled_decode_times_one_step_eager_and_compiled(varied_tiny_model, tokenizer, monkeypatch):
-    import grpo.rollout.weights as engine_weights
+    import grpo.rollout.hf.weights as engine_weights
     from bench import compiled_decode
 
     compiled = []
@@ -299,7 +299,7 @@ def test_compiled_decode_times_one_step_eager_and_compiled(varied_tiny_model, to
         return fn
 
     monkeypatch.setattr(compiled_decode.torch, "compile", no_compile)
-    can_pack, packs_fp32 = engine_weights._can_pack, engine_weights.packs_fp32
+    can_pack, packs_fp32 = engine_weights.can_pack, engine_weights.packs_fp32
     row = compiled_decode.measure(
         varied_tiny_model, tokenizer, torch.device("cpu"), batch=3, window=2, repeats=1, dtype=torch.float32
     )
@@ -312,7 +312,7 @@ def test_compiled_decode_times_one_step_eager_and_compiled(varied_tiny_model, to
     # Inductor packs the weights itself: the copy it is given has none packed, and the patch is undone.
     matmuls = [m.matmul for m in forward.__self__.model.modules() if hasattr(m, "matmul")]
     assert all(matmul.packed is None for matmul in matmuls)
-    assert (engine_weights._can_pack, engine_weights.packs_fp32) == (can_pack, packs_fp32)
+    assert (engine_weights.can_pack, engine_weights.packs_fp32) == (can_pack, packs_fp32)
     assert torch._inductor.config.freezing is False  # set for the compile only
 
 
@@ -346,8 +346,8 @@ def test_rollout_ab_alternates_two_engines_on_the_same_requests(monkeypatch):
     from bench import rollout_ab as module
     from bench.rollout_ab import rollout_ab
 
-    report = rollout_ab(("hf.lean_forward=false",), rounds=2, threads=1, model="tiny-random")
-    assert report["overrides"] == ["hf.lean_forward=false"]
+    report = rollout_ab(("rollout.hf.lean_forward=false",), rounds=2, threads=1, model="tiny-random")
+    assert report["overrides"] == ["rollout.hf.lean_forward=false"]
     assert [r["round"] for r in report["rounds"]] == [0, 1]
     assert report["median_s"] == {k: report["rounds"][1][f"{k}_s"] for k in ("base", "set")}
     assert report["set_faster_rounds"] == int(report["rounds"][1]["set_s"] < report["rounds"][1]["base_s"])
@@ -368,9 +368,9 @@ def test_rollout_ab_alternates_two_engines_on_the_same_requests(monkeypatch):
     real_make_engine = module.make_engine
     monkeypatch.setattr(module, "make_engine", make_engine)
     with pytest.raises(AssertionError, match="round 0: the two engines sampled different tokens"):
-        rollout_ab(("hf.park_steps=3",), rounds=1, threads=1, model="tiny-random")
+        rollout_ab(("rollout.hf.park_steps=3",), rounds=1, threads=1, model="tiny-random")
     built.clear()
-    report = rollout_ab(("hf.park_steps=3",), rounds=1, threads=1, model="tiny-random", allow_different=True)
+    report = rollout_ab(("rollout.hf.park_steps=3",), rounds=1, threads=1, model="tiny-random", allow_different=True)
     assert len(report["rounds"]) == 1
 
 
@@ -380,6 +380,6 @@ def test_the_multi_turn_step_runs_the_trainer_and_says_how_its_engine_ran():
     report = multi_turn_step(steps=1, threads=1, tasks_per_step=1, group_size=2, overrides=(
         "model.name_or_path=tiny-random", "rollout.max_new_tokens=8", "device=cpu"))
     assert len(report["steps"]) == 1 and report["multi_turn_step_s"] == report["steps"][0]["step_s"]
-    assert report["engine_forward"] == "lean"
+    assert report["engine_forward"] == "lean (llama)"
     assert report["engine_sampling"].startswith(("batch-invariant", "reproducible"))
     assert report["last_step_metrics"]["rollout/episodes"] == 2.0

@@ -14,7 +14,8 @@ from torch import nn
 from grpo.models.cache_argument import cache_keyword, output_cache
 from grpo.models.common_prefix import CommonPrefix
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.engine import HFEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,7 +83,7 @@ def test_segments_common_prefix_and_the_engine_raise_no_deprecation_warning(toke
         prefix = CommonPrefix(shared.tolist())
         prefix.finish()
         policy(ids, mask, prefix=prefix)
-        engine = HFEngine(policy, tokenizer, copy_weights=not lora)
+        engine = HFEngine(policy, tokenizer, HFEngineConfig(copy_weights=not lora))
         engine.generate([GenerationRequest(ids[0, :50].tolist(), SamplingParams(max_new_tokens=4, seed=0))])
     cache_warnings = [str(w.message) for w in caught if "past_key_values" in str(w.message)]
     assert cache_warnings == []

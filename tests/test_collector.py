@@ -26,7 +26,8 @@ import environments  # noqa: F401  (registers mcp_tool)
 from environments.tasks.loading import generate_tasks
 from grpo.collect import chat_tokens
 from grpo.collect.collector import turn_seed
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.engine import HFEngine
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +153,7 @@ def test_turn_seeds_are_deterministic_and_distinct():
 
 
 def test_real_hf_engine_end_to_end(loop, calculator_tools, tasks, tokenizer, tiny_model):
-    engine = HFEngine(tiny_model, tokenizer, dtype=torch.float32, max_batch_size=16)
+    engine = HFEngine(tiny_model, tokenizer, HFEngineConfig(max_batch_size=16), dtype=torch.float32)
     collector = make_collector(engine, tokenizer, calculator_tools, max_new_tokens=12)
 
     def run():

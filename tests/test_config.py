@@ -57,6 +57,18 @@ def test_keys_from_an_older_release_name_their_new_place():
         load_config(None, ["vllm.enabled=false"])
 
 
+def test_the_engine_sections_sit_under_rollout():
+    cfg = load_config(None, ["rollout.hf.fuse_norms=false", "rollout.vllm.gpu_memory_utilization=0.5"])
+    assert (cfg.rollout.hf.fuse_norms, cfg.rollout.vllm.gpu_memory_utilization) == (False, 0.5)
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["hf.fuse_norms=false", "vllm.dtype=bfloat16", "vllm_server.urls=[http://a:1]"])
+    assert "hf: moved; rollout.hf (the HF engine's section sits under rollout:)" in str(err.value)
+    assert "vllm: moved; rollout.vllm (the vLLM engine's section sits under rollout:)" in str(err.value)
+    assert "vllm_server: moved; rollout.vllm_server (the vLLM servers' section sits under rollout:)" in str(err.value)
+    with pytest.raises(ConfigError, match=r"rollout\.hf\.park_steps: Input should be greater than or equal to 0"):
+        load_config(None, ["rollout.hf.park_steps=-1"])
+
+
 def test_out_of_range_value_is_named():
     with pytest.raises(ConfigError, match=r"algorithm\.group_size: Input should be greater than or equal to 2"):
         load_config(None, ["algorithm.group_size=1"])

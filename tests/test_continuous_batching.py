@@ -9,10 +9,11 @@ import time
 import pytest
 import torch
 from collector_helpers import GoOnEnvironment, make_collector
+from conftest import fp32_engine
 
 from environments.tasks.loading import generate_tasks
 from grpo.rollout.base import GenerationRequest, RequestFeed, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.config import HFEngineConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -102,11 +103,11 @@ def test_joining_requests_sample_what_they_sample_alone(model, tokenizer, prompt
         6: [longer, greedy],
         40: [request(prompts[2], max_new_tokens=3, seed=30)],
     }
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode=decode_mode)
+    engine = fp32_engine(model, tokenizer, decode_mode=decode_mode)
     feed = ScheduledFeed(schedule)
     engine.serve(feed)
     assert feed.closed and not feed.failed
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    expected = _alone(fp32_engine(model, tokenizer), feed.tickets)
     assert sorted(feed.results) == list(range(len(feed.tickets)))
     for ticket, want in enumerate(expected):
         _assert_same(want, feed.results[ticket])
@@ -122,7 +123,7 @@ def test_a_request_that_does_not_fit_waits_for_the_batch_to_drain(model, tokeniz
     running = request(prompts[0], max_new_tokens=12, seed=1)
     longer = request(prompts[3], max_new_tokens=4, seed=2)
     after = request(prompts[1], max_new_tokens=4, seed=3)  # fits, but first come, first served
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, join_columns=0)
+    engine = fp32_engine(model, tokenizer, join_columns=0)
     feed = ScheduledFeed({0: [running], 2: [longer, after]})
     engine.serve(feed)
     assert (engine.last_metrics["waves"], engine.last_metrics["joins"]) == (2, 0)
@@ -136,7 +137,7 @@ def test_a_request_that_does_not_fit_waits_for_the_batch_to_drain(model, tokeniz
 
 def test_full_batch_rows_free_up_for_waiting_requests(model, tokenizer, prompts):
     requests = [request(prompts[i % 3], max_new_tokens=3 + 4 * i, seed=i) for i in range(5)]
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, max_batch_size=2, compact_fraction=2.0)
+    engine = fp32_engine(model, tokenizer, max_batch_size=2, compact_fraction=2.0)
     results = engine.generate(requests)  # 5 requests through 2 rows: each joins as one finishes
     assert engine.last_metrics["waves"] == 1 and engine.last_metrics["joined_requests"] == 3
     for want, got in zip(_alone(engine, requests), results, strict=True):
@@ -144,7 +145,7 @@ def test_full_batch_rows_free_up_for_waiting_requests(model, tokenizer, prompts)
 
 
 def test_a_bad_request_fails_alone(model, tokenizer, prompts):
-    engine = HFEngine(model, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(model, tokenizer)
     good = request(prompts[0], max_new_tokens=4, seed=1)
     feed = ScheduledFeed(
         {0: [good], 1: [request([], max_new_tokens=4), request(prompts[1], max_new_tokens=0)]}
@@ -153,8 +154,8 @@ def test_a_bad_request_fails_alone(model, tokenizer, prompts):
     assert list(feed.failed) == [1] and "empty prompt" in str(feed.failed[1])
     assert feed.results[2].token_ids == [] and feed.results[2].finish_reason == "length"
     _assert_same(engine.generate([good])[0], feed.results[0])
-    with pytest.raises(ValueError, match="join_columns must be >= 0"):
-        HFEngine(model, tokenizer, join_columns=-1)
+    with pytest.raises(ValueError, match="join_columns\n  Input should be greater than or equal to 0"):
+        HFEngineConfig(join_columns=-1)
 
 
 class ConversationFeed(ScheduledFeed):
@@ -205,14 +206,11 @@ def test_a_sessions_next_turn_prefills_only_its_new_tokens(
         GenerationRequest(prompts[3], SamplingParams(max_new_tokens=30, seed=9), session="d")
     )
     observation = tokenizer.encode(" The tool says 42.")
-    engine = HFEngine(
-        model, tokenizer, dtype=torch.float32, decode_mode=decode_mode,
-        prefill_chunk_tokens=chunk_tokens,  # 8: b's and c's new tokens in two forwards
-    )
+    engine = fp32_engine(model, tokenizer, decode_mode=decode_mode, prefill_chunk_tokens=chunk_tokens)
     feed = ConversationFeed({0: first}, observation, delay={"a": 0, "b": 9, "c": 6, "d": 0})
     engine.serve(feed)
     assert len(feed.results) == 8
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    expected = _alone(fp32_engine(model, tokenizer), feed.tickets)
     for ticket, want in enumerate(expected):
         _assert_same(want, feed.results[ticket])
     metrics = engine.last_metrics
@@ -233,17 +231,17 @@ def test_turns_resuming_together_split_where_padding_costs_more_than_a_forward(
              for i, name in enumerate("bc")]
     first.append(GenerationRequest(prompts[3], SamplingParams(max_new_tokens=30, seed=9), session="d"))
     observation = {"b": tokenizer.encode(" The tool says 42." * 12)[:60], "c": [13], "d": []}
-    engine = HFEngine(model, tokenizer, dtype=torch.float32)
-    engine.prefill_call_tokens = call_tokens
+    engine = fp32_engine(model, tokenizer)
+    engine.loop.prefill.prefill_call_tokens = call_tokens
     chunks = []
-    real = engine._loop._resume_chunk
-    engine._loop._resume_chunk = lambda batch, returning, cached: (
+    real = engine.loop.prefill._resume_chunk
+    engine.loop.prefill._resume_chunk = lambda batch, returning, cached: (
         chunks.append(len(returning)), real(batch, returning, cached))
     feed = ConversationFeed({0: first}, observation, delay={"b": 0, "c": 0})
     engine.serve(feed)
     assert engine.last_metrics["resumed_requests"] == 2
     assert chunks == ([2] if forwards == 1 else [1, 1])  # both came back in one step
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    expected = _alone(fp32_engine(model, tokenizer), feed.tickets)
     for ticket, want in enumerate(expected):
         _assert_same(want, feed.results[ticket])
 
@@ -261,8 +259,8 @@ def test_a_parked_row_whose_last_token_is_not_in_the_cache_yet(model, tokenizer,
         )
         for i, name in enumerate("ef")
     ]
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode=decode_mode,
-                      device="cuda" if decode_mode == "graph" else None)
+    device = "cuda" if decode_mode == "graph" else None
+    engine = fp32_engine(model, tokenizer, device, decode_mode=decode_mode)
     feed = ConversationFeed({0: first}, tokenizer.encode(" next"), delay={"e": 0, "f": 4})
     engine.serve(feed)
     assert engine.last_metrics["resumed_requests"] == 2
@@ -276,7 +274,7 @@ def test_a_parked_row_whose_last_token_is_not_in_the_cache_yet(model, tokenizer,
 
 
 def test_parked_rows_leave_when_sessions_end_or_wait_too_long(model, tokenizer, prompts):
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, park_steps=3)
+    engine = fp32_engine(model, tokenizer, park_steps=3)
     first = [
         GenerationRequest(prompts[0], SamplingParams(max_new_tokens=4, seed=1), session="a"),
         GenerationRequest(prompts[2], SamplingParams(max_new_tokens=20, seed=2), session="b"),
@@ -289,7 +287,7 @@ def test_parked_rows_leave_when_sessions_end_or_wait_too_long(model, tokenizer, 
     for ticket, want in enumerate(_alone(engine, feed.tickets)):
         _assert_same(want, feed.results[ticket])
     # Two rows: c needs the row that a's parked turn holds (a's next turn is still far off).
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, max_batch_size=2)
+    engine = fp32_engine(model, tokenizer, max_batch_size=2)
     late = GenerationRequest(prompts[1], SamplingParams(max_new_tokens=3, seed=3))
     feed = ConversationFeed({0: first, 6: [late]}, tokenizer.encode(" ok"), delay={"a": 30, "b": 0})
     engine.serve(feed)
@@ -298,13 +296,13 @@ def test_parked_rows_leave_when_sessions_end_or_wait_too_long(model, tokenizer, 
         _assert_same(want, feed.results[ticket])
     # A session that ends while its row is still sampling (a cancelled episode) never parks:
     # the engine does not wait `park_wait_s` for a next turn that cannot come.
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, park_wait_s=0.5)
+    engine = fp32_engine(model, tokenizer, park_wait_s=0.5)
     feed = ConversationFeed({0: first[:1]}, [], delay={})
     feed.ended = ["a"]  # reported at the first look, while a's row is live
     engine.serve(feed)
     assert engine.last_metrics["idle_seconds"] == 0 and len(feed.results) == 1
-    with pytest.raises(ValueError, match="park_steps and park_wait_s must be >= 0"):
-        HFEngine(model, tokenizer, park_steps=-1)
+    with pytest.raises(ValueError, match="park_steps\n  Input should be greater than or equal to 0"):
+        HFEngineConfig(park_steps=-1)
 
 
 # -- through the collector ---------------------------------------------------------------------
@@ -334,20 +332,20 @@ def _go_on_collector(engine, tokenizer, slow_task=None, **rollout):
 
 def _slow_steps(engine, seconds: float):
     """Each forward of `engine` takes at least `seconds` (a bigger model on a slower device)."""
-    real_forward = engine._forward
+    real_forward = engine.runner.forward
 
     def forward(*args, **kwargs):
         time.sleep(seconds)
         return real_forward(*args, **kwargs)
 
-    engine._forward = forward
+    engine.runner.forward = forward
 
 
 def test_collector_continuous_batching_gives_the_turn_batched_trajectories(loop, tokenizer, model):
     tasks = generate_tasks("calculator", 3, seed=0)
     results = {}
     for continuous in (True, False):
-        engine = HFEngine(model, tokenizer, dtype=torch.float32, continuous_batching=continuous)
+        engine = fp32_engine(model, tokenizer, continuous_batching=continuous)
         # The first group's first tool call takes 0.15 s; the others' next turns take 0.3 s to
         # generate, so the first group comes back while they are being generated.
         _slow_steps(engine, 0.03)
@@ -391,7 +389,7 @@ class SlowEveryToolTurn(GoOnEnvironment):
 def test_a_serving_engine_waiting_on_tools_is_not_counted_as_generating(loop, tokenizer, model):
     """One episode, 3 turns, 0.5 s tool steps: after each turn the serve call stays open with the
     episode's row parked, waiting on the feed. That wait is tool time, not generation."""
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, park_wait_s=2.0)
+    engine = fp32_engine(model, tokenizer, park_wait_s=2.0)
     collector = make_collector(
         engine, tokenizer, None, max_new_tokens=4,
         env_factory=lambda task, episode_id: SlowEveryToolTurn(task, episode_id, 0.5),
@@ -415,8 +413,8 @@ def test_an_engine_failure_mid_serve_fails_the_waiting_episodes_and_they_retry(
     loop, tokenizer, tiny_model
 ):
     tasks = generate_tasks("calculator", 2, seed=0)
-    engine = HFEngine(tiny_model, tokenizer, dtype=torch.float32)
-    real_forward, calls = engine._forward, []
+    engine = fp32_engine(tiny_model, tokenizer)
+    real_forward, calls = engine.runner.forward, []
 
     def failing_forward(*args, **kwargs):
         calls.append(1)
@@ -424,7 +422,7 @@ def test_an_engine_failure_mid_serve_fails_the_waiting_episodes_and_they_retry(
             raise RuntimeError("device lost")
         return real_forward(*args, **kwargs)
 
-    engine._forward = failing_forward
+    engine.runner.forward = failing_forward
     retried = _go_on_collector(engine, tokenizer)
     result = loop.run_until_complete(retried.collect(tasks, group_size=2, seed=5))
     assert result.failed_episodes == 0 and len(result.trajectories) == 4
@@ -440,10 +438,10 @@ def test_cuda_graph_serve_resumes_sessions_like_dynamic(model, tokenizer, prompt
         GenerationRequest(prompts[i], SamplingParams(max_new_tokens=5 + 3 * i, seed=i), session=s)
         for i, s in enumerate("abc")
     ]
-    graph = HFEngine(model, tokenizer, dtype=torch.float32, device="cuda", decode_mode="graph")
+    graph = fp32_engine(model, tokenizer, device="cuda", decode_mode="graph")
     feed = ConversationFeed({0: first}, tokenizer.encode(" ok"), delay={"a": 0, "b": 3, "c": 0})
     graph.serve(feed)
     assert graph.last_metrics["resumed_requests"] == 3
-    dynamic = HFEngine(model, tokenizer, dtype=torch.float32, device="cuda", decode_mode="dynamic")
+    dynamic = fp32_engine(model, tokenizer, device="cuda", decode_mode="dynamic")
     for ticket, want in enumerate(_alone(dynamic, feed.tickets)):
         _assert_same(want, feed.results[ticket])

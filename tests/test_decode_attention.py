@@ -1,4 +1,4 @@
-"""The engine's decode attention (grpo/rollout/decode_attention.py): the same attention as
+"""The engine's decode attention (grpo/rollout/hf/decode_attention.py): the same attention as
 transformers' SDPA path for one query token with grouped key/value heads and masked columns,
 SDPA itself for everything else, and only the engine's copy switched to it."""
 
@@ -11,8 +11,9 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.decode_attention import ENGINE_ATTENTION, engine_attention
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION, engine_attention
+from grpo.rollout.hf.engine import HFEngine
 
 
 class _Layer(torch.nn.Module):
@@ -92,9 +93,9 @@ def test_only_the_engine_copy_uses_it_and_sampling_is_unchanged(varied_tiny_mode
     model = varied_tiny_model
     policy_attention = model.config._attn_implementation
     grouped = HFEngine(model, tokenizer, dtype=torch.float32, seed=0)
-    sdpa = HFEngine(model, tokenizer, dtype=torch.float32, seed=0, decode_attention="sdpa")
-    assert grouped.model.config._attn_implementation == ENGINE_ATTENTION
-    assert sdpa.model.config._attn_implementation == "sdpa"
+    sdpa = HFEngine(model, tokenizer, HFEngineConfig(decode_attention="sdpa"), dtype=torch.float32, seed=0)
+    assert grouped.runner.model.config._attn_implementation == ENGINE_ATTENTION
+    assert sdpa.runner.model.config._attn_implementation == "sdpa"
     assert model.config._attn_implementation == policy_attention
 
     prompts = [tokenizer.encode("What is 964 * 494?"), tokenizer.encode("Hi"), tokenizer.encode("Hi")]
@@ -110,5 +111,5 @@ def test_only_the_engine_copy_uses_it_and_sampling_is_unchanged(varied_tiny_mode
 
 
 def test_an_unknown_decode_attention_is_refused(tiny_model, tokenizer):
-    with pytest.raises(ValueError, match="decode_attention must be 'grouped' or 'sdpa', got 'flash'"):
-        HFEngine(tiny_model, tokenizer, decode_attention="flash")
+    with pytest.raises(ValueError, match="decode_attention\n  Input should be 'grouped' or 'sdpa'"):
+        HFEngineConfig(decode_attention="flash")

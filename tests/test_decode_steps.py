@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ScheduledFeed, _alone, _assert_same
 from test_rollout_hf import _assert_same_results, _seeded_requests, request
 
+from grpo.config import load_config
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.live_batch import LiveBatch
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
+from grpo.rollout.hf.live_batch import LiveBatch
+from grpo.rollout.hf.sequence import Joiner
 from grpo.rollout.registry import make_engine
-from grpo.rollout.sequence import Joiner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,11 +36,11 @@ def prompts(tokenizer):
 def test_static_steps_draw_the_tokens_the_sampler_draws_after_them(model, tokenizer, prompts):
     requests = _seeded_requests(prompts, 5) + _seeded_requests(prompts, 2, temperature=0.0)
     requests += _seeded_requests(prompts, 2, temperature=0.7)
-    after = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static",
-                     sample_in_decode_step=False)
-    inside = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static")
-    assert inside.sample_in_decode_step and make_engine(
-        "hf", policy=model, tokenizer=tokenizer, decode_mode="static").sample_in_decode_step
+    after = fp32_engine(model, tokenizer, decode_mode="static", sample_in_decode_step=False)
+    inside = fp32_engine(model, tokenizer, decode_mode="static")
+    static = load_config(None, ["device=cpu", "rollout.hf.decode_mode=static"])
+    assert inside.settings.sample_in_decode_step and make_engine(
+        "hf", policy=model, tokenizer=tokenizer, config=static).settings.sample_in_decode_step
     expected = after.generate(requests)
     _assert_same_results(expected, inside.generate(requests))
     assert after.last_metrics["steps_with_draws"] == 0
@@ -76,11 +78,11 @@ def test_requests_joining_a_running_batch_wait_a_few_steps_to_join_together(mode
             5: [request(prompts[3], max_new_tokens=5, seed=4)],
         }
 
-    at_once = HFEngine(model, tokenizer, dtype=torch.float32, join_wait_steps=0)
+    at_once = fp32_engine(model, tokenizer, join_wait_steps=0)
     eager_feed = ScheduledFeed(schedule())
     at_once.serve(eager_feed)
     assert (at_once.last_metrics["joins"], at_once.last_metrics["joined_requests"]) == (3, 3)
-    patient = HFEngine(model, tokenizer, dtype=torch.float32, join_wait_steps=2)
+    patient = fp32_engine(model, tokenizer, join_wait_steps=2)
     feed = ScheduledFeed(schedule())
     patient.serve(feed)
     # The request of step 3 waits two steps and joins with those of steps 4 and 5: one prefill.
@@ -90,10 +92,12 @@ def test_requests_joining_a_running_batch_wait_a_few_steps_to_join_together(mode
         _assert_same(want, feed.results[ticket])
         _assert_same(want, eager_feed.results[ticket])
     # generate's requests beyond the batch join as rows free up, at once
-    waves = HFEngine(model, tokenizer, dtype=torch.float32, max_batch_size=1, join_wait_steps=5)
+    waves = fp32_engine(model, tokenizer, max_batch_size=1, join_wait_steps=5)
     two = [request(prompts[0], max_new_tokens=3, seed=1), request(prompts[1], max_new_tokens=3, seed=2)]
     waves.generate(two)
     assert waves.last_metrics["decode_steps"] == 4  # 2 + 2: no step without a live row
-    with pytest.raises(ValueError, match="join_wait_steps must be >= 0"):
-        HFEngine(model, tokenizer, join_wait_steps=-1)
-    assert (HFEngine(model, tokenizer).join_wait_steps, HFEngineConfig().join_wait_for("cuda")) == (0, 4)
+    with pytest.raises(ValueError, match="join_wait_steps\n  Input should be greater than or equal to 0"):
+        HFEngineConfig(join_wait_steps=-1)
+    # One default: null is 0 on a CPU and 4 on CUDA, for an engine built with or without a config.
+    assert HFEngine(model, tokenizer).settings.join_wait_steps == 0
+    assert HFEngineConfig().for_device("cuda").join_wait_steps == 4

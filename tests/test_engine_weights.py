@@ -1,4 +1,4 @@
-"""The engine's own weight copy (grpo/rollout/weights.py): Linear weights packed on a CPU (bf16
+"""The engine's own weight copy (grpo/rollout/hf/weights.py): Linear weights packed on a CPU (bf16
 for oneDNN where it has bf16 kernels, fp32 for MKL), siblings fused, and `sync_weights` reaching
 the packed copies. Whether a packed product's rows depend on the rows beside them is the CPU's
 business: tests/test_sampling_promise.py checks the probe that says so."""
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.weights import (
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.weights import (
     _HEAD_PACK_BATCH_HINT,
     _PACK_BATCH_HINT,
     FusedMember,
@@ -58,7 +58,7 @@ def test_bf16_sync_updates_fused_and_packed_weights(model, tokenizer, prompts):
     assert [r.token_ids for r in engine.generate(requests)] == [
         r.token_ids for r in fresh.generate(requests)
     ]
-    synced = engine.model.model.layers[0].self_attn.k_proj.weight
+    synced = engine.runner.model.model.layers[0].self_attn.k_proj.weight
     assert torch.equal(synced, model.model.layers[0].self_attn.k_proj.weight.to(torch.bfloat16))
 
 
@@ -127,13 +127,13 @@ def test_an_fp32_copy_on_a_cpu_is_packed_fused_and_follows_sync(model, tokenizer
     weights are packed, siblings fused and the tied head packed too, as for a bf16 copy; the
     weights stay fp32 and sync_weights reaches the packed ones."""
     engine = HFEngine(model, tokenizer, dtype=torch.float32)
-    layer = engine.model.model.layers[0]
+    layer = engine.runner.model.model.layers[0]
     assert isinstance(layer.self_attn.k_proj, FusedMember)
     assert isinstance(layer.mlp.down_proj, LowPrecisionLinear)
-    head = engine.model.get_output_embeddings()
+    head = engine.runner.model.get_output_embeddings()
     assert isinstance(head, LowPrecisionLinear) and head.matmul.packed is not None
     assert layer.self_attn.k_proj.group.matmul.packed is not None
-    assert all(p.dtype == torch.float32 for p in engine.model.parameters())
+    assert all(p.dtype == torch.float32 for p in engine.runner.model.parameters())
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 2:  # every Linear, the embedding and the (tied or own) head

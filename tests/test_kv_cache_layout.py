@@ -1,4 +1,4 @@
-"""The engine's KV cache layouts (grpo/rollout/kv_cache.py): keys stored transposed hold and serve
+"""The engine's KV cache layouts (grpo/rollout/hf/kv_cache.py): keys stored transposed hold and serve
 the same values as the plain layout (so every request samples the same), a bf16 cache is what
 the CPU default picks for the bf16 copy and stays close to an fp32 forward, and the engine's
 attention takes fp32 queries against a bf16 cache."""
@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ConversationFeed, _assert_same
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from grpo.config import config_from_dict
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.decode_attention import _grouped_decode, engine_attention
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.hf.decode_attention import _grouped_decode, engine_attention
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
 from grpo.rollout.registry import make_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,10 +74,8 @@ def test_transposed_keys_sample_what_plain_keys_sample(model, tokenizer, prompts
         for i in range(5)
     ]
     engines = [
-        HFEngine(
-            model, tokenizer, dtype=torch.float32, keys_transposed=t, decode_mode=decode_mode,
-            max_batch_size=3, compact_fraction=0.0, shared_prefix_min_tokens=1,
-        )
+        fp32_engine(model, tokenizer, keys_transposed=t, decode_mode=decode_mode, max_batch_size=3,
+                    compact_fraction=0.0, shared_prefix_min_tokens=1)
         for t in (False, True)
     ]
     plain, transposed = (engine.generate(requests) for engine in engines)
@@ -95,7 +94,7 @@ def test_transposed_keys_resume_sessions_like_plain_keys(model, tokenizer, promp
     observation = tokenizer.encode(" The tool says 42.")
     results = []
     for transposed in (False, True):
-        engine = HFEngine(model, tokenizer, dtype=torch.float32, keys_transposed=transposed)
+        engine = fp32_engine(model, tokenizer, keys_transposed=transposed)
         feed = ConversationFeed({0: list(first)}, observation, delay={"a": 0, "b": 3, "c": 1})
         engine.serve(feed)
         assert engine.last_metrics["resumed_requests"] == 3
@@ -113,8 +112,8 @@ def test_a_bf16_cache_resumes_sessions_like_an_fp32_one(model, tokenizer, prompt
     first.append(GenerationRequest(prompts[2], SamplingParams(max_new_tokens=20, seed=9)))
     observation = tokenizer.encode(" The tool says 42.")
     results = []
-    for cache_dtype in (torch.float32, torch.bfloat16):
-        engine = HFEngine(model, tokenizer, dtype=torch.float32, kv_cache_dtype=cache_dtype)
+    for cache_dtype in ("float32", "bfloat16"):
+        engine = fp32_engine(model, tokenizer, kv_cache_dtype=cache_dtype)
         feed = ConversationFeed({0: list(first)}, observation, delay={"a": 0, "b": 1})
         engine.serve(feed)
         assert not feed.failed and engine.last_metrics["resumed_requests"] == 2
@@ -126,21 +125,21 @@ def test_a_bf16_cache_resumes_sessions_like_an_fp32_one(model, tokenizer, prompt
 
 def test_the_cpu_default_is_a_transposed_bf16_cache_for_the_bf16_copy(model, tokenizer):
     default = HFEngine(model, tokenizer)  # bf16 matmuls on this CPU
-    assert (default.kv_cache_dtype, default.keys_transposed) == (torch.bfloat16, True)
-    fp32 = HFEngine(model, tokenizer, dtype=torch.float32)
-    assert (fp32.kv_cache_dtype, fp32.keys_transposed) == (torch.float32, False)
-    assert HFEngine(model, tokenizer, dtype=None).kv_cache_dtype is None
-    sdpa = HFEngine(model, tokenizer, decode_attention="sdpa")  # SDPA wants one dtype
-    assert (sdpa.kv_cache_dtype, sdpa.keys_transposed) == (None, False)
-    no_copy = HFEngine(model, tokenizer, copy_weights=False)
-    assert no_copy.kv_cache_dtype is None
+    assert (default.runner.kv_cache_dtype, default.runner.keys_transposed) == (torch.bfloat16, True)
+    fp32 = fp32_engine(model, tokenizer)
+    assert (fp32.runner.kv_cache_dtype, fp32.runner.keys_transposed) == (torch.float32, False)
+    assert HFEngine(model, tokenizer, dtype=None).runner.kv_cache_dtype is None
+    sdpa = HFEngine(model, tokenizer, HFEngineConfig(decode_attention="sdpa"))  # SDPA wants one dtype
+    assert (sdpa.runner.kv_cache_dtype, sdpa.runner.keys_transposed) == (None, False)
+    no_copy = HFEngine(model, tokenizer, HFEngineConfig(copy_weights=False))
+    assert no_copy.runner.kv_cache_dtype is None
 
 
 def test_a_cache_dtype_the_attention_cannot_read_is_refused(model, tokenizer):
-    with pytest.raises(ValueError, match="kv_cache_dtype torch.bfloat16 differs from the model"):
-        HFEngine(model, tokenizer, decode_attention="sdpa", kv_cache_dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="kv_cache_dtype must be 'auto', a torch dtype or None"):
-        HFEngine(model, tokenizer, kv_cache_dtype="bf16")
+    with pytest.raises(ValueError, match="kv_cache_dtype bfloat16 differs from the model"):
+        HFEngine(model, tokenizer, HFEngineConfig(decode_attention="sdpa", kv_cache_dtype="bfloat16"))
+    with pytest.raises(ValueError, match="kv_cache_dtype\n  Input should be 'auto', 'model', 'bfloat16'"):
+        HFEngineConfig(kv_cache_dtype="bf16")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         HFEngineConfig(kv_cache_dtype="int8")
 
@@ -148,13 +147,13 @@ def test_a_cache_dtype_the_attention_cannot_read_is_refused(model, tokenizer):
 def test_the_config_names_the_cache_dtype(model, tokenizer):
     def engine(dtype="bfloat16", **hf):
         # model.dtype pinned: `auto` is bf16 or fp32 by this host's CPU (devices.py)
-        config = config_from_dict({"model": {"dtype": dtype}, "hf": hf})
+        config = config_from_dict({"model": {"dtype": dtype}, "rollout": {"hf": hf}})
         return make_engine("hf", policy=model, tokenizer=tokenizer, config=config)
 
-    assert engine().kv_cache_dtype == torch.bfloat16  # auto, CPU: the bf16 copy's dtype
-    assert engine("float32").kv_cache_dtype == torch.float32  # auto, CPU: the fp32 copy's
-    assert engine(kv_cache_dtype="model").kv_cache_dtype is None
-    assert engine(kv_cache_dtype="float32").kv_cache_dtype == torch.float32
+    assert engine().runner.kv_cache_dtype == torch.bfloat16  # auto, CPU: the bf16 copy's dtype
+    assert engine("float32").runner.kv_cache_dtype == torch.float32  # auto, CPU: the fp32 copy's
+    assert engine(kv_cache_dtype="model").runner.kv_cache_dtype is None
+    assert engine(kv_cache_dtype="float32").runner.kv_cache_dtype == torch.float32
 
 
 @torch.no_grad()
@@ -162,13 +161,11 @@ def test_a_bf16_cache_is_used_and_stays_close_to_an_fp32_forward(model, tokenize
     requests = [
         GenerationRequest(p, SamplingParams(max_new_tokens=12, seed=i)) for i, p in enumerate(prompts)
     ]
-    fp32 = HFEngine(model, tokenizer, dtype=torch.float32).generate(requests)
-    engine = HFEngine(
-        model, tokenizer, dtype=torch.float32, kv_cache_dtype=torch.bfloat16, decode_mode="static"
-    )
+    fp32 = fp32_engine(model, tokenizer).generate(requests)
+    engine = fp32_engine(model, tokenizer, kv_cache_dtype="bfloat16", decode_mode="static")
     results = engine.generate(requests)
-    keys = engine._static.cache.layers[0].keys
-    assert keys.dtype == torch.bfloat16 and engine.keys_transposed
+    keys = engine.runner.static_decoder.cache.layers[0].keys
+    assert keys.dtype == torch.bfloat16 and engine.runner.keys_transposed
     deltas = []
     for prompt, result in zip(prompts, results):
         logits = model(torch.tensor([list(prompt) + result.token_ids])).logits[0]

@@ -1,33 +1,39 @@
-"""The engine copy's lean forward (grpo/rollout/lean_forward.py): the same logits as the model's
+"""The engine copy's lean forward (grpo/rollout/hf/lean_forward.py): the same logits as the model's
 own forward, bit for bit, so an engine samples the same tokens and log-probs with it as without
 it, in every path a forward serves; and where it does not apply, the reason and the old forward."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import test_prefix_attention
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ConversationFeed
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from transformers.models.llama.modeling_llama import rotate_half as llamas
 
 from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.source import build_tiny_model
-from grpo.rollout import lean_forward, weights
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.decode_attention import ENGINE_ATTENTION
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.lean_forward import LeanForward, rotate_half
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf import lean_forward, weights
+from grpo.rollout.hf.architecture import Lean, rotary_attention_inputs, rotated
+from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.families.llama import LLAMA
+from grpo.rollout.hf.lean_forward import LeanForward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # The varied tiny Llama, and prompts that start with one 20-token system prompt.
 model, prefix, prompts = test_prefix_attention.model, test_prefix_attention.prefix, test_prefix_attention.prompts
 
 
-def _engine(model, tokenizer, lean: bool, **options) -> HFEngine:
-    return HFEngine(model, tokenizer, dtype=torch.float32, lean_forward=lean, **options)
+def _engine(model, tokenizer, lean: bool, **settings) -> HFEngine:
+    return fp32_engine(model, tokenizer, lean_forward=lean, **settings)
 
 
 def _counts(metrics: dict) -> dict:
@@ -39,22 +45,26 @@ def _results(results) -> list[tuple]:
     return [(r.token_ids, r.behavior_logprobs, r.finish_reason) for r in results]
 
 
-def test_rotate_half_is_llamas():
-    x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(rotate_half(x), llamas(x))
-    assert torch.equal(rotate_half(torch.arange(4.0)), torch.tensor([-2.0, -3.0, 0.0, 1.0]))
+def test_the_rotation_is_transformers_apply_rotary_pos_emb_bit_for_bit():
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 3, 8, generator=generator), torch.randn(2, 2, 3, 8, generator=generator)
+    cos, sin = torch.randn(2, 3, 8, generator=generator), torch.randn(2, 3, 8, generator=generator)
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)  # broadcasts cos/sin over heads itself
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    assert torch.equal(rotated(q, cos, sin, llamas), want_q) and torch.equal(rotated(k, cos, sin, llamas), want_k)
+    assert torch.equal(llamas(torch.arange(4.0)), torch.tensor([-2.0, -3.0, 0.0, 1.0]))
 
 
 def test_the_engine_copy_of_a_llama_runs_lean_and_never_calls_the_models_forward(model, tokenizer, prompts):
     engine = _engine(model, tokenizer, lean=True)
-    assert isinstance(engine.lean, LeanForward) and engine.lean_reason is None
+    assert isinstance(engine.runner.lean, LeanForward) and engine.runner.lean_reason is None
     plain = _engine(model, tokenizer, lean=False)
-    assert plain.lean is None and plain.lean_reason == "lean_forward is off"
+    assert plain.runner.lean is None and plain.runner.lean_reason == "lean_forward is off"
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model's own forward ran")
 
-    engine.model.forward = refuse
+    engine.runner.model.forward = refuse
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=8, seed=i)) for i, p in enumerate(prompts)]
     assert _results(engine.generate(requests)) == _results(plain.generate(requests))
 
@@ -131,43 +141,57 @@ def test_sync_weights_reaches_the_lean_forward(model, tokenizer, prompts):
 def test_an_unsupported_model_says_why_and_keeps_transformers_forward(model, tokenizer, prompts):
     request = GenerationRequest(prompts[1], SamplingParams(max_new_tokens=4, seed=0))
     # The policy itself: transformers' attention, not the engine's.
-    assert lean_forward.unsupported(model) == f"its attention is {model.config._attn_implementation!r}, not the engine's"
-    qwen = Qwen2ForCausalLM(Qwen2Config(
+    assert lean_forward.unsupported(model, LLAMA) == (
+        f"its attention is {model.config._attn_implementation!r}, not the engine's")
+    # A family without a record (grpo/rollout/hf/families/): Mistral.
+    mistral = MistralForCausalLM(MistralConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, pad_token_id=tokenizer.pad_token_id,
+        sliding_window=None,
     )).eval()
-    engine = HFEngine(qwen, tokenizer, dtype=torch.float32)
-    assert engine.lean is None
-    assert engine.lean_reason == "the model is Qwen2ForCausalLM, not transformers' LlamaForCausalLM"
+    engine = fp32_engine(mistral, tokenizer)
+    assert engine.runner.lean is None and engine.runner.architecture.name == "generic"
+    assert engine.runner.lean_reason == "no lean forward for model type 'mistral' (grpo/rollout/hf/families/)"
+    assert engine.describe()["forward"] == f"transformers' modules ({engine.runner.lean_reason})"
+    assert len(engine.generate([request])[0].token_ids) == 4
+
+    # A Llama of a class of its own: not the classes the lean forward was written from.
+    class OwnLlama(LlamaForCausalLM):
+        pass
+
+    own = OwnLlama(model.config).eval()
+    own.load_state_dict(model.state_dict())
+    engine = fp32_engine(own, tokenizer)
+    assert engine.runner.lean_reason == "the model is OwnLlama, not transformers' LlamaForCausalLM"
     assert len(engine.generate([request])[0].token_ids) == 4
 
 
 def test_hooks_and_forward_overrides_keep_transformers_forward(model, tokenizer):
     engine = _engine(model, tokenizer, lean=False)
-    weights = engine.model
-    assert lean_forward.unsupported(weights) is None
+    weights = engine.runner.model
+    assert lean_forward.unsupported(weights, LLAMA) is None
     handle = weights.model.layers[1].mlp.register_forward_hook(lambda module, args, out: out)
-    assert lean_forward.unsupported(weights) == "forward hooks are registered on ['model.layers.1.mlp']"
+    assert lean_forward.unsupported(weights, LLAMA) == "forward hooks are registered on ['model.layers.1.mlp']"
     handle.remove()
     handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out)
     try:
-        assert lean_forward.unsupported(weights) == "global forward hooks are registered"
+        assert lean_forward.unsupported(weights, LLAMA) == "global forward hooks are registered"
     finally:
         handle.remove()
     weights.model.layers[0].forward = lambda *args, **kwargs: None
-    assert lean_forward.unsupported(weights) == "a decoder layer has a forward of its own"
+    assert lean_forward.unsupported(weights, LLAMA) == "a decoder layer has a forward of its own"
     del weights.model.layers[0].forward
     weights.config._attn_implementation = "sdpa"
-    assert lean_forward.unsupported(weights) == "its attention is 'sdpa', not the engine's"
+    assert lean_forward.unsupported(weights, LLAMA) == "its attention is 'sdpa', not the engine's"
 
 
-def test_a_lean_forward_that_disagrees_with_the_model_is_refused_by_the_probe(model, tokenizer, monkeypatch):
-    weights = _engine(model, tokenizer, lean=False).model
-    lean, reason = LeanForward.build(weights)
+def test_a_lean_forward_that_disagrees_with_the_model_is_refused_by_the_probe(model, tokenizer):
+    weights = _engine(model, tokenizer, lean=False).runner.model
+    lean, reason = LeanForward.build(weights, LLAMA)
     assert lean is not None and reason is None
     # A rotation off in the fourth significant digit: the probe's prefill logits move.
-    monkeypatch.setattr(lean_forward, "rotate_half", lambda x: rotate_half(x) * 1.0001)
-    lean, reason = LeanForward.build(weights)
+    off = rotary_attention_inputs(lambda x: llamas(x) * 1.0001)
+    lean, reason = LeanForward.build(weights, replace(LLAMA, lean=Lean(LLAMA.lean.classes, off)))
     assert lean is None and reason.startswith("the probe's prefill logits differ from the model's by up to ")
 
 
@@ -177,9 +201,9 @@ def test_an_engine_copy_of_a_policy_drops_its_training_hook_and_runs_lean(tokeni
     policy = build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
     embedding = policy.get_input_embeddings()
     assert ReusedEmbeddingGradient.install(embedding) is not None
-    engine = HFEngine(policy, tokenizer, dtype=torch.float32)
-    assert engine.lean is not None and engine.lean_reason is None
-    assert not engine.model.get_input_embeddings()._forward_hooks
+    engine = fp32_engine(policy, tokenizer)
+    assert engine.runner.lean is not None and engine.runner.lean_reason is None
+    assert not engine.runner.model.get_input_embeddings()._forward_hooks
     assert len(embedding._forward_hooks) == 1  # the policy keeps its own
 
 
@@ -188,8 +212,8 @@ def test_a_copy_with_separate_projections_runs_lean_with_the_same_logits(model, 
     # GPU, on MPS, on an ARM CPU), the lean forward calls each as transformers' modules do.
     plain = copy.deepcopy(model)
     plain.set_attn_implementation(ENGINE_ATTENTION)
-    assert lean_forward.unsupported(plain) is None
-    lean, reason = LeanForward.build(plain)
+    assert lean_forward.unsupported(plain, LLAMA) is None
+    lean, reason = LeanForward.build(plain, LLAMA)
     assert reason is None and lean.layers[0].qkv == (plain.model.layers[0].self_attn.q_proj.forward,
                                                      plain.model.layers[0].self_attn.k_proj.forward,
                                                      plain.model.layers[0].self_attn.v_proj.forward)
@@ -198,8 +222,8 @@ def test_a_copy_with_separate_projections_runs_lean_with_the_same_logits(model, 
     got = {}
     for on in (True, False):
         engine = _engine(model, tokenizer, lean=on)
-        assert type(engine.model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
-        assert (engine.lean is not None) == on
+        assert type(engine.runner.model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+        assert (engine.runner.lean is not None) == on
         got[on] = _results(engine.generate([request] * 3))
     assert got[True] == got[False]
 
@@ -212,8 +236,9 @@ def test_cuda_graph_decode_samples_the_same_lean_or_not(model, tokenizer, prompt
     requests = [GenerationRequest(p, SamplingParams(max_new_tokens=10, seed=i)) for i, p in enumerate(prompts * 3)]
     got = {}
     for lean in (True, False):
-        engine = HFEngine(model.cuda(), tokenizer, dtype=dtype, lean_forward=lean, decode_mode="graph")
-        assert (engine.lean is not None) == lean, engine.lean_reason
+        settings = HFEngineConfig(lean_forward=lean, decode_mode="graph")
+        engine = HFEngine(model.cuda(), tokenizer, settings, dtype=dtype)
+        assert (engine.runner.lean is not None) == lean, engine.runner.lean_reason
         got[lean] = _results(engine.generate(requests))
     assert got[True] == got[False]
 
@@ -224,6 +249,6 @@ def test_a_probe_that_fails_leaves_transformers_forward_and_says_why(model, toke
 
     monkeypatch.setattr(lean_forward, "DynamicCache", broken)
     engine = _engine(model, tokenizer, lean=True)
-    assert engine.lean is None and engine.lean_reason == "the probe failed: RuntimeError: no cache here"
+    assert engine.runner.lean is None and engine.runner.lean_reason == "the probe failed: RuntimeError: no cache here"
     request = GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=3, seed=0))
     assert len(engine.generate([request])[0].token_ids) == 3

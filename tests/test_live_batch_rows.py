@@ -1,4 +1,4 @@
-"""Who joins a live batch (grpo/rollout/live_batch.py `plan`, `make_room`, `returning`): a
+"""Who joins a live batch (grpo/rollout/hf/live_batch.py `plan`, `make_room`, `returning`): a
 session's next turn finds the parked row it extends, and the rows the waiting requests need are
 unparked. Exact rows on hand-built batches, and the same answers as a scan of every row per
 waiting request (what `returning` did before it looked rows up by session) on random batches."""
@@ -11,9 +11,9 @@ import random
 import pytest
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.live_batch import LiveBatch
-from grpo.rollout.sequence import Joiner, LiveSequence
+from grpo.rollout.hf.kv_cache import PreallocatedCache
+from grpo.rollout.hf.live_batch import LiveBatch
+from grpo.rollout.hf.sequence import Joiner, LiveSequence
 
 SAMPLING = SamplingParams(max_new_tokens=4)
 

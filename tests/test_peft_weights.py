@@ -14,8 +14,9 @@ from grpo.models.export import save_pretrained
 from grpo.models.peft_weights import base_model_of, is_peft, language_model_of, lm_tensors
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import build_tiny_model
-from grpo.rollout.vllm_sync import export_base_model
-from grpo.rollout.weights import copy_weights_into, inference_copy
+from grpo.rollout.hf.families import architecture_of
+from grpo.rollout.hf.weights import copy_weights_into, inference_copy
+from grpo.rollout.vllm.sync import export_base_model
 
 
 def _lora(tokenizer, *, modules_to_save=None, seed=0):
@@ -94,7 +95,9 @@ def test_engine_copy_and_sync_follow_the_merged_weights(tokenizer, modules_to_sa
     model = _lora(tokenizer, modules_to_save=modules_to_save)
     reference = copy.deepcopy(model).merge_and_unload()
     ids = torch.tensor([[1, 5, 9, 200, 17]])
-    clone = inference_copy(model, None, None, torch.device("cpu"))
+    llama = architecture_of(model.get_base_model())
+    clone = inference_copy(model, None, None, torch.device("cpu"), fused_groups=llama.fused_groups,
+                           is_norm=llama.is_norm)
     assert not is_peft(clone)
     assert torch.allclose(clone(ids).logits, reference(ids).logits, atol=1e-5)
     # Train the adapter a little; sync_weights' copy must follow it.

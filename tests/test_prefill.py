@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.rollout.prefill import left_padded, prefill_chunks
+from grpo.rollout.hf.prefill import left_padded, prefill_chunks
 
 
 def test_chunks_hold_at_most_the_budget_of_padded_tokens():

@@ -1,5 +1,5 @@
 """A batch's kept prefix (HFEngine `prefix_attention_min_tokens`): decode steps attend to the
-prompts' shared prefix once for all the rows that hold it (grpo/rollout/decode_attention.py
+prompts' shared prefix once for all the rows that hold it (grpo/rollout/hf/decode_attention.py
 `_shared_prefix_decode`), and requests that join later with that prefix get its keys and values
 written instead of prefilled (kv_cache.py `keep_prefix`, `write_prefix`). Every request still
 samples what it samples alone (fp32, seeded), in waves, joins, compaction and resumed sessions."""
@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ConversationFeed, ScheduledFeed, _alone, _assert_same
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.decode_attention import (
+from grpo.rollout.hf.decode_attention import (
     PrefixAttention,
     _grouped_decode,
     _shared_prefix_decode,
     engine_attention,
 )
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.kv_cache import PreallocatedCache
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.kv_cache import PreallocatedCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -140,21 +141,19 @@ def request(prompt, **sampling) -> GenerationRequest:
     return GenerationRequest(list(prompt), SamplingParams(**sampling))
 
 
-def _engine(model, tokenizer, **options) -> HFEngine:
+def _engine(model, tokenizer, **settings) -> HFEngine:
     # shared_prefix_min_tokens 1: the tiny prompts' prefix is shared; the kept prefix needs 20
     # tokens, and every decode step that saves a column attends it once.
-    options = {"prefix_attention_min_cells": 1, **options}
-    return HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1,
-        prefix_attention_min_tokens=20, **options,
-    )
+    settings = {"prefix_attention_min_cells": 1, "shared_prefix_min_tokens": 1,
+                "prefix_attention_min_tokens": 20, **settings}
+    return fp32_engine(model, tokenizer, **settings)
 
 
 def _serve_as_alone(engine: HFEngine, feed, model, tokenizer) -> dict:
     """Serve `feed`; every request's result is what it samples alone. The engine's metrics."""
     engine.serve(feed)
     assert not feed.failed
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    expected = _alone(fp32_engine(model, tokenizer), feed.tickets)
     for ticket, want in enumerate(expected):
         _assert_same(want, feed.results[ticket])
     return engine.last_metrics
@@ -169,7 +168,7 @@ def test_rows_holding_the_prefix_sample_what_they_sample_alone(model, tokenizer,
     ]
     engine = _engine(model, tokenizer)
     got = engine.generate(requests)
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), requests)
+    expected = _alone(fp32_engine(model, tokenizer), requests)
     for want, result in zip(expected, got):
         _assert_same(want, result)
     metrics = engine.last_metrics
@@ -182,20 +181,15 @@ def test_rows_holding_the_prefix_sample_what_they_sample_alone(model, tokenizer,
     few = _engine(model, tokenizer, prefix_attention_min_cells=6 * len(prefix))
     few.generate(requests)
     assert few.last_metrics["prefix_attention_steps"] > 0  # the first steps, all 6 rows live
-    off = HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1,
-        prefix_attention_min_tokens=0,
-    )
+    off = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1, prefix_attention_min_tokens=0)
     off.generate(requests)
     assert off.last_metrics["prefix_attention_steps"] == 0
     assert off.last_metrics["decode_steps"] == metrics["decode_steps"]
 
 
 def test_a_prefix_shorter_than_the_minimum_is_not_kept(model, tokenizer, prompts, prefix):
-    engine = HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1,
-        prefix_attention_min_tokens=len(prefix) + 1,
-    )
+    engine = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1,
+                         prefix_attention_min_tokens=len(prefix) + 1)
     engine.generate([request(p, max_new_tokens=4, seed=i) for i, p in enumerate(prompts)])
     assert engine.last_metrics["prefix_attention_steps"] == 0
     assert engine.last_metrics["shared_prefix_tokens"] == 2 * len(prefix)
@@ -261,13 +255,13 @@ def test_sessions_come_back_to_rows_that_hold_the_prefix(model, tokenizer, promp
 
 
 def test_only_dynamic_decode_with_the_engines_attention_keeps_a_prefix(model, tokenizer):
-    assert _engine(model, tokenizer).prefix_attention_min_tokens == 20
-    assert _engine(model, tokenizer, decode_mode="static").prefix_attention_min_tokens == 0
-    assert _engine(model, tokenizer, decode_attention="sdpa").prefix_attention_min_tokens == 0
-    with pytest.raises(ValueError, match="prefix_attention_min_cells must be >= 1, got 0"):
-        HFEngine(model, tokenizer, prefix_attention_min_cells=0)
-    with pytest.raises(ValueError, match="prefix_attention_min_tokens must be >= 0, got -1"):
-        HFEngine(model, tokenizer, prefix_attention_min_tokens=-1)
+    assert _engine(model, tokenizer).settings.prefix_attention_min_tokens == 20
+    assert _engine(model, tokenizer, decode_mode="static").settings.prefix_attention_min_tokens == 0
+    assert _engine(model, tokenizer, decode_attention="sdpa").settings.prefix_attention_min_tokens == 0
+    with pytest.raises(ValueError, match="prefix_attention_min_cells\n  Input should be greater than or equal to 1"):
+        HFEngineConfig(prefix_attention_min_cells=0)
+    with pytest.raises(ValueError, match="prefix_attention_min_tokens\n  Input should be greater than or equal to 0"):
+        HFEngineConfig(prefix_attention_min_tokens=-1)
     with pytest.raises(ValueError, match="prefix_attention_min_tokens"):
         HFEngineConfig(prefix_attention_min_tokens=-5)
     assert HFEngineConfig().prefix_attention_min_tokens == 64

@@ -28,7 +28,7 @@ from grpo.models.peft_weights import is_4bit_tensor
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import build_tiny_model
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 from launch.smoke import run_smoke
 
 pytestmark = pytest.mark.usefixtures("one_thread")

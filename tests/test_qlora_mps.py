@@ -11,7 +11,7 @@ from grpo.algorithm.reference import LoraEMAReference
 from grpo.models import devices
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
-from grpo.rollout import sampling
+from grpo.rollout.hf import sampling
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.registry import ENGINES, make_engine
-from grpo.rollout.sampling import (
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.sampling import (
     _mul32,
     counter_uniforms,
     row_keys,
     sample_next_tokens,
     uniforms_per_row,
 )
+from grpo.rollout.registry import ENGINES, make_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -166,13 +167,13 @@ def test_compaction_and_waves_do_not_change_results(model, tokenizer, prompts):
         request(prompts[i % 3], max_new_tokens=4 + 3 * i, seed=i, stop_token_ids=(2,))
         for i in range(6)
     ]
-    reference = HFEngine(model, tokenizer, dtype=torch.float32, compact_fraction=2.0).generate(
+    reference = fp32_engine(model, tokenizer, compact_fraction=2.0).generate(
         requests
     )
-    eager = HFEngine(model, tokenizer, dtype=torch.float32, compact_fraction=0.0)
+    eager = fp32_engine(model, tokenizer, compact_fraction=0.0)
     compacted = eager.generate(requests)
     assert eager.last_metrics["compactions"] > 0
-    waves = HFEngine(model, tokenizer, dtype=torch.float32, max_batch_size=4).generate(requests)
+    waves = fp32_engine(model, tokenizer, max_batch_size=4).generate(requests)
     for a, b, c in zip(reference, compacted, waves):
         assert a.token_ids == b.token_ids == c.token_ids
         assert a.behavior_logprobs == pytest.approx(b.behavior_logprobs, abs=1e-5)
@@ -262,7 +263,7 @@ def test_counter_uniforms_take_a_step_per_row():
 
 
 def test_sync_weights_follows_the_policy(model, tokenizer, prompts):
-    engine = HFEngine(model, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(model, tokenizer)
     before = engine.generate([request(prompts[0], temperature=0.0, max_new_tokens=6)])[0].token_ids
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)  # tied to the embeddings: a different model
@@ -281,7 +282,7 @@ def test_sync_weights_merges_lora(model, tokenizer, prompts):
     policy = peft.get_peft_model(
         model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     )
-    engine = HFEngine(policy, tokenizer, dtype=torch.float32)
+    engine = fp32_engine(policy, tokenizer)
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if "lora_B" in name:
@@ -292,7 +293,7 @@ def test_sync_weights_merges_lora(model, tokenizer, prompts):
     for _ in range(6):
         ids.append(int(full_logits(policy, ids)[-1].argmax()))
     assert result.token_ids == ids[len(prompts[0]) :]
-    assert not any(p.requires_grad for p in engine.model.parameters())
+    assert not any(p.requires_grad for p in engine.runner.model.parameters())
 
 
 def test_bf16_engine_logprobs_stay_close_to_fp32(model, tokenizer, prompts):
@@ -357,54 +358,54 @@ def _assert_same_results(expected, got) -> None:
 
 def test_static_decode_equals_dynamic_with_compaction_waves_and_reuse(model, tokenizer, prompts):
     requests = _seeded_requests(prompts, 7)
-    dynamic = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="dynamic")
-    static = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static")
+    dynamic = fp32_engine(model, tokenizer, decode_mode="dynamic")
+    static = fp32_engine(model, tokenizer, decode_mode="static")
     expected = dynamic.generate(requests)
     _assert_same_results(expected, static.generate(requests))
     assert static.last_metrics["compactions"] > 0
-    cache = static._static.cache
+    cache = static.runner.static_decoder.cache
     assert (cache.rows, cache.capacity) == (8, 256)  # 7 rows -> 8; 19 + 46 columns -> 256
     # A later, smaller call reuses the cache; a call needing more columns regrows it.
     _assert_same_results(expected[:3], static.generate(requests[:3]))
-    assert static._static.cache is cache
+    assert static.runner.static_decoder.cache is cache
     long = [request(prompts[2], max_new_tokens=300, seed=5, stop_token_ids=(2,))]
     _assert_same_results(dynamic.generate(long), static.generate(long))
-    assert static._static.cache.capacity == 512
-    waves = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="static", max_batch_size=3)
+    assert static.runner.static_decoder.cache.capacity == 512
+    waves = fp32_engine(model, tokenizer, decode_mode="static", max_batch_size=3)
     _assert_same_results(expected, waves.generate(requests))
     # Steps padded to at least 4 rows (what graph decode does with 64): the same results.
-    assert {rows for rows, _ in static._static.buckets} == {1, 2, 4, 8}
-    static._static.min_rows = 4
-    static._static.buckets.clear()
+    assert {rows for rows, _ in static.runner.static_decoder.buckets} == {1, 2, 4, 8}
+    static.runner.static_decoder.min_rows = 4
+    static.runner.static_decoder.buckets.clear()
     _assert_same_results(expected, static.generate(requests))
-    assert {rows for rows, _ in static._static.buckets} == {4, 8}
+    assert {rows for rows, _ in static.runner.static_decoder.buckets} == {4, 8}
 
 
 def test_decode_mode_is_checked(model, tokenizer):
-    with pytest.raises(ValueError, match="decode_mode must be one of"):
-        HFEngine(model, tokenizer, decode_mode="fast")
+    with pytest.raises(ValueError, match="decode_mode\n  Input should be 'auto', 'dynamic', 'static' or 'graph'"):
+        HFEngineConfig(decode_mode="fast")
     with pytest.raises(ValueError, match="'graph' needs a CUDA device"):
-        HFEngine(model, tokenizer, decode_mode="graph")
+        HFEngine(model, tokenizer, HFEngineConfig(decode_mode="graph"))
     engine = HFEngine(model, tokenizer)
-    assert engine.decode_mode == "dynamic"  # auto on a CPU
-    assert (engine.max_batch_size, engine.prefill_chunk_tokens) == (64, 4096)
-    assert (engine.join_columns, engine.prefill_call_tokens) == (1024, 32)
-    gpu = HFEngineConfig()
-    assert (gpu.batch_size_for("cuda"), gpu.prefill_chunk_for("cuda")) == (512, 32768)
-    assert (gpu.join_columns_for("cuda"), gpu.join_columns_for("cpu")) == (512, 1024)
+    assert engine.settings.decode_mode == "dynamic"  # auto on a CPU
+    assert (engine.settings.max_batch_size, engine.settings.prefill_chunk_tokens) == (64, 4096)
+    assert (engine.settings.join_columns, engine.loop.prefill.prefill_call_tokens) == (1024, 32)
+    gpu = HFEngineConfig().for_device("cuda")
+    assert (gpu.max_batch_size, gpu.prefill_chunk_tokens, gpu.join_columns) == (512, 32768, 512)
+    assert (gpu.decode_mode, gpu.prefix_attention_min_tokens) == ("graph", 0)  # no kept prefix there
     chosen = HFEngineConfig(max_batch_size=8, prefill_chunk_tokens=100, join_columns=64)
-    assert (chosen.batch_size_for("cuda"), chosen.prefill_chunk_for("cpu")) == (8, 100)
-    assert chosen.join_columns_for("cpu") == 64
+    assert chosen.for_device("cuda").max_batch_size == 8 and chosen.for_device("cpu").prefill_chunk_tokens == 100
+    assert chosen.for_device("cpu").join_columns == 64 and chosen.max_batch_size == 8  # the section unchanged
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 def test_cuda_graph_decode_equals_dynamic_and_reuses_its_graphs(model, tokenizer, prompts):
     model = model.to("cuda")
     requests = _seeded_requests(prompts, 7)
-    dynamic = HFEngine(model, tokenizer, dtype=torch.float32, decode_mode="dynamic")
-    graph = HFEngine(model, tokenizer, dtype=torch.float32)
-    assert graph.decode_mode == "graph"  # auto on CUDA
-    assert HFEngine(model, tokenizer).kv_cache_dtype == torch.bfloat16  # auto on CUDA: the bf16 copy's
+    dynamic = fp32_engine(model, tokenizer, decode_mode="dynamic")
+    graph = fp32_engine(model, tokenizer)
+    assert graph.settings.decode_mode == "graph"  # auto on CUDA
+    assert HFEngine(model, tokenizer).runner.kv_cache_dtype == torch.bfloat16  # auto on CUDA: the bf16 copy's
     expected = dynamic.generate(requests)
     _assert_same_results(expected, graph.generate(requests))
     captured = graph.last_metrics["graph_captures"]

@@ -1,7 +1,7 @@
-"""The HF engine's promise about seeded requests (grpo/rollout/batch_invariance.py): the same batch
-gives the same tokens and log-probs everywhere; each request's tokens do not depend on the rows
-beside it where the engine says so (fp32 on a CPU); and the probe of its Linear products tells the
-truth. Checked on this CPU, and in a subprocess with the other CPU family's kernels forced
+"""The HF engine's promise about seeded requests (grpo/rollout/hf/batch_invariance.py): the same
+batch gives the same tokens and log-probs everywhere; each request's tokens do not depend on the
+rows beside it where the engine says so (fp32 on a CPU); and the probe of its Linear products
+tells the truth. Checked on this CPU, and in a subprocess with the other CPU family's kernels forced
 (MKL's and oneDNN's AVX2 paths, aten's AVX2 kernels), since a session has one machine."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import torch
 from conftest import REPO, assert_fp32_close
 from promise_report import measure, probe_against_direct
 
-from grpo.rollout.batch_invariance import sampling_promise
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.weights import _Matmul, probe_rows_independent
+from grpo.rollout.config import HFEngineConfig
+from grpo.rollout.hf.batch_invariance import sampling_promise
+from grpo.rollout.hf.engine import HFEngine
+from grpo.rollout.hf.weights import _Matmul, probe_rows_independent
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FORCED_KERNELS = {
@@ -94,23 +95,25 @@ def test_bf16_weights_are_packed_only_where_onednn_has_bf16_kernels(forced, vari
 
 
 def test_the_claim_follows_what_computes_below_fp32(varied_tiny_model, tokenizer):
-    def promise(**options):
-        return HFEngine(varied_tiny_model, tokenizer, **options).sampling_promise
+    def promise(dtype, **settings):
+        engine = HFEngine(varied_tiny_model, tokenizer, HFEngineConfig(**settings), dtype=dtype)
+        return engine.sampling_promise
 
-    assert promise(dtype=torch.float32).reason == ""
-    assert promise(dtype=torch.bfloat16).reason == "bfloat16 weights; a bfloat16 KV cache"
-    cache = promise(dtype=torch.float32, kv_cache_dtype=torch.bfloat16)
+    assert promise(torch.float32).reason == ""
+    assert promise(torch.bfloat16).reason == "bfloat16 weights; a bfloat16 KV cache"
+    cache = promise(torch.float32, kv_cache_dtype="bfloat16")
     assert (cache.batch_invariant, cache.reason) == (False, "a bfloat16 KV cache")
-    assert promise(copy_weights=False).batch_invariant
-    autocast = promise(copy_weights=False, autocast_dtype=torch.bfloat16)
+    assert promise(None, copy_weights=False).batch_invariant
+    # Without a copy the compute dtype is autocast's (where it differs from the model's fp32).
+    autocast = promise(torch.bfloat16, copy_weights=False)
     assert (autocast.batch_invariant, autocast.reason) == (False, "autocast to bfloat16")
     engine = HFEngine(varied_tiny_model, tokenizer, dtype=torch.float32)
-    elsewhere = sampling_promise(engine.model, torch.device("cuda"), None, None)
+    elsewhere = sampling_promise(engine.runner.model, torch.device("cuda"), None, None)
     assert (elsewhere.batch_invariant, elsewhere.reason) == (False, "not measured on cuda")
     # The plain policy's products are F.linear's; the copy's are packed (where this CPU packs).
     plain = [_Matmul(m.weight, m.bias, packer=None).rows_independent()
              for m in varied_tiny_model.modules() if isinstance(m, torch.nn.Linear)]
-    assert promise(copy_weights=False).products_rows_independent == all(plain)
+    assert promise(None, copy_weights=False).products_rows_independent == all(plain)
 
 
 def test_the_probe_finds_rows_that_depend_on_the_rows_beside_them():

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import fp32_engine
 from test_continuous_batching import ConversationFeed, ScheduledFeed, _alone, _assert_same
 
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
-from grpo.rollout.hf import HFEngine
-from grpo.rollout.prefill import shared_prefix_length
+from grpo.rollout.hf.prefill import shared_prefix_length
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,14 +79,12 @@ def test_prompts_that_start_alike_sample_what_they_sample_prefilled_whole(
     model, tokenizer, prompts, prefix, decode_mode, chunk_tokens
 ):
     requests = _requests(prompts)
-    whole = HFEngine(model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=0)
+    whole = fp32_engine(model, tokenizer, shared_prefix_min_tokens=0)
     expected = whole.generate(requests)
     assert whole.last_metrics["shared_prefix_tokens"] == 0
     assert whole.last_metrics["prefill_tokens"] == sum(len(p) for p in prompts)
-    engine = HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1,
-        decode_mode=decode_mode, prefill_chunk_tokens=chunk_tokens,  # 40: the rests in 2 chunks
-    )
+    engine = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1, decode_mode=decode_mode,
+                         prefill_chunk_tokens=chunk_tokens)
     got = engine.generate(requests)
     for want, result in zip(expected, got):
         _assert_same(want, result)
@@ -96,7 +94,7 @@ def test_prompts_that_start_alike_sample_what_they_sample_prefilled_whole(
 
 
 def test_a_shared_prefix_gives_the_uncached_greedy_continuation(model, tokenizer, prompts):
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1)
+    engine = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1)
     results = engine.generate([request(p, temperature=0.0, max_new_tokens=8) for p in prompts])
     assert engine.last_metrics["shared_prefix_tokens"] > 0
     with torch.no_grad():
@@ -112,14 +110,9 @@ def test_waves_and_compaction_keep_shared_prefix_rows_exact(model, tokenizer, pr
         request(prompts[i % 3], max_new_tokens=4 + 3 * i, seed=i, stop_token_ids=(2,))
         for i in range(7)
     ]
-    expected = HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=0
-    ).generate(requests)
+    expected = fp32_engine(model, tokenizer, shared_prefix_min_tokens=0).generate(requests)
     # Two rows at a time: later requests join the running batch as rows finish and compact away.
-    engine = HFEngine(
-        model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1, max_batch_size=2,
-        compact_fraction=0.0,
-    )
+    engine = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1, max_batch_size=2, compact_fraction=0.0)
     got = engine.generate(requests)
     for want, result in zip(expected, got):
         _assert_same(want, result)
@@ -140,11 +133,11 @@ def test_served_sessions_with_a_shared_prefix_come_back_exactly(model, tokenizer
         request(prompts[2], max_new_tokens=4, seed=21),
     ]
     observation = tokenizer.encode(" The tool says 42.")
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1)
+    engine = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1)
     feed = ConversationFeed({0: first, 3: joining}, observation, delay={"a": 0, "b": 4, "c": 1})
     engine.serve(feed)
     assert len(feed.results) == 8 and not feed.failed
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    expected = _alone(fp32_engine(model, tokenizer), feed.tickets)
     for ticket, want in enumerate(expected):
         _assert_same(want, feed.results[ticket])
     metrics = engine.last_metrics
@@ -154,10 +147,10 @@ def test_served_sessions_with_a_shared_prefix_come_back_exactly(model, tokenizer
 
 def test_serve_without_sessions_joins_alike_prompts_into_a_running_batch(model, tokenizer, prompts):
     schedule = {0: [request(prompts[2], max_new_tokens=20, seed=0)], 5: _requests(prompts)}
-    engine = HFEngine(model, tokenizer, dtype=torch.float32, shared_prefix_min_tokens=1)
+    engine = fp32_engine(model, tokenizer, shared_prefix_min_tokens=1)
     feed = ScheduledFeed(schedule)
     engine.serve(feed)
-    expected = _alone(HFEngine(model, tokenizer, dtype=torch.float32), feed.tickets)
+    expected = _alone(fp32_engine(model, tokenizer), feed.tickets)
     for ticket, want in enumerate(expected):
         _assert_same(want, feed.results[ticket])
     assert engine.last_metrics["joins"] == 1
@@ -165,8 +158,8 @@ def test_serve_without_sessions_joins_alike_prompts_into_a_running_batch(model, 
 
 
 def test_shared_prefix_min_tokens_is_checked(model, tokenizer):
-    with pytest.raises(ValueError, match="shared_prefix_min_tokens must be >= 0, got -1"):
-        HFEngine(model, tokenizer, shared_prefix_min_tokens=-1)
+    with pytest.raises(ValueError, match="shared_prefix_min_tokens\n  Input should be greater than or equal to 0"):
+        HFEngineConfig(shared_prefix_min_tokens=-1)
     with pytest.raises(ValueError, match="shared_prefix_min_tokens"):
         HFEngineConfig(shared_prefix_min_tokens=-5)
     assert HFEngineConfig().shared_prefix_min_tokens == 64

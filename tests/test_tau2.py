@@ -239,7 +239,7 @@ def test_text_models_see_tools_in_the_system_message_and_calls_are_parsed_back()
 
 
 def test_local_backend_runs_our_engine_batches_turns_and_is_cached(loop):
-    import grpo.rollout.user_simulator  # noqa: F401  (registers the local backend)
+    import grpo.local_models.user  # noqa: F401  (registers the local backend)
 
     config = Tau2UserConfig(name_or_path="tiny-random", device="cpu", max_new_tokens=6)
     model = make_user_model(config)

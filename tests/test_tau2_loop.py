@@ -104,7 +104,7 @@ def test_scripted_conversation_trains_only_on_the_policys_tokens_and_earns_taus_
 def test_evaluate_and_train_play_tau2_from_its_config_with_the_local_user(tmp_path, capsys, quiet_run_logging):
     """configs/tau2.yaml end to end with tiny models: `launch.evaluate --env tau2` reports τ²'s
     pass^k, and `launch.train` runs a GRPO step; both with the `local` user through our engine."""
-    from grpo.rollout import user_simulator
+    from grpo.local_models import user as local_user
     from launch.evaluate import main as evaluate_main
     from launch.train import main as train_main
 
@@ -121,7 +121,7 @@ def test_evaluate_and_train_play_tau2_from_its_config_with_the_local_user(tmp_pa
     assert "evaluate: tool prompt: compact (auto: the chat template renders no tools" in err
     records = [json.loads(line) for line in (tmp_path / "tau2-mock-cpu" / "eval" / "evaluate.jsonl").open()]
     assert len(records) == 4 and all(r["tau2"]["termination_reason"] and "reward_basis" in r["tau2"] for r in records)
-    assert any("tiny-random" in key for key in user_simulator._MODELS)  # the local user played
+    assert any("tiny-random" in key for key in local_user._MODELS)  # the local user played
 
     assert train_main(["--config", "configs/tau2.yaml", *tiny, "train.steps=1", "train.tasks_per_step=1",
                        "algorithm.group_size=2", "train.eval_tasks=1", "train.save_final_model=false"]) == 0

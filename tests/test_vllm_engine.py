@@ -15,9 +15,9 @@ import torch
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
-from grpo.rollout.vllm import VLLMApi, VLLMEngine, VLLMUnavailable
-from grpo.rollout.vllm_params import RAW
-from grpo.rollout.vllm_sync import LoraAdapterStore, export_base_model, full_weight_pairs
+from grpo.rollout.vllm.engine import VLLMApi, VLLMEngine, VLLMUnavailable
+from grpo.rollout.vllm.params import RAW
+from grpo.rollout.vllm.sync import LoraAdapterStore, export_base_model, full_weight_pairs
 
 TINY = ModelConfig(name_or_path="tiny-random", dtype="float32")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -219,7 +219,7 @@ def test_full_sync_pushes_every_weight_and_resets_the_prefix_cache(tmp_path, tok
 
 
 def test_where_vllm_cannot_run_is_a_clear_error(monkeypatch):
-    from grpo.rollout import vllm as vllm_module
+    from grpo.rollout.vllm import engine as vllm_module
 
     monkeypatch.setattr(vllm_module.importlib.util, "find_spec", lambda name: object())  # "installed"
     vllm_module.check_vllm_available("cpu")
@@ -261,5 +261,5 @@ def test_vllm_runs_on_cpu_or_cuda_and_servers_need_urls():
     assert config_from_dict({"device": "cpu", "rollout": {"engine": "vllm"}}).rollout.engine == "vllm"
     with pytest.raises(ConfigError, match="rollout.engine=vllm runs on device cuda or cpu"):
         config_from_dict({"device": "mps", "rollout": {"engine": "vllm"}})
-    with pytest.raises(ConfigError, match="vllm_server needs vllm_server.urls"):
+    with pytest.raises(ConfigError, match="vllm_server needs rollout.vllm_server.urls"):
         config_from_dict({"rollout": {"engine": "vllm_server"}})

@@ -1,4 +1,4 @@
-"""The vLLM engine (`rollout.engine: vllm`, grpo/rollout/vllm.py) against real vLLM: on the CPU
+"""The vLLM engine (`rollout.engine: vllm`, grpo/rollout/vllm/engine.py) against real vLLM: on the CPU
 (vLLM's CPU build, in `make test`) or on a GPU. One engine serves the module (a full fine-tune
 policy, raw log-probs at temperature 1); tests/test_vllm_lora.py has the LoRA engine.
 
@@ -31,7 +31,7 @@ from grpo.rollout.base import GenerationRequest, SamplingParams
 def served(tmp_path_factory, tokenizer):
     """(policy, engine) over one small model; the policy is the trainer's copy."""
     require_vllm()
-    from grpo.rollout.vllm import VLLMEngine
+    from grpo.rollout.vllm.engine import VLLMEngine
 
     model_dir = write_model(tmp_path_factory.mktemp("vllm-model"), tokenizer)
     config = run_config(model_dir, lora=False)
@@ -112,13 +112,13 @@ def test_full_weight_push_changes_samples_resets_the_prefix_cache_and_matches(se
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="sleep mode is CUDA only: vLLM's CPU worker has none "
-                    "(vllm.enable_sleep_mode on a CPU is a config error, tests/test_vllm_params.py)")
+                    "(rollout.vllm.enable_sleep_mode on a CPU is a config error, tests/test_vllm_params.py)")
 def test_sleep_frees_memory_and_generate_wakes_the_engine(tmp_path, tokenizer):
-    from grpo.rollout.vllm import VLLMEngine
+    from grpo.rollout.vllm.engine import VLLMEngine
 
     model_dir = write_model(tmp_path, tokenizer)
     config = run_config(model_dir, lora=False)
-    config.vllm.enable_sleep_mode = True
+    config.rollout.vllm.enable_sleep_mode = True
     policy, _ = PolicyWithValueHead.from_config(config.model, config.lora, DEVICE, seed=0)
     engine = VLLMEngine.from_config(policy, tokenizer, config, DEVICE)
     try:

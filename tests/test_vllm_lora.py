@@ -24,7 +24,7 @@ from grpo.models.policy import PolicyWithValueHead
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tokenizer):
     require_vllm()
-    from grpo.rollout.vllm import VLLMEngine
+    from grpo.rollout.vllm.engine import VLLMEngine
 
     model_dir = write_model(tmp_path_factory.mktemp("vllm-lora-model"), tokenizer)
     config = run_config(model_dir, lora=True, temperature=0.7)

@@ -10,7 +10,7 @@ import pytest
 from grpo.config import RunConfig, load_config
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import VLLMConfig
-from grpo.rollout.vllm_params import (
+from grpo.rollout.vllm.params import (
     PROCESSED,
     RAW,
     VLLMSettingsError,
@@ -36,10 +36,10 @@ def _request(prompt=(1, 2, 3), rid="r", **sampling) -> GenerationRequest:
 def test_defaults_and_shipped_vllm_configs():
     cfg = load_config("configs/vllm.yaml")
     assert (cfg.device, cfg.rollout.engine) == ("auto", "vllm") and cfg.lora.enabled
-    assert cfg.vllm.gpu_memory_utilization is None and cfg.vllm.max_model_len is None
+    assert cfg.rollout.vllm.gpu_memory_utilization is None and cfg.rollout.vllm.max_model_len is None
     servers = load_config("configs/vllm_servers.yaml")
-    assert servers.rollout.engine == "vllm_server" and len(servers.vllm_server.urls) == 2
-    assert RunConfig().vllm == VLLMConfig()
+    assert servers.rollout.engine == "vllm_server" and len(servers.rollout.vllm_server.urls) == 2
+    assert RunConfig().rollout.vllm == VLLMConfig()
     resolved = resolve_vllm_config(VLLMConfig(), environ={})
     assert resolved == VLLMConfig()
 
@@ -80,8 +80,8 @@ def test_enable_vllm_spellings():
 def test_config_rejects_out_of_range_fraction():
     from grpo.config import ConfigError, config_from_dict
 
-    with pytest.raises(ConfigError, match="vllm.gpu_memory_utilization"):
-        config_from_dict({"vllm": {"gpu_memory_utilization": 1.2}})
+    with pytest.raises(ConfigError, match="rollout.vllm.gpu_memory_utilization"):
+        config_from_dict({"rollout": {"vllm": {"gpu_memory_utilization": 1.2}}})
 
 
 # ----- log-prob mode --------------------------------------------------------------------------------

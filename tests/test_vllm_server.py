@@ -1,4 +1,4 @@
-"""The vLLM server engine's own logic (grpo/rollout/vllm_server.py) over a scripted HTTP transport:
+"""The vLLM server engine's own logic (grpo/rollout/vllm/server.py) over a scripted HTTP transport:
 what it sends, how it spreads requests, how it reads answers, and what happens when a server dies
 or stalls. The scripted servers stand in for `vllm serve` to make failures exact; the engine
 against real servers is tests/test_vllm_servers_real.py."""
@@ -15,8 +15,8 @@ from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import VLLMServerConfig
-from grpo.rollout.vllm_params import RAW
-from grpo.rollout.vllm_server import SERVED_NAME, ServerFailure, VLLMServerEngine, serve_command
+from grpo.rollout.vllm.params import RAW
+from grpo.rollout.vllm.server import SERVED_NAME, ServerFailure, VLLMServerEngine, serve_command
 
 URLS = ["http://a:1", "http://b:2"]
 
@@ -176,8 +176,7 @@ def test_serve_command_carries_the_engine_arguments(tmp_path):
     config = RunConfig.model_validate({
         "model": {"name_or_path": "tiny-random", "dtype": "float32"},
         "lora": {"enabled": True, "r": 16},
-        "rollout": {"max_total_tokens": 512},
-        "vllm": {"enforce_eager": True, "kv_cache_gib": 0.5},
+        "rollout": {"max_total_tokens": 512, "vllm": {"enforce_eager": True, "kv_cache_gib": 0.5}},
     })
     command = serve_command(config, tmp_path, port=8123, python="py")
     assert command[:5] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path)]

@@ -23,7 +23,7 @@ from vllm_helpers import (
 )
 
 from grpo.models.policy import PolicyWithValueHead
-from grpo.rollout.vllm_server import VLLMServerEngine
+from grpo.rollout.vllm.server import VLLMServerEngine
 from launch.vllm_servers import running_servers
 
 # The first test's time includes starting both servers (imports, model load, engine start): more
@@ -53,8 +53,8 @@ def servers(tmp_path_factory, tokenizer):
 
 def _engine(model_dir, running, lora: bool, tmp_path):
     config = run_config(model_dir, lora=lora)
-    config.vllm_server.urls = [s.url for s in running]
-    config.vllm_server.weights_dir = str(tmp_path / "weights")
+    config.rollout.vllm_server.urls = [s.url for s in running]
+    config.rollout.vllm_server.weights_dir = str(tmp_path / "weights")
     policy, tokenizer = PolicyWithValueHead.from_config(config.model, config.lora, DEVICE, seed=0)
     policy.eval()
     return policy, VLLMServerEngine.from_config(policy, tokenizer, config)

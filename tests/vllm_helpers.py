@@ -66,8 +66,8 @@ def run_config(model_dir: Path, *, lora: bool, temperature: float = 1.0) -> RunC
             "device": DEVICE,
             "model": {"name_or_path": str(model_dir), "dtype": "float32"},
             "lora": {"enabled": lora, "r": 8, "alpha": 16},
-            "rollout": {"temperature": temperature, "max_total_tokens": 512},
-            "vllm": {"enforce_eager": True, "dtype": "float32", "kv_cache_gib": 0.0625},
+            "rollout": {"temperature": temperature, "max_total_tokens": 512,
+                        "vllm": {"enforce_eager": True, "dtype": "float32", "kv_cache_gib": 0.0625}},
         }
     )
 

@@ -23,7 +23,7 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from typing_extensions import Self
 from tools.allowlist import RefusedTool, screen
 from tools.annotations import ToolAnnotations
 from tools.arguments import ArgumentError
-from tools.config import ToolsConfig
+from tools.config import MCPServerConfig, ToolsConfig
 from tools.connection import (
     CallTimeout,
     RequestNotSent,
@@ -70,11 +70,26 @@ class ToolResult:
     retries: int = 0
 
 
+def connect_server(
+    name: str, server: MCPServerConfig, config: ToolsConfig
+) -> ServerConnection | StatePool:
+    """The connection to one enabled server: a pool of instances for a server with per-episode
+    state, else its one subprocess or HTTP session."""
+    return StatePool(name, server, config) if server.state else ServerConnection(name, server, config)
+
+
 class SharedToolManager:
-    def __init__(self, config: ToolsConfig):
+    def __init__(
+        self,
+        config: ToolsConfig,
+        connect: Callable[[str, MCPServerConfig, ToolsConfig], ServerConnection | StatePool] = connect_server,
+    ):
+        """`connect(name, server, config)` makes the connection to one enabled server
+        (`connect_server`); a bench passes a stand-in that answers in-process to measure the
+        manager's own work."""
         self.config = config
         self._connections = {
-            name: StatePool(name, server, config) if server.state else ServerConnection(name, server, config)
+            name: connect(name, server, config)
             for name, server in config.servers.items()
             if server.enabled
         }

@@ -4,7 +4,7 @@ to a chat of {"role", "content"} messages).
 - `openai` (here): any OpenAI-compatible endpoint, through the small httpx client τ²'s user
   backend uses (environments/endpoint.py); a missing key variable is an error naming it.
 - `local`: a causal LM on this machine through our own engine; it lives in grpo
-  (grpo/rollout/judge_model.py) and registers itself with `register_judge_model`, since
+  (grpo/local_models/judge.py) and registers itself with `register_judge_model`, since
   environments never import grpo.
 - `ScriptedJudgeModel`: fixed replies, for tests.
 """
@@ -74,6 +74,6 @@ def make_judge_model(config: JudgeConfig) -> JudgeModel:
     if factory is None:
         if config.backend == "local":
             raise ValueError("judge.backend 'local' runs a model through grpo's engine; it is registered by "
-                             "grpo.rollout.judge_model (imported by the trajectory collector)")
+                             "grpo.local_models.judge (imported by the trajectory collector)")
         raise ValueError(f"unknown judge.backend {config.backend!r}; registered: {', '.join(sorted(JUDGE_MODELS))}")
     return factory(config)

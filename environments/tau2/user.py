@@ -13,7 +13,7 @@ Backends, chosen by `environment.tau2.user.backend` through `make_user_model`:
 
 - `openai` (here): any OpenAI-compatible endpoint, tools passed natively;
 - `local`: a causal LM on this machine through our own engine; it lives in grpo
-  (grpo/rollout/user_simulator.py, a `TextUserModel`) and registers itself with
+  (grpo/local_models/user.py, a `TextUserModel`) and registers itself with
   `register_user_model`, since environments never import grpo.
 
 `TextUserModel` adapts a text-only model: the user's tools are listed in its system message with
@@ -152,7 +152,7 @@ def make_user_model(config: Tau2UserConfig) -> UserModel:
     if factory is None:
         if config.backend == "local":
             raise ValueError("user.backend 'local' runs a model through grpo's engine; it is registered by "
-                             "grpo.rollout.user_simulator (imported by the trainer and launch.evaluate)")
+                             "grpo.local_models.user (imported by the trainer and launch.evaluate)")
         raise ValueError(f"unknown user.backend {config.backend!r}; registered: {', '.join(sorted(USER_MODELS))}")
     return factory(config)
 

@@ -41,19 +41,12 @@ _MAX_LOG_RATIO = 20.0
 
 @dataclass(frozen=True)
 class CorrectionSettings:
-    """The behaviour-correction options as plain values (see BehaviorCorrectionConfig)."""
+    """The behaviour-correction options as plain values (see BehaviorCorrectionConfig, which
+    checks them; `from_config` builds these from it)."""
 
     mode: str = "tis"
     clip: float = 2.0
     max_sequence_kl: float | None = 0.05
-
-    def __post_init__(self) -> None:
-        if self.mode not in CORRECTION_MODES:
-            raise ValueError(f"behavior_correction {self.mode!r} is unknown; options: {CORRECTION_MODES}")
-        if not self.clip >= 1.0:
-            raise ValueError(f"behavior_correction.clip must be >= 1 (got {self.clip})")
-        if self.max_sequence_kl is not None and not self.max_sequence_kl > 0:
-            raise ValueError(f"behavior_correction.max_sequence_kl must be > 0 or null (got {self.max_sequence_kl})")
 
     @property
     def enabled(self) -> bool:
@@ -100,8 +93,10 @@ def behavior_weights(
         return BehaviorWeights(None, mismatch_kl, clipped, torch.zeros_like(rejected))
     if settings.mode == "tis":
         weights = rho.clamp(max=settings.clip)
-    else:  # mis
+    elif settings.mode == "mis":
         weights = torch.where(clipped, 0.0, rho)
+    else:
+        raise ValueError(f"behavior_correction {settings.mode!r} is unknown; options: {CORRECTION_MODES}")
     keep = mask & ~rejected.unsqueeze(-1)  # [B, T]
     return BehaviorWeights(torch.where(keep, weights, 0.0), mismatch_kl, clipped, rejected)
 

@@ -144,7 +144,9 @@ class TrajectoryCollector:
         finally:
             self.env_config = own
 
-    def _make_env(self, task: Any, episode_id: str) -> Environment:
+    def make_env(self, task: Any, episode_id: str) -> Environment:
+        """The environment of one episode of `task` (`env_factory`, else the environment class the
+        config or the task names)."""
         if self.env_factory is not None:
             return self.env_factory(task, episode_id)
         env_class = self.env_config.env_class or getattr(task, "env_class", None)
@@ -165,7 +167,7 @@ class TrajectoryCollector:
         step: int,
         abandoned: Callable[[], bool],
     ) -> Trajectory:
-        env = self._make_env(episode.task, episode.episode_id)
+        env = self.make_env(episode.task, episode.episode_id)
         try:
             with batcher.inside_env():
                 messages = list(await env.reset(episode.task))

@@ -2,8 +2,8 @@
 to the tokenizer before any episode starts (`prepare_environment`), and give groups their judge
 scores once all of their episodes have finished (`judge_groups`, for group-relative judging).
 
-Importing this module registers the local judge backend (grpo/rollout/judge_model.py) and the
-local backend of τ²'s simulated user (grpo/rollout/user_simulator.py), so every collector can
+Importing this module registers the local judge backend (grpo/local_models/judge.py) and the
+local backend of τ²'s simulated user (grpo/local_models/user.py), so every collector can
 play `tau2` episodes with `environment.tau2.user.backend: local`.
 """
 
@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import grpo.rollout.judge_model  # noqa: F401  (registers judge.backend `local`)
+import grpo.local_models.judge  # (registers judge.backend `local`)
+import grpo.local_models.user  # noqa: F401  (registers τ²'s environment.tau2.user.backend `local`)
 from environments.config import EnvironmentConfig
 from environments.judge.judge import Judge, get_judge
 from environments.mcp_tool.prompt import resolve_tool_prompt
@@ -23,7 +24,6 @@ from environments.rewards import RewardBreakdown, RewardError, with_judge_score
 from environments.tasks.schema import Task
 from environments.tau2.user import make_user_model
 from grpo.collect import chat_tokens
-from grpo.rollout import user_simulator  # noqa: F401  (registers τ²'s environment.tau2.user.backend `local`)
 from grpo.trajectory import Trajectory
 
 log = logging.getLogger("mcp_grpo.collector")

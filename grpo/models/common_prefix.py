@@ -49,7 +49,7 @@ def leading_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     """The common prefix that still leaves every sequence at least one token of its own (whose
     forward gives that sequence's next-token logits or its own states): at most the shortest
     length less one. 0 for no sequences. The pass-wide prefix here and the rollout engine's
-    shared-prefix prefill (grpo/rollout/prefill.py) both take this rule."""
+    shared-prefix prefill (grpo/rollout/hf/prefill.py) both take this rule."""
     if not sequences:
         return 0
     return max(0, min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1))

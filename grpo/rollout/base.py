@@ -14,7 +14,9 @@ others are still generating.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
@@ -98,10 +100,24 @@ class RequestFeed(ABC):
 
 
 class RolloutEngine(ABC):
-    """Samples continuations of token-id prompts."""
+    """Samples continuations of token-id prompts.
+
+    Nothing here assumes the model lives in this process: an engine may be a client of an
+    inference server. What a trainer, an evaluator or a bench learns about an engine comes from
+    this interface: `describe()` (how it samples, for the run's log and the bench's reports) and
+    `last_metrics` (the counters of its last call)."""
 
     joins_running_batches: bool = False
     """True when `serve` can add requests to a batch it is decoding (continuous batching)."""
+    last_metrics: Mapping[str, float] = MappingProxyType({})
+    """Counters of the last `generate` or `serve` call (e.g. tokens generated, prefill tokens,
+    seconds), summed over a collection by the collector; empty where the engine keeps none."""
+
+    def describe(self) -> dict[str, str]:
+        """How this engine samples, as named facts for a log line or a report (e.g. `engine`,
+        `device`, `dtype`, `forward`): what the engine knows, whether its model runs here or
+        behind a server. The base gives the engine's class name."""
+        return {"engine": type(self).__name__}
 
     def serve(self, feed: RequestFeed) -> None:
         """Generate the feed's requests until it closes, delivering each result as soon as it is
@@ -121,7 +137,7 @@ class RolloutEngine(ABC):
     def sleep(self) -> None:
         """Release accelerator memory while the trainer updates the policy; the next `generate`
         or `sync_weights` takes it back. A no-op unless the engine supports it (vLLM with
-        `vllm.enable_sleep_mode`)."""
+        `rollout.vllm.enable_sleep_mode`)."""
 
     def close(self) -> None:
         """Release engine resources."""

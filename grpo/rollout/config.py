@@ -1,5 +1,6 @@
-"""Config of sampling (`rollout:`: the engine, temperature, token budgets, concurrency), of our
-HF engine (`hf:`), of the vLLM engine (`vllm:`) and of vLLM servers (`vllm_server:`)."""
+"""Config of sampling (`rollout:`: the engine, temperature, token budgets, concurrency), with the
+sections of the engines it picks from: our HF engine (`rollout.hf`), vLLM in process
+(`rollout.vllm`) and vLLM servers (`rollout.vllm_server`)."""
 
 from __future__ import annotations
 
@@ -9,36 +10,20 @@ from pydantic import Field
 
 from grpo.sections import Section
 
-
-class RolloutConfig(Section):
-    engine: Literal["auto", "hf", "vllm", "vllm_server"] = "auto"
-    """What samples the rollouts (grpo/rollout/): `hf` our KV-cached engine on the training device
-    (CPU, CUDA, MPS); `vllm` vLLM in the training process (CUDA, or the CPU with vLLM's CPU
-    build); `vllm_server` already-running `vllm serve` processes over HTTP (`vllm_server:`).
-    `auto`: vllm on CUDA when the package is installed and `ENABLE_VLLM` is not 0, else
-    hf. `ENABLE_VLLM=0` also turns an explicit vllm into hf (logged)."""
-    temperature: float = Field(default=1.0, ge=0.0)
-    """Sampling temperature (0 = greedy)."""
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    """Nucleus sampling."""
-    max_new_tokens: int = Field(default=128, ge=1)
-    """Tokens the model may write per turn."""
-    max_total_tokens: int = Field(default=2048, ge=16)
-    """Hard cap on an episode's whole token sequence (prompt + turns + observations)."""
-    max_concurrent_episodes: int = Field(default=64, ge=1)
-    """Episodes in flight at once in the collector."""
-    episode_retries: int = Field(default=1, ge=0)
-    """Retries of an episode that failed (engine or tool-layer error) before it is excluded."""
-    eval_temperature: float = Field(default=0.0, ge=0.0)
-    """Temperature of held-out evaluation (0 = greedy)."""
-
-
 DecodeMode = Literal["auto", "dynamic", "static", "graph"]
-"""How HFEngine runs decode steps (grpo/rollout/hf.py, grpo/rollout/decode_graphs.py)."""
+"""How HFEngine runs decode steps (grpo/rollout/hf/engine.py, grpo/rollout/hf/decode_graphs.py)."""
+_DEVICE_DEFAULTS = {
+    # field: (on CUDA, elsewhere) -- what null means; `HFEngineConfig.for_device` applies it.
+    "max_batch_size": (512, 64),
+    "join_columns": (512, 1024),
+    "join_wait_steps": (4, 0),
+    "prefill_chunk_tokens": (32768, 4096),
+}
 
 
 class HFEngineConfig(Section):
-    """Our KV-cached engine (`rollout.engine: hf`, grpo/rollout/hf.py)."""
+    """Our KV-cached engine (`rollout.engine: hf`, grpo/rollout/hf/engine.py). HFEngine takes
+    this section as it is and resolves it for its device once (`for_device`)."""
 
     max_batch_size: int | None = Field(default=None, ge=1)
     """Rows decoded together; a generate call with more requests runs in waves of this many.
@@ -47,29 +32,44 @@ class HFEngineConfig(Section):
     or the collector never gathers that many requests."""
     decode_mode: DecodeMode = "auto"
     """How decode steps run: `graph` replays fixed-shape steps as CUDA graphs
-    (grpo/rollout/decode_graphs.py), `static` runs those steps eagerly, `dynamic` attends exactly
-    the columns in use; `auto` = graph on CUDA, else dynamic."""
+    (grpo/rollout/hf/decode_graphs.py; CUDA only), `static` runs those steps eagerly, `dynamic`
+    attends exactly the columns in use; `auto` = graph on CUDA with the engine's own weight copy,
+    else dynamic."""
     sample_in_decode_step: bool = True
     """With `graph` (or `static`) decode, draw the next tokens inside the decode step's CUDA graph
     instead of launching the sampler's kernels from Python after each replay (rows with top_p < 1
-    are still sampled outside it); the same tokens either way. One H200, batch 512: a decode step
-    5.9 ms against 6.6 (with the bf16 KV cache of the same change); at batch 16 3.8 against 3.6."""
+    are still sampled outside it); the same tokens either way. It pays at large batches, where
+    the sampler's eager launches no longer overlap the replay."""
     fuse_norms: bool = True
     """The engine copy's RMSNorm layers run as one `torch.rms_norm` op each (a fused kernel on
     CUDA, so a decode step's CUDA graph launches ~6 fewer kernels per norm) where their own
-    forward computes that function (grpo/rollout/fused_norms.py); false: transformers' forward."""
+    forward computes that function (grpo/rollout/hf/fused_norms.py); false: transformers' forward."""
     lean_forward: bool = True
     """The engine copy's forwards skip transformers' module plumbing: the same tensor ops in the
     same order, so the same logits bit for bit (a probe checks at start;
-    grpo/rollout/lean_forward.py). Llama models (SmolLM2, Llama 3, ...); others keep transformers'
-    forward. On a CPU a decode step's Python is a large share of it at small batches."""
+    grpo/rollout/hf/lean_forward.py). The model families in grpo/rollout/hf/families/ (Llama,
+    Qwen2, Qwen3); others keep transformers' forward. On a CPU a decode step's Python is a large
+    share of it at small batches."""
+    copy_weights: bool = True
+    """Sample from the engine's own inference copy of the policy (LoRA merged; Linear weights in
+    the compute dtype, packed and fused: grpo/rollout/hf/weights.py), which `sync_weights`
+    refreshes after each update. false: sample from the policy module itself (under autocast
+    where the compute dtype differs from its weights'); slower, for comparison."""
+    head_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The dtype of the engine copy's LM head; auto: the copy's matmul dtype. float32 under a bf16
+    compute dtype brings the engine's log-probs closer to an fp32 trainer's, at some speed."""
+    decode_attention: Literal["grouped", "sdpa"] = "grouped"
+    """How the engine copy attends in decode steps: `grouped` (two batched matmuls per layer,
+    grpo/rollout/hf/decode_attention.py; needed for the kept prefix and a KV cache in another
+    dtype than the model's) or `sdpa` (transformers' SDPA)."""
     compact_fraction: float = Field(default=0.25, ge=0.0)
-    """Compact the batch once this fraction of its rows has finished (0: at every finish)."""
+    """Compact the batch once this fraction of its rows has finished (0: at every finish; above
+    1: never)."""
     continuous_batching: bool = True
     """Requests of episodes coming back from their tools join the batch the engine is decoding
     (at its next step), and each result goes back the moment its sequence ends, instead of the
     collector gathering each turn's requests into one batch that waits for its longest row
-    (grpo/rollout/live_batch.py)."""
+    (grpo/rollout/hf/live_batch.py)."""
     park_steps: int = Field(default=64, ge=0)
     """With continuous batching, a finished turn's cache row waits this many decode steps for its
     episode's next turn, which then prefills only its new tokens (the observation) instead of the
@@ -84,22 +84,23 @@ class HFEngineConfig(Section):
     longer prompts of later turns that join it; a request that does not fit waits until the
     batch has drained, then its whole conversation is prefilled again (memory: columns x rows x
     layers x 2 x kv heads x head dim x dtype size). null: 512 on CUDA (its cache is allocated and
-    zeroed whole), else 1024: a CPU cache's columns take memory only once written, and at 512
-    `python -m bench.collector --repeats 4` (configs/cpu.yaml, 8 tasks x G=4) drained once in its
-    third collection, which then re-prefilled 3,259 tokens instead of 2,019."""
+    zeroed whole), else 1024: a CPU cache's columns take memory only once written, and fewer
+    columns made multi-turn calculator collections drain and re-prefill whole conversations."""
     join_wait_steps: int | None = Field(default=None, ge=0)
     """With continuous batching, requests that arrive while rows are decoding (mostly episodes
     back from their tools) wait until the first of them has waited this many decode steps, then
-    join in one prefill forward instead of one forward per step. null: 4 on CUDA (one H200: a
-    decode step 4-6 ms, an admission ~0.1 s on average in a 512-episode step; the wait's own
-    gain there was within two steps' spread), else 0 (a CPU's prefill cost grows with its
-    tokens: nothing to gain by waiting)."""
+    join in one prefill forward instead of one forward per step. null: 4 on CUDA (a decode step
+    takes milliseconds there, an admission's prefill forward far longer), else 0 (a CPU's prefill
+    cost grows with its tokens: nothing to gain by waiting)."""
     kv_cache_dtype: Literal["auto", "model", "bfloat16", "float16", "float32"] = "auto"
-    """The KV cache's dtype. auto: on a CPU or a CUDA GPU the engine copy's matmul dtype (bf16:
-    decode steps read the cache at every step: 4-10% faster than fp32 at batch 64 on this
-    project's CPU, and the trainer's attention under autocast reads bf16 keys too; on a GPU the
-    fp32 cache also made the attention products fp32 matmuls), else the model's; model: the
-    model's dtype."""
+    """The KV cache's dtype. auto: on a CPU or a CUDA GPU with grouped decode attention, the
+    engine copy's matmul dtype (bf16: decode steps read the whole cache at every step, and the
+    trainer's attention under autocast reads bf16 keys too; on a GPU an fp32 cache also makes
+    the attention products fp32 matmuls), else the model's; model: the model's dtype. Another
+    dtype than the model's needs the engine's own weight copy with grouped decode attention."""
+    keys_transposed: bool | None = None
+    """Store the cache's keys [rows, heads, dim, columns] (grpo/rollout/hf/kv_cache.py). null: on
+    a CPU with a bf16 cache, where the query x keys product runs faster so."""
     shared_prefix_min_tokens: int = Field(default=64, ge=0)
     """Prompts that join a batch together and start alike (chat template, system prompt, tool
     docs) prefill their common prefix once, copied to every row, where that saves at least this
@@ -108,31 +109,36 @@ class HFEngineConfig(Section):
     prefix_attention_min_tokens: int = Field(default=64, ge=0)
     """A batch keeps the prefix its rows' prompts share (chat template, system prompt, tool docs;
     at least this many tokens) once: decode steps attend to it once for all the rows that start
-    with it, and requests that join later with it skip its prefill (grpo/rollout/kept_prefix.py).
-    Dynamic decode only. 0: never."""
+    with it, and requests that join later with it skip its prefill (grpo/rollout/hf/kept_prefix.py).
+    Dynamic decode with the engine's own weight copy and grouped decode attention only. 0: never."""
+    prefix_attention_min_cells: int = Field(default=4096, ge=1)
+    """A decode step attends the kept prefix once where that reads at least this many fewer cache
+    cells (rows x columns) from the rows; below, its fixed cost is more than the copies it saves
+    (the default is a CPU's break-even: e.g. 16 rows x 256 columns, or 64 x 64)."""
     prefill_chunk_tokens: int | None = Field(default=None, ge=1)
     """Padded prompt tokens per prefill forward (bounds its activation memory). null: 32768 on
     CUDA (a GPU's forward costs about the same at 4096 tokens as at 32768), else 4096."""
 
-    def batch_size_for(self, device_type: str) -> int:
-        if self.max_batch_size is not None:
-            return self.max_batch_size
-        return 512 if device_type == "cuda" else 64
-
-    def join_columns_for(self, device_type: str) -> int:
-        if self.join_columns is not None:
-            return self.join_columns
-        return 512 if device_type == "cuda" else 1024
-
-    def join_wait_for(self, device_type: str) -> int:
-        if self.join_wait_steps is not None:
-            return self.join_wait_steps
-        return 4 if device_type == "cuda" else 0
-
-    def prefill_chunk_for(self, device_type: str) -> int:
-        if self.prefill_chunk_tokens is not None:
-            return self.prefill_chunk_tokens
-        return 32768 if device_type == "cuda" else 4096
+    def for_device(self, device_type: str) -> HFEngineConfig:
+        """This section resolved for a device type ("cpu", "cuda", "mps"): every null replaced by
+        its default there, `decode_mode: auto` by the mode it picks, and
+        `prefix_attention_min_tokens` 0 where the kept prefix does not apply. Raises ValueError
+        for a choice the device cannot run (graph decode off CUDA)."""
+        cuda = device_type == "cuda"
+        resolved = {
+            name: getattr(self, name) if getattr(self, name) is not None else on_cuda if cuda else other
+            for name, (on_cuda, other) in _DEVICE_DEFAULTS.items()
+        }
+        mode = self.decode_mode
+        if mode == "auto":
+            mode = "graph" if cuda and self.copy_weights else "dynamic"
+        if mode == "graph" and not cuda:
+            raise ValueError(f"decode_mode 'graph' needs a CUDA device, not {device_type}")
+        keeps_prefix = self.copy_weights and self.decode_attention == "grouped" and mode == "dynamic"
+        return self.model_copy(update={
+            **resolved, "decode_mode": mode,
+            "prefix_attention_min_tokens": self.prefix_attention_min_tokens if keeps_prefix else 0,
+        })
 
 
 class VLLMConfig(Section):
@@ -175,8 +181,8 @@ class VLLMConfig(Section):
 
 class VLLMServerConfig(Section):
     """Already-running `vllm serve` processes that sample over HTTP (`rollout.engine:
-    vllm_server`, grpo/rollout/vllm_server.py). Each server must be started from the policy's base
-    model with the flags `vllm_server_args` names (grpo/rollout/vllm_server.py), which
+    vllm_server`, grpo/rollout/vllm/server.py). Each server must be started from the policy's base
+    model with the flags `vllm_server_args` names (grpo/rollout/vllm/server.py), which
     `python -m launch.vllm_servers` uses to start them on this machine."""
 
     urls: list[str] = Field(default_factory=list)
@@ -193,3 +199,29 @@ class VLLMServerConfig(Section):
     retry_after_s: float = Field(default=30.0, ge=0.0)
     """A server that failed gets no requests for this long; then it is tried again (after it has
     been brought up to the current weights)."""
+
+
+class RolloutConfig(Section):
+    engine: Literal["auto", "hf", "vllm", "vllm_server"] = "auto"
+    """What samples the rollouts (grpo/rollout/): `hf` our KV-cached engine on the training device
+    (CPU, CUDA, MPS); `vllm` vLLM in the training process (CUDA, or the CPU with vLLM's CPU
+    build); `vllm_server` already-running `vllm serve` processes over HTTP (`rollout.vllm_server`).
+    `auto`: vllm on CUDA when the package is installed and `ENABLE_VLLM` is not 0, else
+    hf. `ENABLE_VLLM=0` also turns an explicit vllm into hf (logged)."""
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling."""
+    max_new_tokens: int = Field(default=128, ge=1)
+    """Tokens the model may write per turn."""
+    max_total_tokens: int = Field(default=2048, ge=16)
+    """Hard cap on an episode's whole token sequence (prompt + turns + observations)."""
+    max_concurrent_episodes: int = Field(default=64, ge=1)
+    """Episodes in flight at once in the collector."""
+    episode_retries: int = Field(default=1, ge=0)
+    """Retries of an episode that failed (engine or tool-layer error) before it is excluded."""
+    eval_temperature: float = Field(default=0.0, ge=0.0)
+    """Temperature of held-out evaluation (0 = greedy)."""
+    hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)

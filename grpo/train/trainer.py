@@ -127,10 +127,7 @@ class GRPOTrainer:
         log.info("rollout engine: %s (%s)", self.engine_name, why)
         self.engine = make_engine(self.engine_name, policy=self.policy, tokenizer=self.tokenizer,
                                   config=cfg, device=self.device)
-        if self.engine_name == "hf" and cfg.hf.lean_forward and self.engine.lean is None:
-            log.info("engine forward: %s", self.engine.forward_kind)
-        if self.engine_name == "hf":
-            log.info("engine sampling: %s", self.engine.sampling_promise)
+        log.info("rollout engine: %s", ", ".join(f"{k}={v}" for k, v in self.engine.describe().items()))
         self.logger = MetricsLogger(
             self.run_dir if main else None,
             is_main_process=main,

@@ -4,7 +4,7 @@ Reproducible, everywhere: the same requests with the same seeds, in the same bat
 requests, joining at the same steps), give the same tokens and log-probs bit for bit, call after
 call and engine after engine on one machine. The engine's ops are deterministic for given shapes
 and threads, and each request draws its random numbers from a stream of its own
-(grpo/rollout/sampling.py).
+(grpo/rollout/hf/sampling.py).
 
 Batch-invariant up to fp32 rounding, where the engine computes in fp32 on a CPU (`auto` on a CPU
 without bf16 instructions, or `dtype=None` over an fp32 policy): a seeded request samples the same
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from grpo.rollout.weights import products_rows_independent
+from grpo.rollout.hf.weights import products_rows_independent
 
 
 @dataclass(frozen=True)

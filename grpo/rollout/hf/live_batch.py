@@ -22,7 +22,7 @@ attended), so they leave when their session ends, when they have waited `park_st
 when nothing else is live and no request comes within the engine's `park_wait_s`.
 
 This module keeps the per-row state (on the host and on the device) and the rules of who fits;
-the engine (grpo/rollout/hf.py) runs the prefill and decode forwards.
+the engine's model runner (grpo/rollout/hf/runner.py) runs the prefill and decode forwards.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from collections.abc import Callable
 import torch
 
 from grpo.rollout.base import GenerationResult
-from grpo.rollout.decode_graphs import Draws
-from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.sampling import BatchKinds, draw_next_tokens, row_keys
-from grpo.rollout.sequence import Joiner, LiveSequence
+from grpo.rollout.hf.decode_graphs import Draws
+from grpo.rollout.hf.kv_cache import PreallocatedCache
+from grpo.rollout.hf.sampling import BatchKinds, draw_next_tokens, row_keys
+from grpo.rollout.hf.sequence import Joiner, LiveSequence
 
 
 class LiveBatch:
@@ -223,7 +223,7 @@ class LiveBatch:
         each prompt ending at column pos - 1) with their first-token logits [n, V].
 
         `shared` > 0: their prompts' first `shared` tokens were prefilled once and copied
-        (grpo/rollout/prefill.py); they sit in the same columns [lo, lo + shared) of every row,
+        (grpo/rollout/hf/prefill.py); they sit in the same columns [lo, lo + shared) of every row,
         lo = pos - the longest prompt's length, and each prompt's rest ends at pos - 1, so a
         shorter prompt's row has a gap of never-attended columns in between. `holds_prefix`:
         those first columns begin with the cache's kept prefix (kv_cache.py `keep_prefix`)."""
@@ -360,7 +360,7 @@ class LiveBatch:
 
     def draws(self) -> Draws:
         """What a decode step needs to draw every row's next token
-        (grpo/rollout/decode_graphs.py)."""
+        (grpo/rollout/hf/decode_graphs.py)."""
         return Draws(self.keys, self.steps, self.temperature, self.top_p, self.kinds)
 
     def compact(self) -> None:

@@ -2,15 +2,15 @@
 
 A multi-turn batch's rows start alike: the chat template, the system prompt and the tool docs,
 often hundreds of tokens, before each task's own words. The batch's cache may keep that prefix
-once (grpo/rollout/kv_cache.py `keep_prefix`). A row *holds* it when its columns [start, start + P)
+once (grpo/rollout/hf/kv_cache.py `keep_prefix`). A row *holds* it when its columns [start, start + P)
 are that prefix's keys and values bit for bit; decode steps then attend to the prefix once for all
-holders (grpo/rollout/decode_attention.py `_shared_prefix_decode`) and read only the rest of each
+holders (grpo/rollout/hf/decode_attention.py `_shared_prefix_decode`) and read only the rest of each
 row from the cache, and rows that join with it get it written instead of prefilled
-(grpo/rollout/decode_loop.py).
+(grpo/rollout/hf/decode_loop.py).
 
 A batch keeps a prefix (HFEngine `prefix_attention_min_tokens` tokens at least) when
 - distinct prompts that join it together share one: the shared-prefix prefill runs it once in one
-  row and copies it to the others, so they all hold it (decode_loop.py `_add_group`);
+  row and copies it to the others, so they all hold it (batch_prefill.py `_add_group`);
 - or, under continuous batching, where tasks' first turns join one group at a time, a joining
   prompt shares one with a row already in the batch (`adopt`): it is kept from that row, and the
   rows whose columns equal it bit for bit (the copies of the same prompt's prefill) hold it.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from grpo.models.common_prefix import common_prefix_length, leading_prefix_length
-from grpo.rollout.live_batch import LiveBatch
+from grpo.rollout.hf.live_batch import LiveBatch
 
 
 def _contiguous(batch: LiveBatch, row: int, length: int) -> bool:

@@ -2,12 +2,11 @@
 
 A decode step attends one new token per row to the row's cached keys. transformers' SDPA path
 sends that through `scaled_dot_product_attention` with the engine's boolean mask; on a CPU the
-fused kernel is built for long queries and costs 0.65 ms per layer at batch 64 (SmolLM2-135M:
-9 query heads sharing 3 key/value heads, ~110 cached columns) -- a third of the whole decode step.
-Here the query heads of each key/value head are stacked into one small matrix and the step is two
-batched matmuls and a masked softmax: [B, kv_heads, group, D] x [B, kv_heads, D, L], no key or
-value copied per query head. Measured side by side in one process (`python -m bench.generation
---variants bf16 bf16-sdpa-decode`) -- the numbers are in the README's speed section.
+fused kernel is built for long queries, and at decode shapes it was a large share of the whole
+decode step. Here the query heads of each key/value head are stacked into one small matrix and
+the step is two batched matmuls and a masked softmax: [B, kv_heads, group, D] x
+[B, kv_heads, D, L], no key or value copied per query head (`python -m bench.generation
+--variants bf16 bf16-sdpa-decode` compares the two side by side).
 
 Where the KV cache is stored in a lower dtype than the states (HFEngine's `kv_cache_dtype`: bf16
 by default on a CPU), the query is rounded to it and both products run in it, as under autocast;
@@ -22,10 +21,9 @@ kept_prefix.py; kv_cache.py `keep_prefix`) and passes them as `shared_prefix` (a
 `PrefixAttention`): all rows' queries are scored against the prefix as one product per key/value
 head, and only each row's own columns go through the batched per-row products, with one softmax
 over both (`_shared_prefix_decode`). The batched products read the cache through strided views
-that oneDNN copies whole, so reading P fewer columns per row is what pays: SmolLM2-135M's shapes,
-48 rows, a 253-token prefix, 350 columns, 2 CPU threads: 1.1-1.6 ms -> 0.7-1.0 ms per layer;
-below ~4,096 cache cells saved (rows x prefix columns) its fixed cost of ~0.1 ms is more than it
-saves (README, "Performance"). The attention mask then covers the prefix's P columns first
+that oneDNN copies whole, so reading P fewer columns per row is what pays; below a few thousand
+cache cells saved (rows x prefix columns, `prefix_attention_min_cells`) its fixed cost is more
+than it saves. The attention mask then covers the prefix's P columns first
 (False: a row that does not hold the prefix) and the row's own columns after.
 
 Registering a name with transformers' attention and mask interfaces lets the engine's own weight

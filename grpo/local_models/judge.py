@@ -3,7 +3,7 @@ own HFEngine. environments/judge/models.py defines the interface; environments n
 so importing this module registers the backend there (`judge.backend: local`).
 
 It is the same loaded-once, batched engine that plays τ²'s local user
-(grpo/rollout/user_simulator.py `LocalUserModel`): a fixed model, separate from the policy, whose
+(grpo/local_models/user.py `LocalUserModel`): a fixed model, separate from the policy, whose
 concurrent requests (episodes finishing together) are gathered into one engine call.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from environments.judge.config import JudgeConfig
 from environments.judge.models import JudgeModel, register_judge_model
 from environments.tau2.config import Tau2UserConfig
-from grpo.rollout.user_simulator import LocalUserModel
+from grpo.local_models.user import LocalUserModel
 
 
 class LocalJudgeModel(JudgeModel):

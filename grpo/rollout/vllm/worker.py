@@ -12,7 +12,7 @@ start-up, and the packed parameters have no `weight_loader`: `AttributeError: 'P
 object has no attribute 'weight_loader'`). Older vLLMs, whose `reload_weights` takes no weights,
 get `model.load_weights`, the route of their RLHF examples.
 
-The engine runs in-process (grpo/rollout/vllm.py), so `collective_rpc` passes the trainer's
+The engine runs in-process (grpo/rollout/vllm/engine.py), so `collective_rpc` passes the trainer's
 tensors by reference: no serialization, no second copy. This module imports nothing from vllm, so
 the worker loads it by its dotted name.
 """
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 import torch
 
-WORKER_EXTENSION = "grpo.rollout.vllm_worker.WeightSyncWorkerExtension"
+WORKER_EXTENSION = "grpo.rollout.vllm.worker.WeightSyncWorkerExtension"
 
 
 def reload_takes_weights(reload_weights) -> bool:

@@ -4,17 +4,17 @@ the trainer under `accelerate launch`).
 
 - **Sampling**: each request is one `POST /v1/completions` with the prompt as token ids,
   `return_token_ids` and `logprobs: 0` (the sampled token's log-prob), the same sampling fields as
-  the in-process engine (vllm_params.sampling_kwargs). Requests go to the live server with the
+  the in-process engine (params.sampling_kwargs). Requests go to the live server with the
   fewest in flight (then the fewest sent), all at once; vLLM batches them and shares prompt prefixes.
 - **Failures**: a server that refuses a connection, drops one, answers 5xx or has not answered in
-  `vllm_server.request_timeout_s` has failed: its requests go to another server, it gets none for
+  `rollout.vllm_server.request_timeout_s` has failed: its requests go to another server, it gets none for
   `retry_after_s`, and it is counted (`last_metrics`, a warning). A request that every live
   server failed is an error of the whole call (the collector retries or excludes its episodes):
   a step never waits on a dead or stalled server past the timeout. A failed server counts as
   stale (it may have restarted from the base model): before it serves again it is brought to the
   current weights.
 - **Weights** reach the servers through vLLM's own mechanisms, from a directory they can read
-  (`vllm_server.weights_dir`): LoRA runs publish each adapter version and load it with
+  (`rollout.vllm_server.weights_dir`): LoRA runs publish each adapter version and load it with
   `POST /v1/load_lora_adapter` (the server needs VLLM_ALLOW_RUNTIME_LORA_UPDATING), requests name
   it as their `model`, and the previous version is unloaded; full fine-tuning publishes the
   weights and asks each worker to reload them in place (`POST /collective_rpc` with the worker's
@@ -44,9 +44,9 @@ import torch
 
 from grpo.models.peft_weights import is_peft, language_model_of
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
-from grpo.rollout.vllm import run_engine_kwargs
-from grpo.rollout.vllm_params import check_request_logprobs, sampling_kwargs
-from grpo.rollout.vllm_sync import FullWeightStore, LoraAdapterStore
+from grpo.rollout.vllm.engine import run_engine_kwargs
+from grpo.rollout.vllm.params import check_request_logprobs, sampling_kwargs
+from grpo.rollout.vllm.sync import FullWeightStore, LoraAdapterStore
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +97,13 @@ class VLLMServerEngine(RolloutEngine):
     """Samples with `vllm serve` processes at `urls` (see the module docstring).
 
     policy: the trained policy (LoRA or full); its weights are published at construction and by
-    `sync_weights`. settings: the `vllm_server:` section. logprobs_mode: the mode the servers
+    `sync_weights`. settings: the `rollout.vllm_server` section. logprobs_mode: the mode the servers
     were started with (`--logprobs-mode`), against which requests are checked."""
 
     def __init__(self, policy, tokenizer, *, settings, logprobs_mode: str, max_model_len: int,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         if not settings.urls:
-            raise ValueError("rollout.engine=vllm_server needs vllm_server.urls (the servers' base URLs)")
+            raise ValueError("rollout.engine=vllm_server needs rollout.vllm_server.urls (the servers' base URLs)")
         self.tokenizer = tokenizer
         self.settings = settings
         self.logprobs_mode = logprobs_mode
@@ -121,7 +121,7 @@ class VLLMServerEngine(RolloutEngine):
     @classmethod
     def from_config(cls, policy, tokenizer, config, **options) -> VLLMServerEngine:
         kwargs = run_engine_kwargs(config, torch.device("cpu"))
-        return cls(policy, tokenizer, settings=config.vllm_server,
+        return cls(policy, tokenizer, settings=config.rollout.vllm_server,
                    logprobs_mode=kwargs["logprobs_mode"], max_model_len=kwargs["max_model_len"],
                    **options)
 

@@ -1,7 +1,7 @@
 """VLLMEngine: the RolloutEngine on vLLM in the training process (CUDA, or vLLM's CPU build),
 token ids in, token ids and log-probs out.
 
-Design choices (vLLM 0.32's API; see grpo/rollout/vllm_params.py for the versions):
+Design choices (vLLM 0.32's API; see grpo/rollout/vllm/params.py for the versions):
 
 - **The synchronous `vllm.LLM`, in-process, not an `AsyncLLM` on a background event loop.** The
   collector hands the engine one batch at a time (one blocking `generate` from a worker thread) and
@@ -14,19 +14,19 @@ Design choices (vLLM 0.32's API; see grpo/rollout/vllm_params.py for the version
   vLLM's sampled token ids, and `logprobs=0` returns each sampled token's log-prob.
 - **Log-probs** are log softmax(logits / T) before top-p, the trainer's quantity: `logprobs_mode`
   is `raw_logprobs` when every sampling temperature is 1 (or greedy), `processed_logprobs` when
-  top_p is 1; a request that fits neither is refused (vllm_params.choose_logprobs_mode).
+  top_p is 1; a request that fits neither is refused (params.choose_logprobs_mode).
 - **n samples of a prompt**: seeded requests (the collector seeds every turn) go one by one and
   share the prompt's KV blocks through prefix caching, which is also how vLLM v1 runs n > 1;
-  identical unseeded requests are merged into one request with n (vllm_params.group_requests).
+  identical unseeded requests are merged into one request with n (params.group_requests).
 - **Stops**: only our stop token ids and stop strings end a sequence (`ignore_eos`), the stop
   token / the token completing a stop string is kept, as in the HF engine.
 - **Weight sync**: LoRA runs publish the adapter to a new directory and the next requests carry a
-  `LoRARequest` with a larger id (vllm_sync.LoraAdapterStore); full fine-tuning pushes (name,
-  tensor) pairs to the worker extension (vllm_worker.py: vLLM's in-place reload) and resets the
+  `LoRARequest` with a larger id (sync.LoraAdapterStore); full fine-tuning pushes (name,
+  tensor) pairs to the worker extension (worker.py: vLLM's in-place reload) and resets the
   prefix cache (cached KV was computed with the old weights).
-- **One GPU for both**: vLLM takes `vllm.gpu_memory_utilization` of it (0.3 by default); with
-  `vllm.enable_sleep_mode`, `sleep()` frees its memory during the update and the next
-  generate/sync wakes it. **On a CPU** its KV cache is `vllm.kv_cache_gib` of host RAM, and
+- **One GPU for both**: vLLM takes `rollout.vllm.gpu_memory_utilization` of it (0.3 by default); with
+  `rollout.vllm.enable_sleep_mode`, `sleep()` frees its memory during the update and the next
+  generate/sync wakes it. **On a CPU** its KV cache is `rollout.vllm.kv_cache_gib` of host RAM, and
   sleep mode does not exist (vLLM's CPU worker ignores it): a config error.
 - **In-process on a CPU, the process stays the trainer's**: vLLM's CPU worker sets torch to one
   thread and replaces `torch.set_num_threads` with a no-op (right for a serving process, where
@@ -57,7 +57,7 @@ from grpo.models.devices import compute_dtype
 from grpo.models.peft_weights import is_peft, language_model_of
 from grpo.models.source import resolve_model_dir
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
-from grpo.rollout.vllm_params import (
+from grpo.rollout.vllm.params import (
     check_request_logprobs,
     choose_logprobs_mode,
     engine_kwargs,
@@ -65,8 +65,8 @@ from grpo.rollout.vllm_params import (
     resolve_vllm_config,
     sampling_kwargs,
 )
-from grpo.rollout.vllm_sync import LoraAdapterStore, export_base_model, full_weight_pairs
-from grpo.rollout.vllm_worker import WORKER_EXTENSION
+from grpo.rollout.vllm.sync import LoraAdapterStore, export_base_model, full_weight_pairs
+from grpo.rollout.vllm.worker import WORKER_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +118,10 @@ def import_vllm_api(device: torch.device | str = "cuda") -> VLLMApi:
 
 
 def run_engine_kwargs(config, device: torch.device) -> dict[str, Any]:
-    """The `vllm.LLM` arguments for a RunConfig on `device` (its `vllm:` section with the
+    """The `vllm.LLM` arguments for a RunConfig on `device` (its `rollout.vllm` section with the
     environment applied), less `model` / `tokenizer`; `vllm serve` processes get the same
-    (grpo/rollout/vllm_server.py)."""
-    settings = resolve_vllm_config(config.vllm)
+    (grpo/rollout/vllm/server.py)."""
+    settings = resolve_vllm_config(config.rollout.vllm)
     rollout = config.rollout
     dtype = settings.dtype
     if dtype == "auto":
@@ -155,7 +155,7 @@ class VLLMEngine(RolloutEngine):
     policy: the trained policy (LoRA or full); its weights are pushed at construction and by
         `sync_weights`. model_dir: the directory vLLM loads the base model from (None: exported
         from the policy into a temporary directory). llm_kwargs: the `vllm.LLM` arguments
-        (vllm_params.engine_kwargs) minus `model`/`tokenizer`, filled in here.
+        (params.engine_kwargs) minus `model`/`tokenizer`, filled in here.
     """
 
     def __init__(
@@ -211,7 +211,7 @@ class VLLMEngine(RolloutEngine):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, policy, tokenizer, config, device, **options) -> VLLMEngine:
-        """Build the engine from a RunConfig (its `vllm:` section with the environment applied);
+        """Build the engine from a RunConfig (its `rollout.vllm` section with the environment applied);
         `options` go to the constructor (e.g. `api`)."""
         device = torch.device(device)
         return cls(
@@ -219,14 +219,14 @@ class VLLMEngine(RolloutEngine):
             tokenizer,
             model_dir=resolve_model_dir(config.model.name_or_path, config.model.cache_dir),
             llm_kwargs=run_engine_kwargs(config, device),
-            sleep_enabled=resolve_vllm_config(config.vllm).enable_sleep_mode,
+            sleep_enabled=resolve_vllm_config(config.rollout.vllm).enable_sleep_mode,
             device=device,
             **options,
         )
 
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
-        """Free vLLM's GPU memory until the next generate/sync (needs vllm.enable_sleep_mode).
+        """Free vLLM's GPU memory until the next generate/sync (needs rollout.vllm.enable_sleep_mode).
         Level 1: weights go to CPU memory, the KV cache is dropped."""
         if not self.sleep_enabled:
             return
@@ -268,7 +268,7 @@ class VLLMEngine(RolloutEngine):
             raise ValueError(
                 f"request {request.request_id!r}: prompt {len(request.prompt_ids)} + "
                 f"max_new_tokens {s.max_new_tokens} exceeds the vLLM max_model_len "
-                f"{self.max_model_len} (vllm.max_model_len / VLLM_MAX_MODEL_LEN)"
+                f"{self.max_model_len} (rollout.vllm.max_model_len / VLLM_MAX_MODEL_LEN)"
             )
         check_request_logprobs(request, self.logprobs_mode)
 

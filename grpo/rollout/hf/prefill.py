@@ -3,14 +3,14 @@
 Prompts are right-aligned at one column (the longest prompt's length), so every row's first
 sampled token lands in the same cache column. A chunk holds at most `chunk_tokens` padded tokens
 (rows x the chunk's first, longest, prompt): it bounds a prefill forward's activation memory, and
-on a GPU, where a forward's cost is mostly launches, larger chunks mean fewer forwards (H100, 179k
-prompt tokens: 1.17 s in chunks of 4096, 0.58 s in 32768). Within that bound the engine splits
+on a GPU, where a forward's cost is mostly launches, larger chunks mean fewer forwards (half
+the prefill time in chunks of 32768 as of 4096). Within that bound the engine splits
 where the padding saved is worth more than a forward (`prefill_chunks`, PREFILL_CALL_TOKENS).
 
 Prompts that join together and start alike (a chat template's system prompt, the tool docs, the
 task instructions) share one prefill of their common prefix: it runs once in one row and is
 copied to the others, and only each prompt's own rest is prefilled per row
-(`shared_prefix_length`; the layout in grpo/rollout/live_batch.py `LiveBatch.append`).
+(`shared_prefix_length`; the layout in grpo/rollout/hf/live_batch.py `LiveBatch.append`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from grpo.models.common_prefix import leading_prefix_length
 
 PREFILL_CALL_TOKENS = {"cpu": 32, "cuda": 5700}
 """A prefill forward's fixed cost in prompt tokens' worth, per device type (`prefill_chunks`:
-where the padding a split saves is worth more than one more forward). CPU: SmolLM2-135M's fp32
-engine copy, 2 threads, one row of 8 / 32 / 128 / 512 tokens: 68 / 91 / 195 / 760 ms, i.e.
-~50 ms a forward (its weights read once) plus ~1.4 ms a token. CUDA (H100, 179k prompt tokens in
-chunks of 4,096 and of 32,768 tokens: 1.17 and 0.58 s): ~15.5 ms a forward plus ~2.7 µs a token.
-A device type not listed keeps the fewest forwards the budget allows."""
+where the padding a split saves is worth more than one more forward): a forward's own cost (its
+weights read once, its kernels launched) over one more prompt token's, from timing SmolLM2-135M's
+prefill at several lengths on each kind of device. A device type not listed keeps the fewest
+forwards the budget allows."""
 
 
 def prefill_chunks(

@@ -19,7 +19,7 @@ from grpo.collect import chat_tokens
 from grpo.models.devices import compute_dtype, resolve_device
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.base import GenerationRequest, GenerationResult, SamplingParams
-from grpo.rollout.hf import HFEngine
+from grpo.rollout.hf.engine import HFEngine
 
 _MODELS: dict[str, LocalUserModel] = {}
 """Per process: the loaded user models by configuration."""

@@ -1,81 +1,45 @@
-"""The engine copy's forward for Llama models without transformers' module plumbing.
+"""The engine copy's forward without transformers' module plumbing, for the families that have one.
 
 HFEngine runs one forward of its weight copy per decode step (and per prefill chunk). Through
 transformers that forward walks ~14 modules per layer (each `nn.Module.__call__` with its hook
 checks), keyword plumbing and decorators, the mask preprocessing, the fused q/k/v and gate/up
 members handing out their slices, and the attention interface lookup. At decode shapes, where
-the matmuls are small, that Python is a large share of the step: a 30-layer Llama of hidden
-size 64 (no math to speak of) took 24.4 ms a decode step at one row on this project's 2-core
-CPU, 0.74 ms a layer (`python -m bench.generation --variants fp32-transformers-forward fp32`
-compares the two forwards on SmolLM2-135M; README, "Performance").
+the matmuls are small, that Python is a large share of the step, most of all on a CPU
+(`python -m bench.generation --variants fp32-transformers-forward fp32` compares the two
+forwards on SmolLM2-135M).
 
 `LeanForward` runs the same tensor operations in the same order on the same weights: each
 RMSNorm's and Linear's own `forward` (the engine copy's fused norms and packed matmuls), the
-rotary embedding module once per forward, Llama's rotary formula, the cache's `update`, and the
-engine's attention function (decode_attention.py) with the 4-D boolean mask the engine built.
-So its logits are bit for bit those of `model(...)`: `build` checks that on a probe (a two-row
-left-padded prefill, then a decode step, through both) before the engine uses it, and
-tests/test_lean_forward.py checks whole generations, joins, resumed sessions and the kept prefix.
+rotary embedding module once per forward, the family's attention inputs (its projections, any
+per-head norms and its own rotary formula: `Architecture.lean`, families/), the cache's
+`update`, and the engine's attention function (decode_attention.py) with the 4-D boolean mask
+the engine built. So its logits are bit for bit those of `model(...)`: `build` checks that on a
+probe (a two-row left-padded prefill, then a decode step, through both) before the engine uses
+it, and tests/test_lean_forward.py checks whole generations, joins, resumed sessions and the
+kept prefix.
 
-It covers the model classes it was written from: transformers' Llama (SmolLM2, Llama 3, ...)
-with the engine's own weight copy and its attention. Where the copy fuses q/k/v and gate/up into
-one matmul each (bf16 copies, fp32 ones on an x86-64 CPU), queries and keys are rotated as one
-tensor; where it keeps them as separate Linear layers (an fp32 copy on a GPU, MPS or an ARM CPU),
-each is called in transformers' order. For anything else `build` says why not and the engine
-keeps transformers' forward.
-Hooks are looked for when the engine is built: a forward hook registered on the copy (or
-globally) later is not called by the lean forward.
+It covers the model classes its family record names (families/: Llama, Qwen2, Qwen3) with the
+engine's own weight copy and its attention. Where the copy fuses q/k/v and gate/up into one
+matmul each (bf16 copies, fp32 ones on an x86-64 CPU), the fused product is split; where it
+keeps them as separate Linear layers (an fp32 copy on a GPU, MPS or an ARM CPU), each is called
+in transformers' order. For anything else `build` says why not and the engine keeps
+transformers' forward. Hooks are looked for when the engine is built: a forward hook registered
+on the copy (or globally) later is not called by the lean forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
-from transformers.models.llama import modeling_llama as llama
 
 from grpo.models.cache_argument import cache_keyword
-from grpo.rollout.decode_attention import ENGINE_ATTENTION, PrefixAttention, engine_attention
-from grpo.rollout.weights import FusedGroup, FusedMember
+from grpo.rollout.hf.architecture import Architecture, LeanLayer
+from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION, PrefixAttention, engine_attention
+from grpo.rollout.hf.weights import FusedGroup, FusedMember
 
-_LLAMA_CLASSES = {
-    "the model": llama.LlamaForCausalLM,
-    "its base model": llama.LlamaModel,
-    "a decoder layer": llama.LlamaDecoderLayer,
-    "an attention layer": llama.LlamaAttention,
-    "an MLP": llama.LlamaMLP,
-}
 PROBE_TOKENS = 6
 """Prompt length of the build-time probe (its second row is left-padded by 2)."""
-
-
-rotate_half = llama.rotate_half
-"""Llama's rotation (the halves of the last dimension swapped, the new first half negated),
-transformers' own function: the lean forward rotates with the very ops the model's forward does."""
-
-
-def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Llama's rotary embedding of queries or keys x [n, heads, T, D] (`apply_rotary_pos_emb`'s
-    formula, with cos and sin already broadcast over heads)."""
-    return (x * cos) + (rotate_half(x) * sin)
-
-
-Projection = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class _Layer:
-    input_norm: Projection
-    qkv: FusedGroup | tuple[Projection, Projection, Projection]  # one matmul, or q, k, v
-    attention: nn.Module  # the layer's LlamaAttention: layer index, scaling, head size
-    o_proj: Projection
-    post_norm: Projection
-    gate_up: FusedGroup | tuple[Projection, Projection]  # one matmul, or gate, up
-    act: Projection
-    down: Projection
 
 
 def _group_of(members: list[nn.Module]) -> FusedGroup | None:
@@ -87,23 +51,28 @@ def _group_of(members: list[nn.Module]) -> FusedGroup | None:
     return group if same and len(group.bounds) == len(members) + 1 else None
 
 
-def _projections(members: list[nn.Module]) -> FusedGroup | tuple[Projection, ...]:
+def _projections(members: list[nn.Module]):
     """One fused matmul for all `members`, or each member's own forward (called in this order,
     as transformers' modules call them)."""
     group = _group_of(members)
     return tuple(m.forward for m in members) if group is None else group
 
 
-def unsupported(model: nn.Module) -> str | None:
-    """Why `model` (an HFEngine weight copy) cannot run the lean forward, or None."""
+def unsupported(model: nn.Module, architecture: Architecture) -> str | None:
+    """Why `model` (an HFEngine weight copy of the family `architecture`) cannot run the lean
+    forward, or None."""
+    if architecture.lean is None:
+        return (f"no lean forward for model type {getattr(model.config, 'model_type', None)!r} "
+                "(grpo/rollout/hf/families/)")
+    classes = architecture.lean.classes.parts()
     base = getattr(model, "model", None)
     parts = [("the model", model), ("its base model", base)]
     for layer in getattr(base, "layers", []):
         parts += [("a decoder layer", layer), ("an attention layer", layer.self_attn),
                   ("an MLP", layer.mlp)]
     for what, module in parts:
-        if type(module) is not _LLAMA_CLASSES[what]:
-            return f"{what} is {type(module).__name__}, not transformers' {_LLAMA_CLASSES[what].__name__}"
+        if type(module) is not classes[what]:
+            return f"{what} is {type(module).__name__}, not transformers' {classes[what].__name__}"
         if "forward" in vars(module):
             return f"{what} has a forward of its own"
     if model.config._attn_implementation != ENGINE_ATTENTION:
@@ -118,14 +87,15 @@ def unsupported(model: nn.Module) -> str | None:
 
 class LeanForward:
     """`forward(input_ids, attention_mask, position_ids, cache, shared_prefix)` -> the logits of
-    each row's last position, [n, V]: what HFEngine._forward gets from `model(...)`."""
+    each row's last position, [n, V]: what `ModelRunner.forward` gets from `model(...)`."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, architecture: Architecture) -> None:
         base = model.model
+        self.attention_inputs = architecture.lean.attention_inputs
         self.embed, self.rotary = base.embed_tokens, base.rotary_emb
         self.norm, self.head = base.norm.forward, model.lm_head.forward
         self.layers = [
-            _Layer(
+            LeanLayer(
                 input_norm=layer.input_layernorm.forward,
                 qkv=_projections([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj]),
                 attention=layer.self_attn,
@@ -139,13 +109,15 @@ class LeanForward:
         ]
 
     @classmethod
-    def build(cls, model: nn.Module) -> tuple[LeanForward | None, str | None]:
-        """The lean forward of `model` and None, or None and why not (`unsupported`, or the probe
-        gave other logits than the model's own forward)."""
-        reason = unsupported(model)
+    def build(
+        cls, model: nn.Module, architecture: Architecture
+    ) -> tuple[LeanForward | None, str | None]:
+        """The lean forward of `model` (of the family `architecture`) and None, or None and why
+        not (`unsupported`, or the probe gave other logits than the model's own forward)."""
+        reason = unsupported(model, architecture)
         if reason is not None:
             return None, reason
-        lean = cls(model)
+        lean = cls(model, architecture)
         try:
             mismatch = lean._probe(model)
         except Exception as error:  # noqa: BLE001 (whatever it was, transformers' forward stays)
@@ -168,7 +140,7 @@ class LeanForward:
         extra = {} if shared_prefix is None else {"shared_prefix": shared_prefix}
         for layer in self.layers:
             attn = layer.attention
-            query, key, value = _attention_inputs(layer, layer.input_norm(hidden), cos, sin)
+            query, key, value = self.attention_inputs(layer, layer.input_norm(hidden), cos, sin)
             key, value = cache.update(key, value, attn.layer_idx)
             out, _ = engine_attention(
                 attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **extra
@@ -212,23 +184,3 @@ class LeanForward:
                 return f"the probe's {('prefill', 'decode step')[step]} logits differ from the model's by up to {gap:.3g}"
         return None
 
-
-def _attention_inputs(
-    layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rotated queries and keys and the values of `x` [n, T, hidden], each [n, heads, T, D]."""
-    rows, width = x.shape[:2]
-    shape = (rows, width, -1, layer.attention.head_dim)
-    if not isinstance(layer.qkv, FusedGroup):
-        q_proj, k_proj, v_proj = layer.qkv
-        query = q_proj(x).view(shape).transpose(1, 2)
-        key = k_proj(x).view(shape).transpose(1, 2)
-        value = v_proj(x).view(shape).transpose(1, 2)
-        return _rotated(query, cos, sin), _rotated(key, cos, sin), value
-    qkv = layer.qkv.compute(x)
-    _, q_end, k_end, v_end = layer.qkv.bounds
-    # Queries and keys side by side: one rotation for both (elementwise: the same bits).
-    qk = qkv[..., :k_end].view(shape).transpose(1, 2)  # [n, H + Hkv, T, D]
-    qk = _rotated(qk, cos, sin)
-    heads = q_end // layer.attention.head_dim
-    return qk[:, :heads], qk[:, heads:], qkv[..., k_end:v_end].view(shape).transpose(1, 2)

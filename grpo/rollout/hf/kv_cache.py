@@ -3,18 +3,16 @@
 Layout: one buffer per layer, keys and values `[rows, kv_heads, capacity, head_dim]`; with
 `keys_transposed` the keys are stored `[rows, kv_heads, head_dim, capacity]` (attention still
 sees `[rows, heads, columns, dim]` views), so a decode step's query x keys product reads each
-row's keys along the columns. On this project's 2-core CPU (SmolLM2-135M's shapes, batch 64, 128
-columns; a probe script, not the bench): that product 375 -> 194 us per layer with a bf16
-cache; a layer's whole decode attention 646 us with the fp32 cache, 454 us bf16 transposed, and
-793 us fp32 transposed -- so the engine transposes only bf16 caches. The buffers' dtype may be
-lower than the states' (HFEngine's `kv_cache_dtype`).
+row's keys along the columns. On a CPU that halves the product's time with a bf16 cache and
+slows it with an fp32 one, so the engine transposes only bf16 caches by default. The buffers'
+dtype may be lower than the states' (HFEngine's `kv_cache_dtype`).
 
 Prompts are right-aligned at column P (the longest prompt's length): every row's first sampled
 token goes to column P, the next to P + 1, and so on, so one decode step writes one column for the
 whole batch and attends over a view `[lo, pos]` of the buffer. Nothing is concatenated or
 reallocated per step (transformers' DynamicCache copies the whole cache every step). Columns left
 of a row's prompt are masked by the caller's attention mask. Rows that join a running batch are
-right-aligned at the column the next step writes (grpo/rollout/live_batch.py).
+right-aligned at the column the next step writes (grpo/rollout/hf/live_batch.py).
 
 A forward covers a `CacheWindow`: a contiguous slice of rows (prefill chunks fill some rows at a
 time; an index tensor for the scattered rows of resumed sessions), the first column attended
@@ -26,11 +24,11 @@ longer joining prompt opens in the other rows).
 A cache may keep one shared prefix (`keep_prefix`): the keys and values of a prompt prefix that
 its rows start with (a multi-turn batch's system prompt and tool docs), copied once out of the row
 that prefilled it into contiguous tensors. Decode steps attend to it once for all the rows that
-hold it (grpo/rollout/decode_attention.py `PrefixAttention`), and rows that join later with
+hold it (grpo/rollout/hf/decode_attention.py `PrefixAttention`), and rows that join later with
 prompts starting with it get it written into their columns (`write_prefix`) instead of
 prefilling it again: bit for bit the keys and values the first rows hold.
 
-Static windows (`set_static`) serve fixed-shape decode steps (grpo/rollout/decode_graphs.py): the
+Static windows (`set_static`) serve fixed-shape decode steps (grpo/rollout/hf/decode_graphs.py): the
 column written is a device tensor instead of a Python int, and the forward attends over a fixed
 number of columns [0, width) (the caller masks those not yet written), so one step's kernels do
 not depend on the step and can be replayed as a CUDA graph. A cache used that way is zeroed
@@ -45,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from grpo.rollout.decode_attention import PrefixAttention
+from grpo.rollout.hf.decode_attention import PrefixAttention
 
 
 @dataclass

@@ -3,20 +3,20 @@
 `inference_copy` clones the policy's causal LM (LoRA merged in) and keeps everything outside the
 matmuls (embeddings, norms, the residual stream, rotary, attention, KV cache) in the policy's
 dtype, while the Linear layers get bf16 weights: the input is rounded to bf16, as under bf16
-autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN (`_Matmul`;
-where oneDNN has bf16 kernels, else `F.linear`: `_onednn_bf16`), and sibling projections that read
-the same input run as one matmul (q/k/v, gate/up). Measured on SmolLM2-135M, 2 threads, batch
-64, 64 new tokens (bench/generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
-bf16 autocast over the fp32 policy 285. Mean |Δ log-prob| of the sampled tokens against a plain
-fp32 forward of the whole sequence (16 seeded completions, ~690 tokens): this copy 0.027, with an
-fp32 LM head 0.018, bf16 autocast 0.029, an fp32 copy 0.000; an all-bf16 copy (bf16 residual
-stream: SmolLM2's hidden states carry large outliers) was 0.042, too close to the trainer's 0.05
-tolerance.
+autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN
+(`_Matmul`; where oneDNN has bf16 kernels, else `F.linear`: `_onednn_bf16`), and sibling
+projections that read the same input run as one matmul (q/k/v, gate/up; which ones is the model
+family's record, grpo/rollout/hf/architecture.py). That is faster than bf16 autocast over the
+fp32 policy and its sampled tokens' log-probs are as close to an fp32 forward's; an fp32 LM head
+(`head_dtype`) brings them closer still. A copy that is bf16 throughout (the residual stream too)
+is not offered: SmolLM2's hidden states carry large outliers, and its log-probs came too close to
+the trainer's step-0 tolerance (`bench.generation` compares the variants).
 
 An fp32 copy on a CPU (`auto` on a CPU without bf16 instructions, or `dtype=None` over an fp32
 policy) is built the same way with fp32 weights: packed and fused for speed alone, since packed
-fp32 products are 2-3x faster than `F.linear`'s at decode shapes (`_FP32_PACKING_MACHINES`). Where
-torch has MKL the fp32 weights are packed for MKL's sgemm rather than oneDNN (`_MKL_PACK_ROWS`).
+fp32 products are several times faster than `F.linear`'s at decode shapes
+(`_FP32_PACKING_MACHINES`). Where torch has MKL the fp32 weights are packed for MKL's sgemm
+rather than oneDNN (`_MKL_PACK_ROWS`).
 
 Row independence: whether a product gives a row the same bits whatever rows are computed with it
 depends on the CPU and the kernel the BLAS picks for it, not on the weights' values. MKL's
@@ -24,8 +24,8 @@ AVX-512 fp32 kernels do at every row count probed; its AVX2 ones (MKL_ENABLE_INS
 or a CPU without AVX-512) do not at 2-3 rows of each block of 4 for some shapes, and MKL on an
 AMD CPU not at one row; oneDNN's fp32 packs not at one row for some shapes; `F.linear` not at
 1-8 rows. `products_rows_independent` probes the copy's products (once per process and kind of
-product) and the engine reports it (grpo/rollout/batch_invariance.py: the engine's promise, which
-holds either way).
+product) and the engine reports it (grpo/rollout/hf/batch_invariance.py: the engine's promise,
+which holds either way).
 
 `copy_weights_into` (sync_weights) copies tensors by name from the policy, casting as it goes,
 then re-packs the packed weights.
@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import functools
 import platform
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,43 +44,31 @@ from torch import nn
 
 from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.peft_weights import dequantize_linears_, is_peft, language_model_of, lm_tensors
-from grpo.rollout.fused_norms import fuse_rms_norms
+from grpo.rollout.hf.fused_norms import fuse_rms_norms
 
 _LOW_PRECISION_OUTPUTS = {"o_proj", "down_proj", "gate_proj", "up_proj"}
 """Linear layers whose output may stay in the matmul dtype, as under autocast: it only feeds the
 residual add (which promotes to fp32) or the SiLU-gated product that feeds `down_proj`. Any other
 Linear's output is cast back to its input's dtype (attention wants one dtype for q, k and v)."""
-_FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-"""Sibling Linear layers that read the same input: one matmul computes all of them."""
 _FP32_PACKING_MACHINES = ("x86_64", "amd64")
 """Machines (`platform.machine()`, lower case) where fp32 weights are packed too (`packs_fp32`). On
 an x86-64 CPU without bf16 instructions (no AVX-512 BF16 or AMX, where `auto` computes in fp32)
-`F.linear`'s decode-shape products run at a third of the packed ones' speed -- SmolLM2-135M, 2 threads, a Xeon with AVX-512 but no BF16, 20-30 distinct weights:
-[16, 576] x [576, 1536] 861 µs plain, 301 µs packed; the [49k, 576] head at 16 rows 26.8 ms against
-7.9 ms; 2.2-2.9x from 4 to 32 rows. From 128 rows up (prefill) the two are within 10%, and at one
-row the packed product is 0.6-0.9x. Packed fp32 products differ from `F.linear`'s in the last
-bits (4e-5 on products of size ~25)."""
+`F.linear`'s decode-shape products run at a fraction of the packed ones' speed (prefill-sized
+products about the same; at one row the packed product is a little slower). Packed fp32 products
+differ from `F.linear`'s in the last bits."""
 _PACK_BATCH_HINT = 16
-"""Rows oneDNN lays the decoder layers' packed weights out for. SmolLM2-135M's four layer
-products at decode shapes, 30 layers' distinct weights, 2 threads: 13.9 / 21.8 / 40.4 ms at
-16 / 32 / 64 rows laid out for 16, against 15.2 / 22.1 / 41.5 ms for 64; prefill-sized products
-(512, 2,048 rows) the same either way; the engine's tokens identical (the standard step's
-generate, 96 and 384 seeded completions, the two layouts alternating in one process: 2.01 vs
-2.08 s at 16 rows)."""
+"""Rows oneDNN lays the decoder layers' packed weights out for: a little faster than a 64-row
+layout at decode batches of 16 to 64 rows, the same at prefill sizes, the same tokens."""
 _HEAD_PACK_BATCH_HINT = 64
-"""The same for the LM head: its [49k, 576] product at 16 rows is a little faster laid out for
-64 (3.13 vs 3.37 ms a call), and equal at 64 rows."""
+"""The same for the LM head, whose wide product is a little faster laid out for 64 rows even at
+16."""
 _MKL_PACK_ROWS = 256
 """Rows MKL lays a packed fp32 weight out for (`cblas_sgemm_pack`'s m). The layout serves any row
 count: the products are right for every count (whether a row's bits depend on the rows beside
 it depends on the CPU's kernels: module docstring), and Intel's own extension for PyTorch
-computes with one B pack whatever the input's rows. It is chosen for speed: SmolLM2-135M's
-products, 2 threads, a Xeon with AVX-512 but no BF16, 8-30 distinct weights, against oneDNN's packs (16 rows for the layers, 64 for the head):
-- gate/up [3,072, 576] at 16 / 64 / 512 rows: 660 / 1,082 / 6,979 µs against 680 / 1,253 / 8,239;
-- down [576, 1,536]: 310 / 546 / 3,569 µs against 338 / 731 / 3,865;
-- the head [49,152, 576]: 7.9 / 16.6 / 151 ms against 8.2 / 18.5 / 179;
-- at one row 0.85x oneDNN's time; laid out for 16 rows instead, MKL's products at 40-128 rows
-  took 1.3-1.9x as long as these, which is why the layout is not the decode batch's."""
+computes with one B pack whatever the input's rows. It is chosen for speed: at decode and
+prefill sizes it runs MKL's fp32 products at least as fast as oneDNN's packs, where a layout for
+the decode batch (16 rows) made products of 40-128 rows markedly slower."""
 
 _PROBE_ROWS = 80
 """Rows a probe computes together (`probe_rows_independent`): past a 64-row decode batch."""
@@ -120,7 +109,9 @@ def _onednn_bf16() -> bool:
     return check is not None and bool(check())
 
 
-def _can_pack(weight: torch.Tensor) -> bool:
+def can_pack(weight: torch.Tensor) -> bool:
+    """Is `weight` pre-packed in the engine copy (bf16 with oneDNN where it has bf16 kernels, fp32
+    where `packs_fp32`)?"""
     if weight.dtype == torch.float32:
         return packs_fp32(weight.device)
     return weight.dtype == torch.bfloat16 and _onednn_packs(weight.device) and _onednn_bf16()
@@ -128,7 +119,7 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 def _packer_for(weight: torch.Tensor) -> str | None:
     """How `_Matmul` lays out `weight`: "mkl" (fp32, torch has MKL), "onednn", or None (plain)."""
-    if not _can_pack(weight):
+    if not can_pack(weight):
         return None
     return "mkl" if weight.dtype == torch.float32 and _mkl_packs(weight.device) else "onednn"
 
@@ -164,9 +155,9 @@ class _Matmul:
     sgemm when it is fp32 and torch has MKL (`packer == "mkl"`), else for oneDNN ("onednn").
 
     A bf16 weight handed to `F.linear` is re-laid-out for the AMX/AVX-512 kernels at every call;
-    with 30 layers' weights streaming from memory each decode step that doubled the matmul time
-    (SmolLM2, batch 64, 1 thread: the fused gate/up product 835 µs plain, 472 µs packed; results
-    identical). `repack()` must follow any change to the dense weight (sync_weights)."""
+    with every layer's weights streaming from memory each decode step that nearly doubles the
+    matmul time (the results are identical). `repack()` must follow any change to the dense
+    weight (sync_weights)."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = _PACK_BATCH_HINT,
@@ -300,14 +291,18 @@ class FusedMember(nn.Linear):
         return self.group.output(self.index, x)
 
 
-def _lower_linears(model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype) -> None:
-    """Replace the Linear layers of `model` in place by low-precision ones, fusing siblings."""
+def _lower_linears(
+    model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype,
+    fused_groups: tuple[tuple[str, ...], ...],
+) -> None:
+    """Replace the Linear layers of `model` in place by low-precision ones, fusing the siblings
+    `fused_groups` names (the model family's: grpo/rollout/hf/architecture.py)."""
     head = model.get_output_embeddings()
     for parent in list(model.modules()):
         linears = {
             n: c for n, c in parent.named_children() if type(c) is nn.Linear and c is not head
         }
-        for names in _FUSED_GROUPS:
+        for names in fused_groups:
             members = [linears.get(n) for n in names]
             if (
                 any(m is None for m in members)
@@ -324,7 +319,7 @@ def _lower_linears(model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype
                 name,
                 LowPrecisionLinear.from_linear(linear, dtype, name not in _LOW_PRECISION_OUTPUTS),
             )
-    if type(head) is nn.Linear and (head.weight.dtype != head_dtype or _can_pack(head.weight)):
+    if type(head) is nn.Linear and (head.weight.dtype != head_dtype or can_pack(head.weight)):
         # A tied head gets a module of its own: a copy in another dtype, or (same dtype) the
         # shared weight plus its packed copy; the input embedding keeps the policy's dtype.
         model.set_output_embeddings(
@@ -336,12 +331,15 @@ def _lower_linears(model: nn.Module, dtype: torch.dtype, head_dtype: torch.dtype
 
 def inference_copy(
     policy, matmul_dtype: torch.dtype | None, head_dtype: torch.dtype | None, device: torch.device,
-    fuse_norms: bool = True,
+    *, fused_groups: tuple[tuple[str, ...], ...],
+    is_norm: Callable[[nn.Module], bool] | None,
 ) -> nn.Module:
     """An inference copy of the policy's causal LM: LoRA merged (4-bit bases dequantized), Linear
     weights in `matmul_dtype` (the LM head in `head_dtype`), the rest in the policy's dtype; eval
     mode, no grads. The weights come from `lm_tensors`, as every later `copy_weights_into` does.
-    `fuse_norms`: its RMSNorm layers run as one op each (grpo/rollout/fused_norms.py)."""
+    `fused_groups`: sibling Linear layers that run as one matmul each; `is_norm`: which layers
+    are the family's RMSNorm ones, each run as one op (grpo/rollout/hf/fused_norms.py; None:
+    transformers' forward). Both come from the model family's record (architecture.py)."""
     model = language_model_of(policy)
     with torch.no_grad():
         clone = copy.deepcopy(model)
@@ -359,9 +357,9 @@ def inference_copy(
         head_dtype = head_dtype or matmul_dtype
         fp32 = matmul_dtype == head_dtype == torch.float32
         if matmul_dtype != base_dtype or head_dtype != base_dtype or (fp32 and packs_fp32(device)):
-            _lower_linears(clone, matmul_dtype, head_dtype)
-        if fuse_norms:
-            fuse_rms_norms(clone)
+            _lower_linears(clone, matmul_dtype, head_dtype, fused_groups)
+        if is_norm is not None:
+            fuse_rms_norms(clone, is_norm)
     clone.eval()
     return clone
 

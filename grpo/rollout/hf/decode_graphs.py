@@ -1,37 +1,35 @@
 """Fixed-shape decode steps for HFEngine, replayed as CUDA graphs on a GPU.
 
-A decode step of a small model on a GPU is launch-bound: SmolLM2-135M's eager step launched
-~1,200 kernels from Python (H100 profile at batch 512, sampling included), each doing
-microseconds of work, so the step costs the same at batch 16 as at 512 and the GPU idles. A CUDA graph records the step's kernels once and replays them with one
+A decode step of a small model on a GPU is launch-bound: SmolLM2-135M's eager step launches
+over a thousand kernels from Python (sampling included), each doing microseconds of work, so the
+step costs the same at batch 16 as at 512 and the GPU idles. A CUDA graph records the step's kernels once and replays them with one
 launch; that needs every tensor shape and address to be the same at every replay. So the decode
 steps run over
 
-- one persistent KV cache (grpo/rollout/kv_cache.py, zeroed when allocated) that every wave
+- one persistent KV cache (grpo/rollout/hf/kv_cache.py, zeroed when allocated) that every wave
   reuses; it grows, and drops its graphs, only when a wave needs more rows or columns;
 - a bucketed shape: the live rows padded up to a power of two, and the attended columns [0, width)
   with width rounded up to a multiple of `width_step`. Padding rows attend to every column and
   compute finite garbage that nobody reads; the columns a live row may not see are masked;
 - static input buffers (token ids, positions, the boolean attention mask, the column written) that
   are filled in place before each step; the mask is copied from the live batch's own
-  (grpo/rollout/live_batch.py), the one place that says which columns each row may attend.
+  (grpo/rollout/hf/live_batch.py), the one place that says which columns each row may attend.
 
 One graph is captured per (rows, width) bucket when first needed, then replayed to run the step
 (capturing runs no kernels); the first capture of a cache's life (per kind of step) follows an
-eager warm-up on a side stream, for what the kernels set up lazily. (Every capture had one
-before: in configs/gpu.yaml's 512-episode steps on one H200, new buckets still appeared in the
-second and third steps, and a sampling profile put ~0.65 s of each step's rollout in captures,
-warm-ups included.) Graphs share one memory pool;
+eager warm-up on a side stream, for what the kernels set up lazily (a warm-up before every
+capture made large training steps, whose new buckets keep appearing for a few steps, spend a
+large share of their rollout capturing). Graphs share one memory pool;
 they are replayed one at a time, and each one's output stays referenced, so a later capture never
 reuses memory an earlier graph's output lives in.
 
-A step may also draw the rows' next tokens (`Draws`): the sampler (grpo/rollout/sampling.py) then
+A step may also draw the rows' next tokens (`Draws`): the sampler (grpo/rollout/hf/sampling.py) then
 runs right after the forward, in the same graph, from static buffers of the rows' random-stream
 keys, step counts, temperatures and top-p. Eagerly it is dozens of small kernels launched from
-Python after every replay (on one H200, with synchronisations around it: 1.25 ms of a 3.7 ms step
-at batch 16, 2.6 of 6.9 ms at 512); in the graph they cost only their device time, and what is left
-after the replay is the copy to the host and the finish checks (0.32 and 0.66 ms). A plain step at
-512 rows: 5.9 ms against 6.6 with the fp32 cache of before; at 16 rows 3.8 against 3.6, where the
-eager launches had overlapped the replay. Its branches depend on which kinds of rows the batch
+Python after every replay, with synchronisations around them, a large share of a decode step; in
+the graph they cost only their device time, and what is left after the replay is the copy to the
+host and the finish checks. It pays at large batches; at small ones the eager launches had
+overlapped the replay anyway. Its branches depend on which kinds of rows the batch
 holds, so those kinds are part of a graph's key; nucleus (top-p < 1) rows pick their threshold with
 data-dependent shapes and are never drawn here (the caller samples them eagerly). Each row's draw
 depends on its own logits, key and step alone, so it is the token the eager sampler would have
@@ -48,8 +46,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.rollout.kv_cache import PreallocatedCache
-from grpo.rollout.sampling import BatchKinds, draw_next_tokens
+from grpo.rollout.hf.kv_cache import PreallocatedCache
+from grpo.rollout.hf.sampling import BatchKinds, draw_next_tokens
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, PreallocatedCache], torch.Tensor]
 """(input_ids [R, 1], allowed mask [R, 1, 1, W], position_ids [R, 1], cache) -> logits [R, V]."""
@@ -91,7 +89,7 @@ class StaticDecoder:
     width_step: attended columns are rounded up to a multiple of this.
     min_rows: a step runs at least this many rows (padding; the cache's rows permitting): fewer
         buckets to capture, where a step costs about the same at a few rows as at this many.
-    cache_dtype, keys_transposed: the cache's layout (grpo/rollout/kv_cache.py).
+    cache_dtype, keys_transposed: the cache's layout (grpo/rollout/hf/kv_cache.py).
     """
 
     def __init__(

@@ -5,10 +5,11 @@ rsqrt, multiply, cast back, multiply by the weight. A decode step runs two per d
 the final one (61 for SmolLM2-135M), each op a kernel on a GPU -- inside a CUDA graph every one of
 them still costs a launch slot -- and a dispatch on a CPU. `torch.rms_norm` computes the same
 function as one op: a fused kernel on CUDA; on a CPU torch composes it from the same ops, so
-there it only saves the Python module around them (2 threads, [16, 576] fp32: 62 -> 40 µs).
+there it only saves the Python module around them.
 
-Which layers: those whose class name ends in "RMSNorm" with a 1-D weight and an epsilon
-(`variance_epsilon` or `eps`), and whose own forward gives what `F.rms_norm` gives on a probe (a
+Which layers: the model family's RMSNorm layers (`Architecture.is_norm`, architecture.py: the
+family's own classes, or any class named "*RMSNorm" for a family without a record) with a 1-D
+weight and an epsilon (`variance_epsilon` or `eps`), and whose own forward gives what `F.rms_norm` gives on a probe (a
 seeded random input in the weight's dtype, the layer's own weight), within the dtype's rounding
 (`torch.testing.assert_close`'s default tolerance). A variant with another formula -- Gemma's
 `(1 + weight)` scale, a norm with a bias or a different mean -- fails the probe and keeps its
@@ -25,6 +26,7 @@ trainer keeps transformers' layers: the engine-vs-trainer log-prob mismatch cove
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +47,7 @@ def _epsilon(module: nn.Module) -> float | None:
 def _candidate(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return (
-        type(module).__name__.endswith("RMSNorm")
-        and isinstance(weight, nn.Parameter)
+        isinstance(weight, nn.Parameter)
         and weight.dim() == 1
         and getattr(module, "bias", None) is None
         and _epsilon(module) is not None
@@ -77,12 +78,13 @@ def agrees_with_rms_norm(module: nn.Module) -> bool:
     return True
 
 
-def fuse_rms_norms(model: nn.Module) -> int:
-    """Give every RMSNorm layer of `model` (an engine copy) that passes the probe the one-op
-    forward; returns how many did."""
+def fuse_rms_norms(model: nn.Module, is_norm: Callable[[nn.Module], bool]) -> int:
+    """Give every RMSNorm layer of `model` (an engine copy; `is_norm`: the model family's rule,
+    `Architecture.is_norm`) that passes the probe the one-op forward; returns how many did."""
     fused = 0
     for module in model.modules():
-        if _candidate(module) and "forward" not in vars(module) and agrees_with_rms_norm(module):
+        if (is_norm(module) and _candidate(module) and "forward" not in vars(module)
+                and agrees_with_rms_norm(module)):
             module.forward = types.MethodType(_fused_forward, module)
             fused += 1
     return fused

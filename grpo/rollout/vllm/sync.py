@@ -5,11 +5,11 @@
   sync gets a new, larger id, so vLLM loads the new adapter on the next request without a restart
   (and its prefix cache, keyed by the adapter name, never serves KV computed by an older adapter).
   Only the newest `keep` adapter directories stay on disk.
-- Servers (grpo/rollout/vllm_server.py) load from disk: `LoraAdapterStore` for adapters,
+- Servers (grpo/rollout/vllm/server.py) load from disk: `LoraAdapterStore` for adapters,
   `FullWeightStore` for a fully fine-tuned policy's weights (safetensors, Hugging Face names).
 - Full fine-tuning in process: `full_weight_pairs(policy)` yields (name, tensor) pairs under the Hugging Face
   checkpoint names that vLLM's `model.load_weights` takes; the engine hands them to every worker
-  with `LLM.collective_rpc` and the worker extension of grpo/rollout/vllm_worker.py.
+  with `LLM.collective_rpc` and the worker extension of grpo/rollout/vllm/worker.py.
 - `export_base_model(policy, directory)`: a model directory vLLM can load when the policy has none
   on disk (the in-memory `tiny-random` model): the base weights (adapters left out) + tokenizer.
 """
@@ -151,7 +151,7 @@ def export_base_model(policy, directory: str | Path, tokenizer=None) -> Path:
 
     For models that exist only in memory (`tiny-random`): it builds a fresh model of the same
     config on the CPU, so it is meant for small models; a model loaded from a directory is served
-    from that directory instead (grpo/rollout/vllm.py)."""
+    from that directory instead (grpo/rollout/vllm/engine.py)."""
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

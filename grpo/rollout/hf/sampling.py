@@ -9,7 +9,7 @@ That rules out inverse-CDF sampling (one uniform against the cumulative sum): ev
 V boundaries of the cumulative sum moves with the noise, and on a wide distribution ~1% of steps
 flipped to a neighbouring token when the batch changed. The Gumbel-max trick (argmax of
 log p + Gumbel noise) only flips on a near-tie of the two best noisy scores, but needs V random
-numbers per row and step (~100 ms per step at batch 64 × 49k vocab on a 2-core CPU).
+numbers per row and step (a 49k vocabulary: too slow on a CPU).
 
 So sampling is hierarchical Gumbel-max: the vocabulary is cut into chunks of `CHUNK` tokens; a
 chunk is drawn by Gumbel-max over the chunks' log-masses (max of a chunk's Gumbel-perturbed
@@ -21,8 +21,8 @@ The random numbers come from a counter-based generator (`counter_uniforms`): uni
 row's step t is a hash of (the row's seed, t, j), computed for the whole batch in a few tensor
 ops on the logits' device. A row's numbers therefore depend on nothing but its own seed and step
 (the batch-invariance above), and drawing them costs the same few kernels at batch 512 as at 1;
-per-row `torch.Generator`s (what this module used first) cost ~10 µs of host time per row and
-step: 5 ms a step at batch 512, more than a whole CUDA-graph decode step (measured on an H100).
+per-row `torch.Generator`s cost host time per row and step: at a GPU's batch sizes, more than
+a whole CUDA-graph decode step.
 
 Top-p keeps the shortest prefix of tokens sorted by probability whose mass reaches top_p (the
 crossing token included; tokens tied with it are kept too). It reads that prefix off a `topk` of

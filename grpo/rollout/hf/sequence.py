@@ -20,7 +20,7 @@ class LiveSequence:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     # What the engine's cache row holds for this sequence (continuous batching: a finished row
-    # can stay parked until its session's next turn extends it; grpo/rollout/live_batch.py).
+    # can stay parked until its session's next turn extends it; grpo/rollout/hf/live_batch.py).
     cached: int = 0
     """Tokens of prompt_ids + tokens whose keys and values are in the cache row."""
     end_column: int = 0
