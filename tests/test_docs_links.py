@@ -118,6 +118,15 @@ def test_the_pages_carry_no_dates():
     assert found == [], "dates in the docs (git keeps history):\n" + "\n".join(found)
 
 
+def test_no_table_cell_is_split_by_a_pipe_in_code():
+    """In a Markdown table a `|` splits the cell even inside a code span, unless escaped."""
+    split = [f"{_name(page)}:{n}: {span}" for page in PAGES
+             for n, line in enumerate(FENCE.sub(lambda m: "\n" * m.group(0).count("\n"),
+                                                page.read_text(encoding="utf-8")).splitlines(), 1)
+             if line.startswith("|") for span in INLINE_CODE.findall(line) if re.search(r"(?<!\\)\|", span)]
+    assert split == [], "write \\| inside code in a table row:\n" + "\n".join(split)
+
+
 def test_the_performance_page_is_the_bench_s_own():
     page = REPO / "docs" / "performance.md"
     assert page.read_text(encoding="utf-8").startswith(PAGE_HEAD), (
