@@ -7,7 +7,7 @@
 Sections (all in one process, on `--threads` threads; the report says the load average, since
 on a shared machine every wall time is an upper bound):
   peak        fp32 and bf16 2048² matmul GFLOP/s: this machine's compute limit, measured now
-  standard    the standard benchmark work of shared DESIGN.md (bench/steps.py): median
+  standard    the standard benchmark work of docs/design.md (bench/steps.py): median
               seconds per optimizer step over `--steps` steps after a warm-up, split into rollout,
               reference, update and weight push
   generation  HF engine sampled tokens/s at batch 1, 16, 64 (64 new tokens, no stop) and the share

@@ -1,6 +1,6 @@
 """The two training steps `make bench` times: the standard benchmark work, and a multi-turn step.
 
-- `standard_step(...)`: the standard work of shared DESIGN.md — SmolLM2-135M-Instruct, 4 prompts
+- `standard_step(...)`: the standard work of docs/design.md — SmolLM2-135M-Instruct, 4 prompts
   "What is A * B? Answer with the number only." x G=4, at most 48 new tokens (stopping at the
   end-of-turn token), temperature 1, one PPO epoch, KL beta 0.01 against the EMA reference,
   learning rate 1e-6, fp32 weights, full fine-tuning. Each step is timed as rollout (HF engine),

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.trl_baseline --steps 4          # needs `pip install trl`
     .venv/bin/python -m bench.run --sections standard trl     # both, one process, with the ratio
 
-The work is shared DESIGN.md's standard step, as bench/steps.py runs it for us: SmolLM2-135M-
+The work is docs/design.md's standard step, as bench/steps.py runs it for us: SmolLM2-135M-
 Instruct (the embedded weights, fp32), 4 prompts "What is A * B? Answer with the number only." x
 G=4 completions per optimizer step, at most 48 new tokens at temperature 1, one pass (TRL's
 `num_iterations=1`), KL beta 0.01 against a reference model, learning rate 1e-6, the same

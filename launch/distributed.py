@@ -5,8 +5,8 @@ CONFIG [dotted.key=value ...]`.
       --config configs/zero3.yaml                      # GPUs, DeepSpeed ZeRO-3
   accelerate launch --config_file configs/accelerate_zero3_cpu.yaml launch/distributed.py \\
       --config configs/smoke.yaml                      # 2 CPU processes, ZeRO-3 over gloo
-  accelerate launch --cpu --num_processes 2 launch/distributed.py --config configs/smoke.yaml
-                                                       # plain DDP, no DeepSpeed
+  accelerate launch --multi_gpu --num_processes 2 launch/distributed.py --config configs/smoke.yaml
+                                                       # plain DDP, no DeepSpeed (CPU without CUDA)
 
 Each rank plays `train.tasks_per_step / W` tasks (whole groups); gradients are averaged by DDP or
 ZeRO-3; rank 0 writes logs, metrics, checkpoints and the final model (grpo/distributed/trainer.py).

@@ -39,10 +39,9 @@ class ModelConfig(Section):
     cudnn_attention: bool = False
     """CUDA: let `scaled_dot_product_attention` use cuDNN's attention kernels (a process-wide
     switch, set when the trainer starts). Off by default: cuDNN builds an execution plan for
-    every new shape, and a GRPO update brings new shapes at every micro-batch and prefill. One
-    H200, configs/gpu.yaml's 512-episode step, two steps after the first of each: update 1.57 and
-    1.79 s with it off, 3.93 and 2.66 s with it on (the reference pass 0.36/0.33 against
-    1.16/0.76 s); the rollout the same."""
+    every new shape, and a GRPO update brings new shapes at every micro-batch and prefill: on
+    configs/gpu.yaml's 512-episode step the update took about twice as long with it on (the
+    reference pass two to three times as long), the rollout the same."""
     load_in_4bit: bool = False
     """QLoRA: 4-bit NF4 base weights through bitsandbytes, on CUDA or the CPU (not MPS); needs
     `lora.enabled`. Only the adapters and the value head train (grpo/models/four_bit.py)."""

@@ -2,8 +2,8 @@
 
 torch's embedding backward returns its weight's gradient dense: a zero-filled [V, H] tensor with
 the looked-up rows added. On a CPU every [V, H] fp32 block is fresh memory (glibc maps blocks over
-32 MiB anew and the kernel faults them in page by page: ~100-150 ms for SmolLM2's 113 MB on this
-project's 2-core host), and a forward run as prefix segments looks the embedding up once per
+32 MiB anew and the kernel faults them in page by page: ~100-150 ms for SmolLM2's 113 MB on a
+2-core CPU), and a forward run as prefix segments looks the embedding up once per
 segment, so an update pays that per segment and micro-batch.
 
 `ReusedEmbeddingGradient.install(embedding)` makes that module's lookups (with gradients, on a CPU,

@@ -19,8 +19,8 @@ On a CPU the plain-weight head writes its [C, V] logits (both dtypes), its weigh
 dtype (cast again in the backward rather than saved), the kept low-precision logits and its
 weight gradient in the compute dtype into buffers this thread keeps between calls
 (grpo/models/scratch.py): glibc maps large blocks fresh and the kernel faults them in page by
-page (a standard update on this project's CPU: 324k minor faults before, 99k after, and 4.48 ->
-4.01 s; README).
+page (a standard update on a 2-core CPU: 324k minor faults before, 99k after, and 4.48 ->
+4.01 s).
 With gradients all chunks are one autograd node, which returns one weight gradient per call
 rather than one per chunk. CUDA's caching allocator already reuses its memory, so there every
 call allocates as before.

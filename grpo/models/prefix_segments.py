@@ -30,10 +30,9 @@ saved): a full fine-tune's forward+backward takes 0.24-0.31 s longer per extra s
 16 x 96 tokens and 0.43-0.55 s at 8 x 363, i.e. 75-150 token-rows (LoRA at 16 x 96: 0.26 s, 98);
 a no-grad forward 0.07-0.11 s, 65-90 token-rows.
 The CUDA and MPS values are estimates (a call there is launch-bound up to thousands of tokens).
-`python -m bench.segment_cost --device ...` measures the figure on a machine (a later CPU run of
-it: 65 token-rows with gradients, 47 without, at 16 x 96; README, Performance; on an H200: 1,672
-with gradients and 1,722 without at 16 x 96, 8,476 and 8,431 at 64 x 384, so the cost of a call
-there grows with its size and no one constant fits both; the CUDA values are left as they were)."""
+`python -m bench.segment_cost --device ...` measures the figure on a machine. On a GPU the cost
+of a call grows with its size (about 1,700 token-rows at 16 x 96 and 8,500 at 64 x 384), so no
+one constant fits both, and the CUDA values stay estimates."""
 
 
 @dataclass(frozen=True)
