@@ -1,5 +1,5 @@
 """What one more prefix segment costs the update on this device: the figure behind
-`SEGMENT_CALL_TOKENS` (grpo/models/prefix_segments.py).
+`SEGMENT_CALL_TOKENS` (grpo/forward/segment_plan.py).
 
     .venv/bin/python -m bench.segment_cost                          # CPU: 16 x 96 and 8 x 363
     python -m bench.segment_cost --device cuda --shapes 16x96 64x384   # on a GPU machine
@@ -26,9 +26,9 @@ import torch
 
 from bench.generation import best_seconds
 from bench.update_prefixes import planned_by
+from grpo.forward.segment_plan import Segment
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
-from grpo.models.prefix_segments import Segment
 
 
 def column_cuts(cuts: int) -> Callable:

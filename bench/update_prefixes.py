@@ -5,9 +5,9 @@
 
 Plans (how PolicyWithValueHead.final_hidden_states runs a micro-batch):
   packed      the default: the micro-batch packed as a prefix tree (every distinct prefix once, no
-              padding: grpo/models/prefix_tree.py) where that is estimated cheaper than the
+              padding: grpo/forward/prefix_tree.py) where that is estimated cheaper than the
               segment plan, else the segment plan
-  segments    the segment plan alone (grpo/models/prefix_segments.py): every prefix two or more
+  segments    the segment plan alone (grpo/forward/segment_plan.py): every prefix two or more
               rows share, where that pays (the batch-wide chat template and system prompt once,
               each group's prompt once per group); padding runs
   batch-wide  only the prefix that every row of the micro-batch shares (the update before
@@ -30,7 +30,7 @@ import torch
 
 import grpo.models.policy as policy_module
 from bench.steps import standard_step
-from grpo.models.prefix_segments import Segment, plan_segments
+from grpo.forward.segment_plan import Segment, plan_segments
 
 
 def batch_wide_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, min_tokens: int,

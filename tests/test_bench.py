@@ -20,10 +20,10 @@ from bench.segment_cost import measure as segment_cost
 from bench.steps import closeness_reward, multi_turn_step, standard_step
 from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
 from grpo.config import ConfigError
+from grpo.forward.prefix_tree import PackedRows
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import compute_dtype
 from grpo.models.policy import PolicyWithValueHead
-from grpo.models.prefix_tree import PackedRows
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""grpo/models/cache_argument.py: the KV cache goes to a model by the name its forward takes, and
+"""grpo/forward/cache_argument.py: the KV cache goes to a model by the name its forward takes, and
 comes back from whichever field the output has; our forwards raise no deprecation warning."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from test_policy import _policy
 from torch import nn
 
-from grpo.models.cache_argument import cache_keyword, output_cache
-from grpo.models.common_prefix import CommonPrefix
+from grpo.forward.cache_argument import cache_keyword, output_cache
+from grpo.forward.common_prefix import CommonPrefix
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.hf.engine import HFEngine

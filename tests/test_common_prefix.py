@@ -1,4 +1,4 @@
-"""grpo/models/common_prefix.py: the prefix every row of a pass shares runs once per pass and model,
+"""grpo/forward/common_prefix.py: the prefix every row of a pass shares runs once per pass and model,
 and the pass computes what running it in every micro-batch computes (log-probs, values, gradients)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from grpo.algorithm.config import ReferenceConfig
 from grpo.algorithm.reference import make_reference
 from grpo.algorithm.scoring import common_prefix_for, score
 from grpo.algorithm.update import train_step
-from grpo.models.common_prefix import CommonPrefix, common_prefix_length, leading_prefix_length
+from grpo.forward.common_prefix import CommonPrefix, common_prefix_length, leading_prefix_length
 from grpo.trajectory import Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -202,7 +202,7 @@ def test_an_update_over_micro_batches_sharing_a_prefix_gets_the_gradients_it_get
                              make_settings(micro_batch_size=3, loss={"kl_coef": 0.5}))
         assert metrics["train/kl_ref"] > 0
         # Shared: the template once per pass and model. Not: three micro-batches, each packed
-        # into one row (grpo/models/prefix_tree.py), for the reference and again for the update.
+        # into one row (grpo/forward/prefix_tree.py), for the reference and again for the update.
         assert calls == ref_calls == ([(1, 24)] if share else [(1, 66), (1, 69), (1, 56)])
         gradients.append([p.grad.clone() for p in policy.trainable_parameters() if p.grad is not None])
     for got, want in zip(*gradients, strict=True):

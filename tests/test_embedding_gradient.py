@@ -1,4 +1,4 @@
-"""The input embedding's weight gradient in a reused buffer (grpo/models/embedding_gradient.py): the
+"""The input embedding's weight gradient in a reused buffer (grpo/forward/embedding_gradient.py): the
 same numbers as torch's own dense backward, one buffer reused across backward passes, and a
 tensor of its own whenever autograd might still hold the buffer."""
 
@@ -9,9 +9,9 @@ import copy
 import pytest
 import torch
 
+from grpo.forward.embedding_gradient import ReusedEmbeddingGradient
+from grpo.forward.logprobs import token_logprobs_and_entropy
 from grpo.models.config import LoraConfig, ModelConfig
-from grpo.models.embedding_gradient import ReusedEmbeddingGradient
-from grpo.models.logprobs import token_logprobs_and_entropy
 from grpo.models.policy import PolicyWithValueHead
 
 V, H = 40, 6
@@ -27,7 +27,7 @@ def _pair(padding_idx=None):
 
 
 def _tied_loss(embedding, ids, weights):
-    """The LM head's fused log-probs (grpo/models/logprobs.py) reading the embedding's own weight
+    """The LM head's fused log-probs (grpo/forward/logprobs.py) reading the embedding's own weight
     after a lookup: two gradients meet, the head's first, as in the policy."""
     hidden = embedding(ids).tanh()[None]  # [1, N, H]
     targets = ids.roll(1)[None]  # [1, N]

@@ -16,7 +16,7 @@ from transformers import LlamaForCausalLM, MistralConfig, MistralForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from transformers.models.llama.modeling_llama import rotate_half as llamas
 
-from grpo.models.embedding_gradient import ReusedEmbeddingGradient
+from grpo.forward.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.source import build_tiny_model
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
@@ -197,7 +197,7 @@ def test_a_lean_forward_that_disagrees_with_the_model_is_refused_by_the_probe(mo
 
 def test_an_engine_copy_of_a_policy_drops_its_training_hook_and_runs_lean(tokenizer):
     # The policy's embedding carries the hook that reuses its gradient buffer
-    # (grpo/models/embedding_gradient.py); the engine's copy never trains, so it goes.
+    # (grpo/forward/embedding_gradient.py); the engine's copy never trains, so it goes.
     policy = build_tiny_model(tokenizer, layers=2, hidden_size=64, seed=0)
     embedding = policy.get_input_embeddings()
     assert ReusedEmbeddingGradient.install(embedding) is not None

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo.models.logprobs import token_logprobs_and_entropy
+from grpo.forward.logprobs import token_logprobs_and_entropy
 
 B, T, H, V = 3, 7, 16, 50  # N = 21 positions: chunk sizes 4 and 5 leave a ragged last chunk
 
@@ -256,7 +256,7 @@ def test_fused_path_keeps_no_vocabulary_sized_tensor():
 
 
 def test_only_a_plain_unpartitioned_weight_head_is_fused():
-    from grpo.models.logprobs import _plain_weight
+    from grpo.forward.logprobs import _plain_weight
 
     plain = torch.nn.Linear(H, V, bias=False)
     assert _plain_weight(plain) is plain.weight

@@ -1,4 +1,4 @@
-"""The LM head's scratch buffers (grpo/models/scratch.py `Scratch`, used by grpo/models/logprobs.py):
+"""The LM head's scratch buffers (grpo/forward/scratch.py `Scratch`, used by grpo/forward/logprobs.py):
 on a CPU its [C, V] logits, its low-precision weight (no grad) and its weight gradient in the
 compute dtype reuse buffers kept between calls; the numbers stay exactly those of a fresh
 allocation, and nothing a caller holds (outputs, gradients, tensors saved for a later backward) is
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo.models.logprobs import token_logprobs_and_entropy
-from grpo.models.scratch import SCRATCH, Scratch
+from grpo.forward.logprobs import token_logprobs_and_entropy
+from grpo.forward.scratch import SCRATCH, Scratch
 
 B, T, H, V = 3, 7, 16, 50
 
@@ -124,7 +124,7 @@ def test_buffers_grow_to_the_largest_request_and_stay_on_the_cpu():
 
 
 def test_a_request_over_the_cap_is_a_tensor_of_its_own_and_not_kept(monkeypatch):
-    import grpo.models.scratch as scratch_module
+    import grpo.forward.scratch as scratch_module
 
     monkeypatch.setattr(scratch_module, "MAX_BUFFER_BYTES", 64)
     scratch = Scratch()
@@ -137,7 +137,7 @@ def test_a_request_over_the_cap_is_a_tensor_of_its_own_and_not_kept(monkeypatch)
 
 
 def test_log_sum_exp_in_place_is_torch_logsumexp_bit_for_bit():
-    from grpo.models.logprobs import _log_sum_exp_
+    from grpo.forward.logprobs import _log_sum_exp_
 
     logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(7)) * 20
     logits[1] = float("-inf")  # an all -inf row: -inf, as torch's
@@ -155,7 +155,7 @@ def test_log_sum_exp_in_place_is_torch_logsumexp_bit_for_bit():
 def test_chunk_gradients_are_summed_in_blocks_with_the_same_bits(monkeypatch):
     """The weight's gradient over three chunks, summed into one tensor in row blocks of any size
     (here 2 rows of a [50, 16] fp32 gradient), equals the one-block sum to the bit."""
-    import grpo.models.logprobs as logprobs_module
+    import grpo.forward.logprobs as logprobs_module
 
     def run():
         hidden, weight, targets = _inputs(8)

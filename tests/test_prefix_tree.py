@@ -1,12 +1,11 @@
-"""grpo/models/prefix_tree.py: a micro-batch packed as a prefix tree, and the policy's packed forward."""
+"""grpo/forward/prefix_tree.py: a micro-batch packed as a prefix tree, and the policy's packed forward."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo.models.prefix_segments import Segment
-from grpo.models.prefix_tree import (
+from grpo.forward.prefix_tree import (
     PackedRows,
     attention_pair_ratio,
     pack_rows,
@@ -18,6 +17,7 @@ from grpo.models.prefix_tree import (
     supports_tree_mask,
     trie_order,
 )
+from grpo.forward.segment_plan import Segment
 from tests.test_policy import _assert_grad_close, _grouped_batch, _policy
 
 PAD = 0

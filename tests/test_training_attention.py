@@ -1,4 +1,4 @@
-"""grpo/models/training_attention.py: transformers' eager attention bit for bit, in reused buffers,
+"""grpo/forward/training_attention.py: transformers' eager attention bit for bit, in reused buffers,
 saving fp32 probabilities only up to a budget; and which models may use it."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, eager_attention_forward
 
-import grpo.models.training_attention as attention_module
-from grpo.models.scratch import SCRATCH
-from grpo.models.training_attention import (
+import grpo.forward.training_attention as attention_module
+from grpo.forward.scratch import SCRATCH
+from grpo.forward.training_attention import (
     TRAINING_ATTENTION,
     choose_attention,
     training_attention,

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from grpo.algorithm.config import ReferenceConfig
-from grpo.models.common_prefix import CommonPrefix
+from grpo.forward.common_prefix import CommonPrefix
 from grpo.models.peft_weights import is_4bit_tensor
 from grpo.models.policy import PolicyWithValueHead
 

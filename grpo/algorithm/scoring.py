@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.algorithm.batching import micro_batches
-from grpo.models.common_prefix import CommonPrefix
+from grpo.forward.common_prefix import CommonPrefix
 from grpo.trajectory import Trajectory
 
 
@@ -93,7 +93,7 @@ def _score_rows(policy, reference, trajectories, rows, scores: Scores, *, want_o
 def common_prefix_for(policy, trajectories: Sequence[Trajectory], rows: list[int],
                       micro_batch_count: int) -> CommonPrefix | None:
     """The prefix every row of a pass over `micro_batch_count` micro-batches shares, to run once
-    (grpo/models/common_prefix.py); None for a single micro-batch (its own segment plan shares
+    (grpo/forward/common_prefix.py); None for a single micro-batch (its own segment plan shares
     it already) and for policies that do not take one (data-parallel wrappers)."""
     make = getattr(policy, "common_prefix", None)
     if micro_batch_count < 2 or make is None:

@@ -45,7 +45,7 @@ from grpo.algorithm.scoring import (
     sampled_diffs,
     score,
 )
-from grpo.models.common_prefix import CommonPrefix
+from grpo.forward.common_prefix import CommonPrefix
 from grpo.models.devices import needs_grad_scaler
 from grpo.trajectory import Trajectory
 
@@ -314,7 +314,7 @@ def _minibatch_step(policy, optimizer, scheduler, scaler, trajectories, rows, de
                             max_tokens=settings.schedule.micro_batch_tokens,
                             overhead_tokens=settings.schedule.micro_batch_overhead_tokens)
     # The prefix every row shares runs once for the minibatch; the last micro-batch's backward
-    # also carries the gradient the others left on it (grpo/models/common_prefix.py).
+    # also carries the gradient the others left on it (grpo/forward/common_prefix.py).
     prefix = common_prefix_for(policy, trajectories, rows, len(batches))
     for index, mb in enumerate(batches):
         last = index == len(batches) - 1

@@ -26,13 +26,13 @@ class ModelConfig(Section):
     attn_implementation: Literal["auto", "sdpa", "eager", "grpo_eager"] = "auto"
     """Attention kernel of the trained policy (rollout engines choose their own). `grpo_eager`:
     transformers' eager attention bit for bit, in reused buffers and with bounded saved
-    probabilities (grpo/models/training_attention.py; Llama-style attention only). `auto`:
+    probabilities (grpo/forward/training_attention.py; Llama-style attention only). `auto`:
     `grpo_eager` on CPU where the model allows it, else `eager` (on CPU eager's backward ran
     1.2-1.4x faster than SDPA's on sequences under ~200 tokens, and the multi-turn update was
     faster too); `sdpa` elsewhere."""
     packing: bool = True
     """Let the update's forwards pack a micro-batch as a prefix tree (every distinct prefix once,
-    no padding; grpo/models/prefix_tree.py) where that is estimated cheaper than running shared
+    no padding; grpo/forward/prefix_tree.py) where that is estimated cheaper than running shared
     prefixes as column segments; the same log-probs and gradients either way. Only on a CPU (the
     only device it is measured on); models whose layers cannot take a tree mask (sliding windows,
     attention other than eager/SDPA) never pack."""

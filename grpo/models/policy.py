@@ -3,7 +3,7 @@
 `PolicyWithValueHead.forward(input_ids, attention_mask)` returns the log-probs of every next token
 (`input_ids[:, 1:]`), optionally the entropy and the value-head outputs. It runs the decoder once
 for the final hidden states and computes the log-probs with the chunked function of
-grpo/models/logprobs.py: the LM head is never applied to all positions at once.
+grpo/forward/logprobs.py: the LM head is never applied to all positions at once.
 
 `from_config` builds it: loads the model (grpo/models/source.py), optionally in 4-bit (CUDA or
 CPU), wraps it with a peft LoRA adapter, turns on gradient checkpointing, and picks the autocast
@@ -23,18 +23,17 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, prepare_model_for_kbit_training
 from torch import nn
 
-from grpo.models.cache_argument import cache_keyword, output_cache
-from grpo.models.common_prefix import CommonPrefix
+from grpo.forward.common_prefix import CommonPrefix
+from grpo.forward.embedding_gradient import ReusedEmbeddingGradient
+from grpo.forward.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
+from grpo.forward.prefix_tree import PackedRows, pack_if_cheaper, pair_cost
+from grpo.forward.segment_plan import SEGMENT_CALL_TOKENS, Segment, plan_segments, run_segments
+from grpo.forward.training_attention import choose_attention
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
-from grpo.models.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.four_bit import four_bit_kwargs, keep_4bit_layout_
-from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
-from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
-from grpo.models.prefix_tree import PackedRows, pack_if_cheaper, pair_cost
 from grpo.models.source import load_causal_lm, load_tokenizer
-from grpo.models.training_attention import choose_attention
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -91,10 +90,10 @@ class PolicyWithValueHead(nn.Module):
         never share."""
         self.segment_call_tokens = segment_call_tokens
         """What one more segment costs, in token-rows; None: the device type's SEGMENT_CALL_TOKENS
-        (grpo/models/prefix_segments.py), with or without gradients as the forward runs."""
+        (grpo/forward/segment_plan.py), with or without gradients as the forward runs."""
         self.packing = packing
         """Whether a forward may pack its batch as a prefix tree where that is estimated to pay
-        (grpo/models/prefix_tree.py; see forward_layout)."""
+        (grpo/forward/prefix_tree.py; see forward_layout)."""
         self.is_lora = is_peft(model)
         self.compute_dtype = compute_dtype
         self.logprob_chunk_size = logprob_chunk_size
@@ -204,13 +203,13 @@ class PolicyWithValueHead(nn.Module):
 
         Rows' shared prefixes (the system prompt and tool docs of every row, a group's prompt) and
         padding are not run as such: `forward_layout` packs the batch as a prefix tree (every
-        distinct prefix once, no padding: grpo/models/prefix_tree.py) or plans column segments,
+        distinct prefix once, no padding: grpo/forward/prefix_tree.py) or plans column segments,
         each run for one row per distinct prefix, continuing the KV cache of the rows that ran the
-        segment before (grpo/models/prefix_segments.py), whichever is estimated cheaper. Either
+        segment before (grpo/forward/segment_plan.py), whichever is estimated cheaper. Either
         way the same hidden states and, through autograd, the same gradients as one forward of
         the whole batch, for less decoder work. Padded columns read zeros when packed.
 
-        `prefix` (grpo/models/common_prefix.py): columns every row of the pass starts with, run
+        `prefix` (grpo/forward/common_prefix.py): columns every row of the pass starts with, run
         once for the pass; this forward plans segments over the later columns only, continuing
         the prefix's cache.
         """
@@ -226,7 +225,7 @@ class PolicyWithValueHead(nn.Module):
             segments = [Segment(s.start + start, s.end + start, s.rows, s.owner)
                         for s in self.prefix_segments(input_ids[:, start:], attention_mask[:, start:])]
             cache.batch_repeat_interleave(len(segments[0].rows))
-            pieces = self._run_segments(decoder, input_ids, attention_mask, position_ids, segments, cache)
+            pieces = run_segments(decoder, input_ids, attention_mask, position_ids, segments, cache)
             return torch.cat([hidden.expand(input_ids.shape[0], -1, -1), pieces], dim=1)  # [B, T, H]
         layout = self.forward_layout(input_ids, attention_mask)
         if isinstance(layout, PackedRows):
@@ -250,37 +249,14 @@ class PolicyWithValueHead(nn.Module):
                 use_cache=False,
             )
             return out.last_hidden_state  # [B, T, H]
-        return self._run_segments(decoder, input_ids, attention_mask, position_ids, segments)
-
-    @staticmethod
-    def _run_segments(decoder, input_ids, attention_mask, position_ids, segments: list[Segment],
-                      cache=None) -> torch.Tensor:
-        """[B, segments' columns, H]: the segments in order, each continuing the KV cache of the
-        rows that ran the one before (the first continues `cache`, sized to its rows, if given)."""
-        pieces, previous, keyword = [], None, cache_keyword(decoder)
-        for segment in segments:
-            rows, cols = segment.rows, slice(segment.start, segment.end)
-            if previous is not None:
-                cache.batch_select_indices(previous.owner[rows])  # [k_prev] -> [k], differentiable
-            out = decoder(
-                input_ids=input_ids[rows, cols],
-                attention_mask=attention_mask[rows, : segment.end],  # cached columns and these
-                position_ids=position_ids[rows, cols],
-                **{keyword: cache},
-                use_cache=True,
-            )
-            cache, previous, hidden = output_cache(out), segment, out.last_hidden_state
-            if len(rows) < len(segment.owner):  # each row's copy of its prefix's states
-                hidden = hidden.index_select(0, segment.owner)
-            pieces.append(hidden)  # [B, end - start, H]
-        return torch.cat(pieces, dim=1)  # [B, T, H]
+        return run_segments(decoder, input_ids, attention_mask, position_ids, segments)
 
     def forward_layout(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> list[Segment] | PackedRows:
         """How `final_hidden_states` runs this batch: packed as a prefix tree when `packing` is on,
         the model can take a tree mask and the estimate (decoder rows, attention pairs, calls; all
-        in token-rows) is below the segment plan's (grpo/models/prefix_tree.py); else the segment
+        in token-rows) is below the segment plan's (grpo/forward/prefix_tree.py); else the segment
         plan."""
         segments = self.prefix_segments(input_ids, attention_mask)
         per_pair = pair_cost(self.language_model().config, self.device.type) if self.packing else None
@@ -303,7 +279,7 @@ class PolicyWithValueHead(nn.Module):
 
     def common_prefix(self, sequences: Sequence[Sequence[int]]) -> CommonPrefix | None:
         """The prefix a pass over `sequences` (token lists) runs once for all its micro-batches
-        (grpo/models/common_prefix.py); None where prefixes are not shared."""
+        (grpo/forward/common_prefix.py); None where prefixes are not shared."""
         return CommonPrefix.of(sequences, self.share_prefix_min) if self.can_share_prefix() else None
 
     def segment_cost(self, input_ids: torch.Tensor) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.models.common_prefix import common_prefix_length, leading_prefix_length
+from grpo.forward.common_prefix import common_prefix_length, leading_prefix_length
 from grpo.rollout.hf.live_batch import LiveBatch
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from grpo.models.cache_argument import cache_keyword
+from grpo.forward.cache_argument import cache_keyword
 from grpo.rollout.hf.architecture import Architecture, LeanLayer
 from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION, PrefixAttention, engine_attention
 from grpo.rollout.hf.weights import FusedGroup, FusedMember

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.models.common_prefix import leading_prefix_length
+from grpo.forward.common_prefix import leading_prefix_length
 
 PREFILL_CALL_TOKENS = {"cpu": 32, "cuda": 5700}
 """A prefill forward's fixed cost in prompt tokens' worth, per device type (`prefill_chunks`:

@@ -23,9 +23,9 @@ import contextlib
 import torch
 from torch import nn
 
-from grpo.models.cache_argument import cache_keyword
+from grpo.forward.cache_argument import cache_keyword
+from grpo.forward.training_attention import ADDITIVE_MASK_ATTENTIONS
 from grpo.models.peft_weights import base_model_of, language_model_of
-from grpo.models.training_attention import ADDITIVE_MASK_ATTENTIONS
 from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.hf.architecture import text_config
 from grpo.rollout.hf.decode_attention import ENGINE_ATTENTION, PrefixAttention

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grpo.models.embedding_gradient import ReusedEmbeddingGradient
+from grpo.forward.embedding_gradient import ReusedEmbeddingGradient
 from grpo.models.peft_weights import dequantize_linears_, is_peft, language_model_of, lm_tensors
 from grpo.rollout.hf.fused_norms import fuse_rms_norms
 

@@ -6,7 +6,7 @@ scores = q k^T * scaling + mask, probabilities = softmax(scores) in fp32 cast to
 out = probabilities v. Each step makes a new [B, H, Q, K] tensor, five per layer in the forward and
 more in the backward, and autograd keeps the fp32 probabilities and their cast (6 bytes a score)
 for the backward. On a CPU every such tensor is fresh memory that the kernel faults in page by
-page (grpo/models/scratch.py). In a profiled standard update the copies and mask adds on the
+page (grpo/forward/scratch.py). In a profiled standard update the copies and mask adds on the
 [2, 9, 381, 381] scores took ~0.66 s; the same operations on warm memory take ~0.15 s.
 
 Here the same torch kernels run in the same order, one block of batch rows at a time
@@ -33,7 +33,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 from transformers.models.llama import modeling_llama
 
-from grpo.models.scratch import SCRATCH
+from grpo.forward.scratch import SCRATCH
 
 TRAINING_ATTENTION = "grpo_eager"
 """The attention implementation name (config `model.attn_implementation`; `auto` on a CPU)."""

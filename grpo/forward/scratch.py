@@ -4,8 +4,8 @@ On a CPU torch takes every tensor from glibc's malloc, which maps each block ove
 most 32 MiB) threshold fresh, and the kernel then faults the block in page by page: a standard
 update on a 2-core CPU spent ~0.5 s of 3.4 s faulting in weight-sized temporaries. A `Scratch`
 hands out views of buffers it keeps, one per (name, dtype) and thread, each grown to the largest
-request. Users: the fused LM head (grpo/models/logprobs.py) and the CPU training attention
-(grpo/models/training_attention.py).
+request. Users: the fused LM head (grpo/forward/logprobs.py) and the CPU training attention
+(grpo/forward/training_attention.py).
 
 A buffer is only ever used within one forward or one backward and is never saved for a later one
 nor returned to a caller, except through `claim`, whose holder checks with `holds` that no later

@@ -1,4 +1,4 @@
-"""Which prefixes of a training batch the decoder runs once: a plan of column segments.
+"""Segments (one micro-batch): its columns cut into segments, each run once per distinct prefix.
 
 A GRPO batch repeats itself: every row starts with the same chat template and system prompt (and
 tool docs), and the G rows of a group share their whole prompt. The decoder's work on a token
@@ -13,7 +13,8 @@ The cut is chosen by dynamic programming over the columns where the number of di
 changes (at most one per row), minimising the token-rows run plus `call_tokens` per segment, with
 every shared segment at least `min_tokens` columns long. A segment is a decoder call of its own
 (its own per-layer kernels, smaller matrix products, and with gradients their backward):
-SEGMENT_CALL_TOKENS gives what that costs, in token-rows.
+SEGMENT_CALL_TOKENS gives what that costs, in token-rows. `run_segments` runs a plan through a
+decoder.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+
+from grpo.forward.cache_argument import cache_keyword, output_cache
 
 SEGMENT_CALL_TOKENS = {"cpu": (128, 64), "cuda": (4096, 2048), "mps": (1024, 512)}
 """What one more segment costs, in token-rows, per device type: (with gradients, without). On the
@@ -118,3 +121,26 @@ def plan_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, min_tok
             rows, owner = _owners(common, end)
             segments.append(Segment(start, end, rows, owner))
     return segments
+
+
+def run_segments(decoder, input_ids, attention_mask, position_ids, segments: list[Segment],
+                 cache=None) -> torch.Tensor:
+    """[B, segments' columns, H]: the segments in order, each continuing the KV cache of the
+    rows that ran the one before (the first continues `cache`, sized to its rows, if given)."""
+    pieces, previous, keyword = [], None, cache_keyword(decoder)
+    for segment in segments:
+        rows, cols = segment.rows, slice(segment.start, segment.end)
+        if previous is not None:
+            cache.batch_select_indices(previous.owner[rows])  # [k_prev] -> [k], differentiable
+        out = decoder(
+            input_ids=input_ids[rows, cols],
+            attention_mask=attention_mask[rows, : segment.end],  # cached columns and these
+            position_ids=position_ids[rows, cols],
+            **{keyword: cache},
+            use_cache=True,
+        )
+        cache, previous, hidden = output_cache(out), segment, out.last_hidden_state
+        if len(rows) < len(segment.owner):  # each row's copy of its prefix's states
+            hidden = hidden.index_select(0, segment.owner)
+        pieces.append(hidden)  # [B, end - start, H]
+    return torch.cat(pieces, dim=1)  # [B, T, H]

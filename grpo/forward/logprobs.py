@@ -18,7 +18,7 @@ dtype, as it does in the rollout engines, then its output is upcast).
 On a CPU the plain-weight head writes its [C, V] logits (both dtypes), its weight in the compute
 dtype (cast again in the backward rather than saved), the kept low-precision logits and its
 weight gradient in the compute dtype into buffers this thread keeps between calls
-(grpo/models/scratch.py): glibc maps large blocks fresh and the kernel faults them in page by
+(grpo/forward/scratch.py): glibc maps large blocks fresh and the kernel faults them in page by
 page (a standard update on a 2-core CPU: 324k minor faults before, 99k after, and 4.48 ->
 4.01 s).
 With gradients all chunks are one autograd node, which returns one weight gradient per call
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from grpo.models.scratch import SCRATCH
+from grpo.forward.scratch import SCRATCH
 
 DEFAULT_CHUNK_SIZE = 512
 """Rows (positions) per chunk: 512 x 49k-vocabulary fp32 logits is ~100 MB."""

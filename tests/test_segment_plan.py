@@ -1,4 +1,4 @@
-"""grpo/models/prefix_segments.py: which column segments of a training batch run for which rows."""
+"""grpo/forward/segment_plan.py: which column segments of a training batch run for which rows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from grpo.models.prefix_segments import common_prefix_lengths, plan_segments
+from grpo.forward.segment_plan import common_prefix_lengths, plan_segments
 
 
 def _ids(*parts_per_row: list[list[int]]) -> torch.Tensor:

@@ -1,7 +1,7 @@
-"""The prefix every row of a pass starts with, run once for the pass instead of once per micro-batch.
+"""Common prefix (one pass): the columns every row starts with, run once per pass, not per micro-batch.
 
 A step's trajectories all open with the same chat template, system prompt and tool docs (on
-configs/cpu.yaml 253 of a mean 326 tokens). `plan_segments` (grpo/models/prefix_segments.py) runs
+configs/cpu.yaml 253 of a mean 326 tokens). `plan_segments` (grpo/forward/segment_plan.py) runs
 that prefix once per micro-batch; a pass over k micro-batches still runs it k times. A
 `CommonPrefix` runs it once per pass and model: the first forward that is handed it runs the
 prefix alone (one row, under that forward's weights, autocast and grad mode) and keeps its final
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from grpo.models.cache_argument import output_cache
+from grpo.forward.cache_argument import output_cache
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:

@@ -1,4 +1,4 @@
-"""Packing a training micro-batch as a prefix tree: every distinct prefix once, no padding.
+"""Prefix tree (one micro-batch, packed): every distinct prefix once as a node, no padding.
 
 A GRPO micro-batch repeats itself (every row starts with the chat template and system prompt, the
 G rows of a group share their prompt) and pads its rows to the longest. Its rows' real tokens form
@@ -14,7 +14,7 @@ gradients: tests/test_prefix_tree.py checks both against the plain forward.
 What it costs: a bin's attention compares every node with every other one ([N, N] pairs, most of
 them masked off) where the rows' own attention would compare each row with itself. So a micro-batch
 is packed only when the estimate says it pays (`pack_if_cheaper`: the cheapest bins of
-`plan_packing` against the segment plan of grpo/models/prefix_segments.py), in bins of at most
+`plan_packing` against the segment plan of grpo/forward/segment_plan.py), in bins of at most
 PACK_MAX_TOKENS nodes (a CPU only, so far), and a bin's
 attention is priced at `pair_cost` token-rows per query-key pair: the attention FLOPs of a pair
 over a token's matmul FLOPs (`attention_pair_ratio`, from the model's shape) times what the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.models.training_attention import ADDITIVE_MASK_ATTENTIONS
+from grpo.forward.training_attention import ADDITIVE_MASK_ATTENTIONS
 
 PACK_MAX_TOKENS = {"cpu": 512}
 """Most nodes in one packed row, per device type; a device type not listed never packs. On the
@@ -216,7 +216,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, bins: list[
 
 
 def segments_cost(segments, pair_cost: float, call_tokens: float) -> float:
-    """Estimated cost of the segment plan's forward (grpo/models/prefix_segments.py), in the same
+    """Estimated cost of the segment plan's forward (grpo/forward/segment_plan.py), in the same
     units as `packed_cost`: each segment's token-rows, its attention pairs (its columns against
     every column up to its end) and one call per segment."""
     total = 0.0
