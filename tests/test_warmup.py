@@ -21,9 +21,9 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import RolloutConfig
 from grpo.rollout.scripted import ScriptedEngine
+from grpo.train.gold import gold_script
 from grpo.train.warmup import (
     chain_length,
-    gold_script,
     interleaved_by,
     nll_loss,
     warm_start,
