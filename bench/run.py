@@ -49,6 +49,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -59,6 +60,7 @@ from bench.continuous import TRAINED
 from bench.continuous import measure as measure_continuous
 from bench.continuous import parse_args as continuous_args
 from bench.generation import make_prompts, measure_bandwidth_gbs, measure_peak_gflops
+from bench.report import print_table, write_performance_page
 from bench.steps import multi_turn_step, standard_step
 from bench.tools import compare_with_raw_client
 from bench.trl_baseline import trl_available, trl_standard_step
@@ -75,6 +77,18 @@ CPU_SECTIONS = tuple(s for s in SECTIONS if s != "calculator512")
 CUDA_BATCHES = [16, 64, 256, 512]
 TORCH_CUDNN_SDP = torch.backends.cuda.cudnn_sdp_enabled()
 """torch's own setting of the cuDNN attention switch (what the TRL section runs with)."""
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as the kernel reports it (Linux), e.g. to tell two hosts apart."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def _peaks(device: str = "cpu") -> dict:
@@ -193,7 +207,8 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
         raise ValueError("section calculator512 needs --device cuda (512 episodes a step)")
     report: dict = {
         "machine": {"cpus": os.cpu_count(), "threads": threads, "torch": torch.__version__,
-                    "processor": platform.processor() or platform.machine(), "device": device,
+                    "processor": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
+                    "device": device,
                     "gpu": torch.cuda.get_device_name() if cuda else None},
         "load_average_start": round(os.getloadavg()[0], 2),
     }
@@ -296,63 +311,6 @@ def headline(report: dict) -> dict:
     return out
 
 
-def print_table(report: dict) -> None:
-    std = report.get("standard", {})
-    rows = [
-        ("standard step, median s", report["standard_step_median_s"], "target <= 7.5 (TRL 1.16: 31)"),
-    ]
-    for key, value in std.get("split_median_s", {}).items():
-        rows.append((f"  {key.removesuffix('_s')} s", value, ""))
-    if "trl" in report:
-        rows.append(("TRL GRPOTrainer, same work, median s", report.get("trl_step_median_s"),
-                     report["trl"].get("skipped") or f"trl {report['trl']['trl_version']}, this run"))
-        rows.append(("  standard step speed-up vs TRL", report.get("standard_step_speedup_vs_trl"), "target >= 4"))
-    gen = report.get("generation", {})
-    for b in (1, 16, 64, 256, 512):
-        if f"b{b}_tokens_per_s" in gen or b in (1, 16, 64):
-            rows.append((f"generation b{b}, tokens/s", gen.get(f"b{b}_tokens_per_s"),
-                         f"{gen.get('decode_mode', '')} decode"))
-        if report.get(f"gen_b{b}_fraction_of_copy_bandwidth") is not None:
-            rows.append((f"  b{b} weight reads, share of copy bandwidth",
-                         report[f"gen_b{b}_fraction_of_copy_bandwidth"], ""))
-    rows += [
-        ("generation b64, share of peak", report["gen_fraction_of_peak"],
-         f"{report['gen_dtype'] or ''} 2048² matmul peak"),
-        ("  decode-shape matmul ceiling, GFLOP/s", gen.get("b64_decode_matmul_ceiling_gflops"),
-         f"[64, in] x [in, out] {gen.get('dtype', '')}, every Linear"),
-        ("  share of that ceiling", report["gen_fraction_of_decode_matmul_ceiling"], "target >= 0.40"),
-        ("training fwd+bwd, tokens/s", report["train_tokens_per_s"], "16 x 128"),
-        ("training, share of peak", report["train_fraction_of_peak"], report["train_dtype"] or ""),
-        ("tool manager overhead (worst of c=1, c=32)", report["tool_overhead_fraction"], "target <= 0.10"),
-        ("multi-turn step (8 x G=4), s", report["multi_turn_step_s"], ""),
-    ]
-    if "continuous" in report:
-        cont = report["continuous"]
-        rows.append(("multi-step collection, continuous speed-up", report.get("continuous_batching_speedup"),
-                     cont.get("skipped") or f"{cont['continuous']['median']['wall_s']} s vs "
-                     f"{cont['turn-batched']['median']['wall_s']} s turn-batched"))
-    mt = report.get("multiturn")
-    if mt:
-        rows.append(("  shares: generating / tools / update",
-                     f"{mt['share_generating']} / {mt['share_waiting_on_tools']} / {mt['share_updating']}", ""))
-    if "calculator512" in report:
-        last = report["calculator512"]["steps"][-1]
-        rows.append(("calculator 512-episode step, median s", report["calculator512_step_s"], "target <= 5"))
-        rows.append(("  last: generate / tools / update s",
-                     f"{last['generate_s']} / {last['tool_wait_s']} / {last['update_s']}", ""))
-    peak = report.get("peak")
-    if peak:
-        rows.append(("peak GFLOP/s fp32 / bf16", f"{peak['fp32_gflops']} / {peak['bf16_gflops']}",
-                     "8192² matmul" if "copy_gbs" in peak else "2048² matmul"))
-        if "copy_gbs" in peak:
-            rows.append(("device copy GB/s (read + write)", peak["copy_gbs"], peak["gpu"]))
-    width = max(len(r[0]) for r in rows) + 2
-    for name, value, note in rows:
-        print(f"{name:<{width}}{'-' if value is None else value!s:>16}   {note}")
-    print(f"load average {report['load_average_start']} at start, {report['load_average_end']} at end "
-          f"({report['machine']['cpus']} cpus): above the thread count, wall times are upper bounds")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", choices=SECTIONS,
@@ -363,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tool-calls", type=int, default=1000, help="calls per side and concurrency")
     parser.add_argument("--out", default="outputs/bench", help="directory for report.json")
+    parser.add_argument("--docs", default=None, metavar="PATH",
+                        help="the performance page to update with this device's table (default: "
+                             "docs/performance.md after a run of every default section; '' never)")
     parser.add_argument("--no-skip", action="store_true",
                         help="standard step: train every sequence (no zero-advantage skipping)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -384,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     (out / "report.json").write_text(json.dumps(report, indent=2))
     print_table(report)
     print(f"report: {out / 'report.json'}")
+    docs = args.docs
+    if docs is None:  # a partial run would replace a whole table with a few rows
+        docs = "docs/performance.md" if args.sections is None else ""
+    if docs:
+        write_performance_page(report, list(argv if argv is not None else sys.argv[1:]), Path(docs))
+        print(f"performance page: {docs}")
     return 0
 
 

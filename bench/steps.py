@@ -54,6 +54,11 @@ def engine_forward(engine) -> str:
     return getattr(engine, "forward_kind", "not the HF engine")
 
 
+def engine_sampling(engine) -> str:
+    """What a seeded request's tokens depend on with `engine` here (HFEngine.sampling_promise)."""
+    return str(getattr(engine, "sampling_promise", "not the HF engine"))
+
+
 def standard_config(threads: int, micro_batch_size: int, skip_zero_advantage: bool = True,
                      model: str = "smollm2-135m-instruct", device: str = "cpu",
                      cudnn_attention: bool = False, overrides: tuple[str, ...] = ()) -> RunConfig:
@@ -112,7 +117,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
     scheduler = make_scheduler(optimizer, cfg.algorithm.optimizer)
     settings = UpdateSettings.from_config(cfg, pad_token_id=tok.pad_token_id)
     engine = make_engine("hf", policy=policy, tokenizer=tok, config=cfg, device=device)
-    forward = engine_forward(engine)
+    forward, sampling = engine_forward(engine), engine_sampling(engine)
     gen = torch.Generator().manual_seed(seed)
     group = cfg.algorithm.group_size
     records = []
@@ -180,6 +185,7 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
         "micro_batch_size": micro_batch_size,
         "skip_zero_advantage": skip_zero_advantage,
         "engine_forward": forward,
+        "engine_sampling": sampling,
         "overrides": list(overrides),
     }
 
@@ -199,7 +205,7 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
         ])
         trainer = GRPOTrainer(cfg)
         trainer.setup()  # what `run` does first; the engine exists from here until the run closes it
-        forward = engine_forward(trainer.engine)
+        forward, sampling = engine_forward(trainer.engine), engine_sampling(trainer.engine)
         asyncio.run(trainer.run_async())  # the closing checkpoint is written after the timed steps
         metrics = trainer.history  # every step's float metrics, in order
     rows = []
@@ -231,5 +237,6 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
         "share_waiting_on_tools": round(last["tool_wait_s"] / last["step_s"], 3),
         "share_updating": round(last["update_s"] / last["step_s"], 3),
         "engine_forward": forward,
+        "engine_sampling": sampling,
         "steps": rows,
     }

@@ -8,7 +8,8 @@ known one); a key that moved in a release is an error naming its new place (`MOV
 HTTP headers) are masked.
 
 The sections live beside what they configure: grpo/models/config.py (`model`, `lora`),
-grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`),
+grpo/algorithm/config.py (`algorithm`), grpo/rollout/config.py (`rollout`, `hf`, `vllm`,
+`vllm_server`),
 grpo/train/config.py (`train`, `logging`), tools/config.py (`tools`), environments/config.py
 (`environment`, `data`).
 """
@@ -28,7 +29,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from environments.config import DataConfig, EnvironmentConfig
 from grpo.algorithm.config import AlgorithmConfig, GAEConfig
 from grpo.models.config import Device, LoraConfig, ModelConfig
-from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig
+from grpo.rollout.config import HFEngineConfig, RolloutConfig, VLLMConfig, VLLMServerConfig
 from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
@@ -57,6 +58,7 @@ class RunConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     hf: HFEngineConfig = Field(default_factory=HFEngineConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RunConfig:
@@ -66,8 +68,10 @@ class RunConfig(Section):
             raise ValueError("algorithm.advantage.estimator=gae needs model.value_head: true")
         if self.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
             raise ValueError(f"hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
-        if self.rollout.engine == "vllm" and self.device in ("cpu", "mps"):
-            raise ValueError(f"rollout.engine=vllm needs device cuda (or auto), not {self.device}")
+        if self.rollout.engine == "vllm" and self.device == "mps":
+            raise ValueError("rollout.engine=vllm runs on device cuda or cpu (vLLM has no MPS build), not mps")
+        if self.rollout.engine == "vllm_server" and not self.vllm_server.urls:
+            raise ValueError("rollout.engine=vllm_server needs vllm_server.urls (the servers' base URLs)")
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):
             raise ValueError(f"run_name {self.run_name!r} may hold only letters, digits, '.', '_', '-'")
         return self

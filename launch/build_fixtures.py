@@ -26,6 +26,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from launch.interrupt import stops_cleanly_on_interrupt
+
 SOURCES = Path(__file__).resolve().parents[1] / "configs" / "mcp_fixtures"
 
 
@@ -137,6 +139,7 @@ def build(out: Path, names: list[str] | None = None) -> dict[str, Path]:
     return built
 
 
+@stops_cleanly_on_interrupt
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=".servers/fixtures", help="where the fixtures go")

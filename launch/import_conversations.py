@@ -22,6 +22,7 @@ from pathlib import Path
 
 from environments.taskgen.conversations import import_conversations
 from grpo.config import ConfigError, load_config
+from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
 
 
@@ -59,6 +60,7 @@ async def _run(args: argparse.Namespace) -> int:
     return 0 if kept else 2
 
 
+@stops_cleanly_on_interrupt
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML run config whose tools.servers re-execute the calls")

@@ -29,6 +29,21 @@ def assert_close_to(actual: torch.Tensor, expected, atol: float = 1e-6) -> None:
     torch.testing.assert_close(actual.detach().float(), expected, atol=atol, rtol=0)
 
 
+def assert_fp32_close(actual: torch.Tensor, expected: torch.Tensor, terms: int) -> None:
+    """`actual` and `expected` are the same fp32 values computed with their sums in another order:
+    another row count (a BLAS picks its kernel and blocking by the rows, differently on each CPU
+    family), a chunked LM head, a shared prefix. A sum of `terms` numbers may be off by about
+    log2(terms) roundings at the values' scale, so the two may differ by twice that: a fixed
+    tolerance of a few units in the last place holds on one CPU family and not on another. A
+    wrong computation is off by far more."""
+    actual, expected = actual.detach().float(), expected.detach().float()
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    scale = max(float(expected.abs().max()), 1.0) if expected.numel() else 1.0
+    bound = 2 * math.log2(terms) * torch.finfo(torch.float32).eps * scale
+    diff = float((actual - expected).abs().max()) if expected.numel() else 0.0
+    assert diff <= bound, f"max |diff| {diff:.3g} > {bound:.3g} (fp32 sums of {terms} at scale {scale:.3g})"
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return load_tokenizer("tiny-random")
@@ -52,6 +67,10 @@ def tiny_model(tokenizer):
 
 @pytest.fixture
 def varied_tiny_model(tokenizer):
+    return build_varied_tiny_model(tokenizer)
+
+
+def build_varied_tiny_model(tokenizer):
     """The tiny Llama with O(1) weights, in eval mode: a default init (std 0.02) makes every
     position predict the same token; these give varied greedy continuations and
     peaked-but-wide distributions (sampling tests need both)."""

@@ -21,6 +21,7 @@ from bench.steps import closeness_reward, multi_turn_step, standard_step
 from bench.update_prefixes import PLANS, batch_wide_segments, planned_by
 from grpo.config import ConfigError
 from grpo.models.config import LoraConfig, ModelConfig
+from grpo.models.devices import compute_dtype
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.prefix_tree import PackedRows
 
@@ -109,6 +110,10 @@ def test_the_standard_step_runs_its_whole_wiring_on_the_tiny_model():
     assert report["standard_step_median_s"] == round(report["steps"][1]["step_s"], 3)
     assert report["step_0_logprob_mismatch"] is not None
     assert report["engine_forward"] == "lean"  # what ran, not just what the config asked for
+    # fp32 where `auto` computes in fp32 (a CPU without bf16 instructions), else bf16 weights.
+    fp32 = compute_dtype(torch.device("cpu")) == torch.float32
+    promise = "batch-invariant up to fp32 rounding (" if fp32 else "reproducible for a fixed batch ("
+    assert report["engine_sampling"].startswith(promise)
 
 
 def test_the_standard_step_takes_config_overrides(monkeypatch):
@@ -376,4 +381,5 @@ def test_the_multi_turn_step_runs_the_trainer_and_says_how_its_engine_ran():
         "model.name_or_path=tiny-random", "rollout.max_new_tokens=8", "device=cpu"))
     assert len(report["steps"]) == 1 and report["multi_turn_step_s"] == report["steps"][0]["step_s"]
     assert report["engine_forward"] == "lean"
+    assert report["engine_sampling"].startswith(("batch-invariant", "reproducible"))
     assert report["last_step_metrics"]["rollout/episodes"] == 2.0

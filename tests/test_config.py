@@ -26,7 +26,7 @@ def test_unknown_key_and_bad_device_are_named():
         load_config(None, ["algorithm.reference.kl_coeff=0.1"])
     with pytest.raises(ConfigError, match=r"device: got 'tpu'; allowed values: 'auto', 'cpu', 'cuda' or 'mps'"):
         load_config(None, ["device=tpu"])
-    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'tgi'; allowed values: 'auto', 'hf' or 'vllm'"):
+    with pytest.raises(ConfigError, match=r"rollout\.engine: got 'tgi'; allowed values: 'auto', 'hf', 'vllm' or 'vllm_server'"):
         load_config(None, ["rollout.engine=tgi"])
 
 

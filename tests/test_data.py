@@ -361,7 +361,7 @@ def test_all_of_a_records_errors_come_at_once(tmp_path):
         f"{path}: 4 bad records",
         f"  {path} line 1: reward_spec.ground_truth.complexity: got 'extreme'; allowed: easy, medium, hard",
         f"    env_class: got 'mcp_env'; registered: {registered} (or set environment.env_class for every task)",
-        (f"  {path} line 2: reward_spec: method 'state' needs ground_truth.success.state; method 'limits' needs "
+        (f"  {path} line 2: reward_spec: method 'state' needs ground_truth.success.state or .checks; method 'limits' needs "
          "ground_truth.limits; weights for ['judge'] which are not in method ['state', 'limits']"),
         f"    reward_spec.ground_truth.task_id: 't1' is already used at {path} line 1",
         f"  {path} line 3: {unknown}",

@@ -71,8 +71,9 @@ def _task_file(path, questions, setup=None) -> str:
 
 def test_evaluate_exits_1_when_every_task_was_excluded(tmp_path, capsys):
     train = _task_file(tmp_path / "train.jsonl", ["What is 1 * 1?"])
-    # Every held-out episode fails at reset: its setup names a tool no server offers.
-    held_out = _task_file(tmp_path / "val.jsonl", ["What is 2 - 1?", "What is 3 - 2?"], setup=[{"tool": "missing"}])
+    # Every held-out episode fails at reset: its setup call answers with an error.
+    held_out = _task_file(tmp_path / "val.jsonl", ["What is 2 - 1?", "What is 3 - 2?"],
+                          setup=[{"tool": "calculate", "params": {"expression": "1 / 0"}}])
     rc = evaluate_main(["--config", "configs/smoke.yaml", f"output_dir={tmp_path}", f"data.train={{path: {train}}}",
                         f"data.validation={{path: {held_out}}}", "rollout.episode_retries=0"])
     captured = capsys.readouterr()
@@ -80,7 +81,7 @@ def test_evaluate_exits_1_when_every_task_was_excluded(tmp_path, capsys):
     assert json.loads(captured.out)["eval/excluded_tasks"] == 2.0
     assert captured.err.splitlines()[-1] == ("evaluate: all 2 tasks were excluded (every group had an episode that "
                                              "failed: see the warnings above); nothing was evaluated")
-    assert "setup tool .missing is not offered by any configured server" in captured.err
+    assert "setup call calculate({'expression': '1 / 0'}) failed" in captured.err
 
 
 class PromptRecordingEngine(ScriptedEngine):
@@ -123,7 +124,7 @@ def test_validate_setup_names_tasks_whose_tools_allow_or_deny_refuse(capsys):
     assert not report.ok
     assert "  [--] server calculator: tool calculate left out (deny 'calculate')" in out
     assert "  [FAIL] dataset: tool references: 18 bad records" in out
-    assert ("calculator-train-s0-00000: reward_spec.ground_truth.tool_sequence.0.tool: server 'calculator' "
+    assert ("task 'calculator-train-s0-00000': reward_spec.ground_truth.tool_sequence.0.tool: server 'calculator' "
             "tool 'calculate' is not allowed (tools.servers.calculator: deny 'calculate')") in out
 
 

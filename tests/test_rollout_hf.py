@@ -336,9 +336,9 @@ def test_concurrent_callers_get_their_own_results(engine, prompts):
 
 def test_make_engine_names_the_options(model, tokenizer):
     assert isinstance(make_engine("hf", policy=model, tokenizer=tokenizer), HFEngine)
-    with pytest.raises(ValueError, match="options: hf, vllm"):
+    with pytest.raises(ValueError, match="options: hf, vllm, vllm_server"):
         make_engine("nope", policy=model)
-    assert tuple(ENGINES) == ("hf", "vllm")
+    assert tuple(ENGINES) == ("hf", "vllm", "vllm_server")
 
 
 def _seeded_requests(prompts, count: int, **sampling) -> list[GenerationRequest]:

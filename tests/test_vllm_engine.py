@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo.config import RunConfig
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
@@ -73,7 +72,10 @@ def test_full_weight_pairs_are_checkpoint_names_and_live_tensors(tmp_path):
     pairs = dict(full_weight_pairs(policy))
     policy.model.save_pretrained(str(tmp_path))
     checkpoint = load_file(str(tmp_path / "model.safetensors"))
-    assert set(pairs) == set(checkpoint)  # the names vLLM's load_weights reads
+    # The checkpoint's names (those vLLM's load_weights reads), and the tied head once more: vLLM's
+    # in-place reload would otherwise leave its head on the old embedding.
+    assert set(pairs) == set(checkpoint) | {"lm_head.weight"} and "lm_head.weight" not in checkpoint
+    assert pairs["lm_head.weight"].data_ptr() == pairs["model.embed_tokens.weight"].data_ptr()
     q = "model.layers.0.self_attn.q_proj.weight"
     assert pairs[q].data_ptr() == policy.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
     with pytest.raises(TypeError, match="full fine-tuning"):
@@ -197,7 +199,7 @@ def test_full_sync_pushes_every_weight_and_resets_the_prefix_cache(tmp_path, tok
     rpc = [c for c in engine.llm.calls if c[0] == "rpc"]
     assert len(rpc) == 1 and rpc[0][1] == "grpo_load_weights"  # pushed once at construction
     names = [name for name, _ in rpc[0][2][0]]
-    assert names == [name for name, _ in policy.model.named_parameters()]
+    assert names == [name for name, _ in policy.model.named_parameters()] + ["lm_head.weight"]
     engine.sleep()
     engine.llm.calls.clear()
     engine.sync_weights(policy)
@@ -216,12 +218,19 @@ def test_full_sync_pushes_every_weight_and_resets_the_prefix_cache(tmp_path, tok
 # ----- backends: availability and the ENABLE_VLLM=0 fallback ---------------------------------------
 
 
-@pytest.mark.skipif(HAS_VLLM and torch.cuda.is_available(), reason="vLLM can run here")
-def test_missing_vllm_or_cuda_is_a_clear_error(tokenizer):
-    from grpo.rollout.registry import make_engine
+def test_where_vllm_cannot_run_is_a_clear_error(monkeypatch):
+    from grpo.rollout import vllm as vllm_module
 
-    with pytest.raises(VLLMUnavailable, match="vllm package|CUDA GPU"):
-        make_engine("vllm", policy=_policy(False), tokenizer=tokenizer, config=RunConfig())
+    monkeypatch.setattr(vllm_module.importlib.util, "find_spec", lambda name: object())  # "installed"
+    vllm_module.check_vllm_available("cpu")
+    with pytest.raises(VLLMUnavailable, match="on a CUDA GPU or on the CPU, not on mps"):
+        vllm_module.check_vllm_available("mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(VLLMUnavailable, match="asked for CUDA.*device: cpu"):
+            vllm_module.check_vllm_available("cuda")
+    monkeypatch.setattr(vllm_module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(VLLMUnavailable, match="`make install` installs vLLM's CPU build"):
+        vllm_module.check_vllm_available("cpu")
 
 
 def test_choose_engine_resolves_auto_and_the_enable_vllm_fallback(monkeypatch):
@@ -231,7 +240,9 @@ def test_choose_engine_resolves_auto_and_the_enable_vllm_fallback(monkeypatch):
     monkeypatch.delenv("ENABLE_VLLM", raising=False)
     assert choose_engine("hf", cuda) == ("hf", "requested in config")
     assert choose_engine("vllm", cuda) == ("vllm", "requested in config")
-    assert choose_engine("auto", cpu) == ("hf", "auto: vLLM needs CUDA, the policy trains on cpu")
+    assert choose_engine("vllm", cpu) == ("vllm", "requested in config")
+    assert choose_engine("vllm_server", cpu) == ("vllm_server", "requested in config")
+    assert choose_engine("auto", cpu) == ("hf", "auto: the HF engine on cpu (rollout.engine: vllm asks for vLLM)")
     if not HAS_VLLM:
         assert choose_engine("auto", cuda) == ("hf", "auto: the vllm package is not installed")
     monkeypatch.setenv("ENABLE_VLLM", "0")
@@ -240,12 +251,15 @@ def test_choose_engine_resolves_auto_and_the_enable_vllm_fallback(monkeypatch):
     monkeypatch.setenv("ENABLE_VLLM", "perhaps")
     with pytest.raises(ValueError, match="ENABLE_VLLM must be 0 or 1"):
         choose_engine("vllm", cuda)
-    with pytest.raises(ValueError, match="unknown rollout engine 'tgi'; options: auto, hf, vllm"):
+    with pytest.raises(ValueError, match="unknown rollout engine 'tgi'; options: auto, hf, vllm, vllm_server"):
         choose_engine("tgi", cpu)
 
 
-def test_vllm_on_a_cpu_device_is_a_config_error():
+def test_vllm_runs_on_cpu_or_cuda_and_servers_need_urls():
     from grpo.config import ConfigError, config_from_dict
 
-    with pytest.raises(ConfigError, match="rollout.engine=vllm needs device cuda"):
-        config_from_dict({"device": "cpu", "rollout": {"engine": "vllm"}})
+    assert config_from_dict({"device": "cpu", "rollout": {"engine": "vllm"}}).rollout.engine == "vllm"
+    with pytest.raises(ConfigError, match="rollout.engine=vllm runs on device cuda or cpu"):
+        config_from_dict({"device": "mps", "rollout": {"engine": "vllm"}})
+    with pytest.raises(ConfigError, match="vllm_server needs vllm_server.urls"):
+        config_from_dict({"rollout": {"engine": "vllm_server"}})

@@ -19,6 +19,7 @@ from grpo.rollout.vllm_params import (
     engine_kwargs,
     group_requests,
     lora_rank_bound,
+    memory_kwargs,
     resolve_vllm_config,
     sampling_kwargs,
     vllm_enabled,
@@ -32,10 +33,12 @@ def _request(prompt=(1, 2, 3), rid="r", **sampling) -> GenerationRequest:
 # ----- settings and environment variables --------------------------------------------------------
 
 
-def test_defaults_and_shipped_vllm_config():
+def test_defaults_and_shipped_vllm_configs():
     cfg = load_config("configs/vllm.yaml")
-    assert (cfg.device, cfg.rollout.engine) == ("cuda", "vllm") and cfg.lora.enabled
-    assert cfg.vllm.gpu_memory_utilization == 0.3 and cfg.vllm.max_model_len is None
+    assert (cfg.device, cfg.rollout.engine) == ("auto", "vllm") and cfg.lora.enabled
+    assert cfg.vllm.gpu_memory_utilization is None and cfg.vllm.max_model_len is None
+    servers = load_config("configs/vllm_servers.yaml")
+    assert servers.rollout.engine == "vllm_server" and len(servers.vllm_server.urls) == 2
     assert RunConfig().vllm == VLLMConfig()
     resolved = resolve_vllm_config(VLLMConfig(), environ={})
     assert resolved == VLLMConfig()
@@ -197,6 +200,7 @@ def test_engine_kwargs():
     }
     kwargs = engine_kwargs(VLLMConfig(), lora_rank=None, quantization=None, **common)
     assert kwargs["gpu_memory_utilization"] == 0.3 and kwargs["generation_config"] == "vllm"
+    assert "kv_cache_memory_bytes" not in kwargs  # CUDA: the fraction sizes the KV cache
     assert "enable_lora" not in kwargs and "quantization" not in kwargs
     assert kwargs["worker_extension_cls"] == "x.Y" and kwargs["logprobs_mode"] == RAW
     lora = engine_kwargs(
@@ -204,3 +208,19 @@ def test_engine_kwargs():
     )
     assert (lora["enable_lora"], lora["max_lora_rank"], lora["max_loras"]) == (True, 16, 1)
     assert lora["quantization"] == "bitsandbytes" and lora["max_num_seqs"] == 64
+
+
+def test_memory_on_a_cpu_is_a_kv_cache_in_gib_not_a_share_of_host_ram():
+    # vLLM's CPU worker reserves gpu_memory_utilization x host RAM and refuses to start when that
+    # much is not free: by default the KV cache is sized in GiB instead.
+    assert memory_kwargs(VLLMConfig(), "cpu") == {"kv_cache_memory_bytes": 2 * 2**30}
+    assert memory_kwargs(VLLMConfig(kv_cache_gib=0.5), "cpu") == {"kv_cache_memory_bytes": 2**29}
+    # A fraction the config sets is vLLM's own meaning: of host RAM.
+    assert memory_kwargs(VLLMConfig(gpu_memory_utilization=0.2), "cpu") == {"gpu_memory_utilization": 0.2}
+    assert memory_kwargs(VLLMConfig(gpu_memory_utilization=0.2, kv_cache_gib=1.0), "cpu") == {
+        "kv_cache_memory_bytes": 2**30}
+    assert memory_kwargs(VLLMConfig(), "cuda") == {"gpu_memory_utilization": 0.3}
+    assert memory_kwargs(VLLMConfig(kv_cache_gib=4.0), "cuda") == {
+        "gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 4 * 2**30}
+    with pytest.raises(VLLMSettingsError, match="enable_sleep_mode needs CUDA"):
+        memory_kwargs(VLLMConfig(enable_sleep_mode=True), "cpu")

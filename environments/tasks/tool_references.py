@@ -69,6 +69,8 @@ class _Catalog:
         self.by_server: dict[str, list[ToolSpec]] = {}
         for spec in self.specs:
             self.by_server.setdefault(spec.server, []).append(spec)
+        for left_out in refused:  # a server whose every tool allow/deny refused is still configured
+            self.by_server.setdefault(left_out.server, [])
         self.disabled = {name for name, server in tools.servers.items() if not server.enabled}
         self.state_tool = state_tool
         self.named: set[tuple[str, str]] = set()
@@ -163,7 +165,7 @@ def check_tool_references(tasks: Iterable[Task], specs: Sequence[ToolSpec], tool
     playing = [t for t in tasks if uses_tools(environment.env_class or t.env_class)]
     if not playing:
         return References(0, 0, 0)
-    if not specs:
+    if not specs and not refused:  # every tool refused: name them per task below
         raise _no_servers(tools, sorted({environment.env_class or t.env_class for t in playing}))
     catalog = _Catalog(specs, tools, environment.state_tool, refused)
     bad = BadRecords("tool references")

@@ -44,7 +44,8 @@ class ModelConfig(Section):
     1.79 s with it off, 3.93 and 2.66 s with it on (the reference pass 0.36/0.33 against
     1.16/0.76 s); the rollout the same."""
     load_in_4bit: bool = False
-    """QLoRA: 4-bit base weights through bitsandbytes (CUDA only; needs `lora.enabled`)."""
+    """QLoRA: 4-bit NF4 base weights through bitsandbytes, on CUDA or the CPU (not MPS); needs
+    `lora.enabled`. Only the adapters and the value head train (grpo/models/four_bit.py)."""
     value_head: bool = True
     """Attach a scalar value head on the final hidden states (needed by `advantage: gae`)."""
     cache_dir: str | None = None

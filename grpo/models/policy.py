@@ -5,8 +5,8 @@
 for the final hidden states and computes the log-probs with the chunked function of
 grpo/models/logprobs.py: the LM head is never applied to all positions at once.
 
-`from_config` builds it: loads the model (grpo/models/source.py), optionally in 4-bit (CUDA
-only), wraps it with a peft LoRA adapter, turns on gradient checkpointing, and picks the autocast
+`from_config` builds it: loads the model (grpo/models/source.py), optionally in 4-bit (CUDA or
+CPU), wraps it with a peft LoRA adapter, turns on gradient checkpointing, and picks the autocast
 dtype for the device (grpo/models/devices.py). `state_dict` / `load_state_dict` hold what a
 checkpoint needs (LoRA: adapter + value head only); grpo/models/export.py writes Hugging Face
 directories.
@@ -22,18 +22,18 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model, prepare_model_for_kbit_training
 from torch import nn
-from transformers import BitsAndBytesConfig
 
 from grpo.models.cache_argument import cache_keyword, output_cache
 from grpo.models.common_prefix import CommonPrefix
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.devices import autocast_context, check_weights_dtype, compute_dtype
 from grpo.models.embedding_gradient import ReusedEmbeddingGradient
+from grpo.models.four_bit import four_bit_kwargs, keep_4bit_layout_
 from grpo.models.logprobs import DEFAULT_CHUNK_SIZE, token_logprobs_and_entropy
 from grpo.models.peft_weights import is_peft
 from grpo.models.prefix_segments import SEGMENT_CALL_TOKENS, Segment, plan_segments
 from grpo.models.prefix_tree import PackedRows, pack_if_cheaper, pair_cost
-from grpo.models.source import TINY_RANDOM, load_causal_lm, load_tokenizer
+from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.models.training_attention import choose_attention
 
 _WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -131,7 +131,7 @@ class PolicyWithValueHead(nn.Module):
         autocast_dtype = compute_dtype(device, model_cfg.dtype)
         extra: dict = {}
         if model_cfg.load_in_4bit:
-            extra = _four_bit_kwargs(model_cfg, lora_cfg, device, autocast_dtype)
+            extra = four_bit_kwargs(model_cfg, lora_cfg, device, autocast_dtype)
         model = load_causal_lm(
             model_cfg.name_or_path,
             cache_dir=model_cfg.cache_dir,
@@ -145,6 +145,7 @@ class PolicyWithValueHead(nn.Module):
         model.set_attn_implementation(choose_attention(model_cfg.attn_implementation, model, device))
         checkpointing_kwargs = {"use_reentrant": False}
         if model_cfg.load_in_4bit:
+            keep_4bit_layout_(model)
             model = prepare_model_for_kbit_training(
                 model,
                 use_gradient_checkpointing=model_cfg.gradient_checkpointing,
@@ -392,38 +393,6 @@ class PolicyWithValueHead(nn.Module):
                 params[name].copy_(state_dict[name])
         return LoadResult(missing, unexpected)
 
-
-
-def _four_bit_kwargs(
-    model_cfg: ModelConfig, lora_cfg: LoraConfig, device: torch.device, dtype: torch.dtype
-) -> dict:
-    if device.type != "cuda":
-        raise ValueError(
-            f"model.load_in_4bit: true needs a CUDA GPU (bitsandbytes 4-bit QLoRA), but this run is on "
-            f"{device.type!r}; set model.load_in_4bit: false on CPU/MPS"
-        )
-    if not lora_cfg.enabled:
-        raise ValueError(
-            "model.load_in_4bit needs lora.enabled: 4-bit base weights cannot be trained"
-        )
-    if model_cfg.name_or_path == TINY_RANDOM:
-        raise ValueError(
-            "model.load_in_4bit needs a model directory; the tiny-random model is built in memory"
-        )
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        raise ValueError(
-            "model.load_in_4bit: true needs the bitsandbytes package (pip install bitsandbytes)"
-        ) from None
-
-    quantization = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
-    )
-    return {"quantization_config": quantization, "device_map": {"": device.index or 0}}
 
 
 def _enable_checkpointing(model: nn.Module, kwargs: dict) -> None:

@@ -1,5 +1,5 @@
 """Config of sampling (`rollout:`: the engine, temperature, token budgets, concurrency), of our
-HF engine (`hf:`) and of the vLLM engine (`vllm:`)."""
+HF engine (`hf:`), of the vLLM engine (`vllm:`) and of vLLM servers (`vllm_server:`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from grpo.sections import Section
 
 
 class RolloutConfig(Section):
-    engine: Literal["auto", "hf", "vllm"] = "auto"
+    engine: Literal["auto", "hf", "vllm", "vllm_server"] = "auto"
     """What samples the rollouts (grpo/rollout/): `hf` our KV-cached engine on the training device
-    (CPU, CUDA, MPS); `vllm` vLLM in the training process (CUDA). `auto`: vllm on CUDA when the
-    package is installed and `ENABLE_VLLM` is not 0, else hf. `ENABLE_VLLM=0` also turns an
-    explicit vllm into hf (logged)."""
+    (CPU, CUDA, MPS); `vllm` vLLM in the training process (CUDA, or the CPU with vLLM's CPU
+    build); `vllm_server` already-running `vllm serve` processes over HTTP (`vllm_server:`).
+    `auto`: vllm on CUDA when the package is installed and `ENABLE_VLLM` is not 0, else
+    hf. `ENABLE_VLLM=0` also turns an explicit vllm into hf (logged)."""
     temperature: float = Field(default=1.0, ge=0.0)
     """Sampling temperature (0 = greedy)."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -135,22 +136,29 @@ class HFEngineConfig(Section):
 
 
 class VLLMConfig(Section):
-    """The vLLM rollout engine (`rollout.engine: vllm`, or `auto` on CUDA with vllm installed).
+    """The vLLM rollout engine (`rollout.engine: vllm`, or `auto` on CUDA with vllm installed), on
+    a CUDA GPU or on the CPU (vLLM's CPU build).
 
     Environment variables override two fields (a bad value is an error naming the variable):
     `VLLM_MAX_MODEL_LEN` -> `max_model_len`, `VLLM_GPU_MEMORY_UTILIZATION` ->
     `gpu_memory_utilization` (and `ENABLE_VLLM=0` picks the HF engine instead)."""
 
-    gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
-    """Fraction of the GPU's memory vLLM may take (weights + KV cache); training gets the rest."""
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Fraction of the GPU's memory vLLM may take (weights + KV cache); training gets the rest.
+    null: 0.3. On a CPU vLLM reads it as the fraction of host RAM to reserve and refuses to start
+    when that much is not free; there `kv_cache_gib` is the setting to use."""
+    kv_cache_gib: float | None = Field(default=None, gt=0.0)
+    """vLLM's KV cache in GiB (it sets the cache's size instead of `gpu_memory_utilization`).
+    null: on a CPU 2 GiB unless `gpu_memory_utilization` is set (vllm_params.memory_kwargs); on
+    CUDA whatever `gpu_memory_utilization` leaves after the weights."""
     max_model_len: int | None = Field(default=None, ge=16)
     """Longest sequence (prompt + completion) vLLM serves; null = `rollout.max_total_tokens`."""
     enable_sleep_mode: bool = False
     """Let the engine release its GPU memory while the trainer updates (`RolloutEngine.sleep`):
     level-1 sleep offloads weights to CPU and drops the KV cache; the next generate or weight
-    sync wakes it. Costs a CPU copy of the weights and a wake-up per step."""
+    sync wakes it. Costs a CPU copy of the weights and a wake-up per step. CUDA only."""
     enforce_eager: bool = False
-    """Skip CUDA-graph capture (faster start, slower decode)."""
+    """Skip CUDA-graph capture on a GPU, torch.compile on a CPU (faster start, slower decode)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """vLLM's weight/compute dtype; `auto` = the trainer's compute dtype (`model.dtype`)."""
     enable_prefix_caching: bool = True
@@ -163,3 +171,25 @@ class VLLMConfig(Section):
     """vLLM weight quantization; `auto` = bitsandbytes 4-bit when `model.load_in_4bit`."""
     max_num_seqs: int | None = Field(default=None, ge=1)
     """Most sequences vLLM decodes at once (null = vLLM's default)."""
+
+
+class VLLMServerConfig(Section):
+    """Already-running `vllm serve` processes that sample over HTTP (`rollout.engine:
+    vllm_server`, grpo/rollout/vllm_server.py). Each server must be started from the policy's base
+    model with the flags `vllm_server_args` names (grpo/rollout/vllm_server.py), which
+    `python -m launch.vllm_servers` uses to start them on this machine."""
+
+    urls: list[str] = Field(default_factory=list)
+    """Base URLs of the servers (`http://host:port`); requests are spread over them."""
+    weights_dir: str | None = None
+    """A directory every server can read (on other nodes: a shared filesystem) where the trainer
+    publishes each adapter version (LoRA) or weight version (full fine-tuning) for the servers to
+    load. null: a temporary directory (servers on this machine)."""
+    request_timeout_s: float = Field(default=300.0, gt=0.0)
+    """A request a server has not answered in this long counts as a failure of that server (a
+    stalled server never holds a step longer) and goes to another server."""
+    connect_timeout_s: float = Field(default=5.0, gt=0.0)
+    """How long to wait for a server to accept a connection."""
+    retry_after_s: float = Field(default=30.0, ge=0.0)
+    """A server that failed gets no requests for this long; then it is tried again (after it has
+    been brought up to the current weights)."""

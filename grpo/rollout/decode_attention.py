@@ -117,6 +117,10 @@ def engine_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """An attention function for transformers' AttentionInterface (see the module docstring)."""
+    if kwargs.get("softcap") is not None:
+        # Refused here, not left to transformers' SDPA: releases before 5.20 ignore it silently.
+        raise ValueError("the engine's attention (SDPA) does not support `softcap`; models that "
+                         "soft-cap attention logits need transformers' eager attention")
     shared_prefix: PrefixAttention | None = kwargs.pop("shared_prefix", None)
     decode = (
         query.shape[2] == 1

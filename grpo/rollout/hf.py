@@ -31,15 +31,10 @@ weights into the copy. `copy_weights=False` samples from the policy module itsel
 under autocast) instead, and `sync_weights` then has nothing to do.
 
 Reproducibility: a seeded request draws its random numbers from its own counter-based stream
-(grpo/rollout/sampling.py), so its tokens
-do not depend on its batch company as long as its logits do not. In fp32 they do not (the real
-model, 20 seeded requests × 48 tokens, alone vs batched together: identical tokens and
-log-probs). In bf16, batch shape and padding change the last bits of some activations and bf16
-rounding amplifies that: seeded requests reproduce exactly in the same batch, but 9 of those 20
-diverged somewhere within 48 tokens when batched. Use `dtype=None` (an fp32 copy, ~2.5x slower
-on a CPU with bf16 instructions) where batch-independent reproducibility matters more than speed.
-On a CPU without them `auto` is fp32 anyway, and the copy's packed fp32 products keep a row's
-results independent of its company (grpo/rollout/weights.py).
+(grpo/rollout/sampling.py), so the same requests in the same batch give the same tokens and
+log-probs everywhere; in fp32 on a CPU its tokens do not depend on the rows beside it either (up
+to near-ties within fp32 rounding), in bf16 they do. `sampling_promise` says which holds here
+(grpo/rollout/batch_invariance.py has the promise and its measurements).
 
 Thread safety: `generate` and `serve` may be called from a worker thread (the collector uses
 `asyncio.to_thread`); a lock serialises callers, and torch ops release the GIL while they run.
@@ -64,6 +59,7 @@ from grpo.rollout.base import (
     RolloutEngine,
     check_request,
 )
+from grpo.rollout.batch_invariance import SamplingPromise, sampling_promise
 from grpo.rollout.config import DecodeMode, HFEngineConfig
 from grpo.rollout.decode_attention import ENGINE_ATTENTION
 from grpo.rollout.decode_graphs import StaticDecoder
@@ -339,6 +335,12 @@ class HFEngine(RolloutEngine):
     def forward_kind(self) -> str:
         """"lean" (lean_forward.py), or "transformers' modules (<why not lean>)"."""
         return "lean" if self.lean is not None else f"transformers' modules ({self.lean_reason})"
+
+    @property
+    def sampling_promise(self) -> SamplingPromise:
+        """What a seeded request's tokens depend on here: reproducible for a fixed batch, or
+        batch-invariant too (batch_invariance.py); the products are probed once per process."""
+        return sampling_promise(self.model, self.device, self.autocast_dtype, self.kv_cache_dtype)
 
     def close(self) -> None:
         """Drop the engine's weight copy (the engine cannot generate afterwards)."""

