@@ -62,13 +62,17 @@ def nll_loss(policy_logprobs: torch.Tensor, loss_mask: torch.Tensor, denominator
 
 
 def warmup_step(policy, optimizer, trajectories: Sequence[Trajectory], *, micro_batch_size: int,
-                pad_token_id: int, max_grad_norm: float) -> dict[str, float]:
-    """One optimizer step of NLL on `trajectories` (gradient accumulation over micro-batches)."""
+                pad_token_id: int, max_grad_norm: float, micro_batch_tokens: int | None = None,
+                overhead_tokens: int | None = None) -> dict[str, float]:
+    """One optimizer step of NLL on `trajectories` (gradient accumulation over micro-batches of at
+    most `micro_batch_size` rows and, with `micro_batch_tokens`, that many padded tokens: gold
+    trajectories with long tool results would otherwise hold every row's activations at once)."""
     start = time.perf_counter()
     device = next(policy.parameters()).device
     policy.train()
     rows = list(range(len(trajectories)))
-    batches = micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device)
+    batches = micro_batches(trajectories, rows, micro_batch_size, pad_token_id, device,
+                            max_tokens=micro_batch_tokens, overhead_tokens=overhead_tokens)
     denominator = float(sum(int(mb.loss_mask.sum()) for mb in batches))
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
@@ -114,9 +118,11 @@ async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any
         if not gold:
             raise RuntimeError(f"warm start step {step}: no gold episode succeeded ({collected.excluded_groups} "
                                "excluded); see the warnings above")
-        metrics = warmup_step(policy, optimizer, gold,
-                              micro_batch_size=config.algorithm.optimizer.micro_batch_size,
-                              pad_token_id=pad_token_id, max_grad_norm=config.algorithm.optimizer.max_grad_norm)
+        schedule = config.algorithm.optimizer
+        metrics = warmup_step(policy, optimizer, gold, micro_batch_size=schedule.micro_batch_size,
+                              pad_token_id=pad_token_id, max_grad_norm=schedule.max_grad_norm,
+                              micro_batch_tokens=schedule.micro_batch_tokens,
+                              overhead_tokens=schedule.micro_batch_overhead_tokens)
         metrics["warmup/step"] = float(step)
         metrics["warmup/gold_success"] = len(gold) / len(batch)
         history.append(metrics)
