@@ -163,3 +163,16 @@ def test_warm_start_reports_each_step_as_it_ends_on_balanced_batches(loop, token
     # 1-call gold turns + 2-call gold turns give the same number of trained tokens every step.
     assert [m["warmup/gold_success"] for m in seen] == [1.0, 1.0, 1.0]
     assert len({m["warmup/tokens"] for m in seen}) == 1
+
+
+def test_the_warm_start_stops_when_its_minutes_run_out_after_one_step(loop, tokenizer):
+    config = config_from_dict({
+        "model": {"name_or_path": "tiny-random", "dtype": "float32"},
+        "environment": {"one_shot_example": False}, "rollout": {"max_total_tokens": 1024},
+        "train": {"warmup": {"steps": 3, "tasks_per_step": 1, "learning_rate": 1e-3, "max_minutes": 0}},
+    })
+    policy, _ = PolicyWithValueHead.from_config(config.model, LoraConfig(), "cpu", seed=0)
+    with running_manager(loop, "calculator", "kv") as tools:
+        history = loop.run_until_complete(warm_start(policy, tokenizer, tools, config, [TASK],
+                                                     pad_token_id=tokenizer.pad_token_id))
+    assert [m["warmup/step"] for m in history] == [1.0]

@@ -95,8 +95,8 @@ async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any
                      pad_token_id: int,
                      on_step: Callable[[dict[str, float]], None] | None = None) -> list[dict[str, float]]:
     """`config.train.warmup.steps` supervised steps on gold trajectories of training tasks (a seeded
-    sample, `tasks_per_step` each, balanced by chain length unless `balance: none`), with their own
-    AdamW; one metrics dict per step, each also handed to `on_step` as soon as its step is done."""
+    sample, `tasks_per_step` each, balanced by chain length unless `balance: none`; fewer when
+    `max_minutes` runs out), with their own AdamW; one metrics dict per step, each also handed to `on_step` as soon as its step is done."""
     warmup = config.train.warmup
     usable = [t for t in train_tasks if t.reward_spec.ground_truth.tool_sequence]
     if not usable:
@@ -109,7 +109,12 @@ async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any
     rng = random.Random(f"mcp-grpo|warmup|{config.seed}")
     stream = interleaved_by(usable, chain_length if warmup.balance == "chain_length" else (lambda _: 0), rng)
     history = []
+    started = time.monotonic()
     for step in range(1, warmup.steps + 1):
+        if history and warmup.max_minutes is not None and time.monotonic() - started > 60 * warmup.max_minutes:
+            log.info("train.warmup.max_minutes=%g reached after %d warm-start steps: stopping", warmup.max_minutes,
+                     len(history))
+            break
         batch = [next(stream) for _ in range(warmup.tasks_per_step)]
         collected = await collector.collect(batch, 1, temperature=0.0, seed=config.seed, step=-1 - step)
         gold = [t for t in collected.trajectories if t.success and t.metadata.get("episode_id") not in player.failures]
