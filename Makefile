@@ -38,7 +38,7 @@ ARGS ?=
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install install-gpu servers servers-python servers-node test smoke lint train-cpu train-multistep \
-	train-vllm train-vllm-cpu train-vllm-servers bench validate clean
+	train-vllm train-vllm-cpu train-vllm-servers train-mcp bench validate clean
 
 install: $(VENV)/.installed servers-python
 	@$(MAKE) --no-print-directory servers-node || echo "make install: the npm MCP servers are not installed (above: why); their tests skip"
@@ -139,6 +139,19 @@ $(CHAINS): $(VENV)/.installed
 
 train-multistep: install $(CHAINS)
 	$(PY) -m launch.train --config configs/cpu_multistep.yaml $(ARGS)
+
+# Four third-party MCP servers at once (configs/cpu_mcp.yaml): tasks generated from their tool lists
+# on the real servers (written once; run again after an interruption and generation resumes), then
+# held-out success before, a warm start on gold trajectories, success after it, GRPO, success after.
+MCP_TASKS ?= outputs/data/mcp.jsonl
+MCP_GENERATE ?= --num 800 --max-steps 3 --eval-tasks 24 --novel-tasks 24
+$(MCP_TASKS): | $(VENV)/.installed servers
+	$(PY) -m launch.generate_tasks --config configs/cpu_mcp.yaml --servers time,git,filesystem,sqlite \
+		$(MCP_GENERATE) --out $(MCP_TASKS)
+
+train-mcp: install servers $(MCP_TASKS)
+	$(PY) -m launch.train --config configs/cpu_mcp.yaml data.train.path=$(MCP_TASKS) \
+		data.validation.path=$(MCP_TASKS:.jsonl=.heldout.jsonl) $(ARGS)
 
 # vLLM rollouts: on a CUDA machine its CUDA build (install-gpu), elsewhere its CPU build (install).
 train-vllm:

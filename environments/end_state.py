@@ -15,6 +15,7 @@ Task generation records `expect` with `recorded_expect` and reads a gold answer 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from environments.process_reward import calls_tool
@@ -108,9 +109,14 @@ def answer_value(text: str, structured: dict | None, field: str | None) -> str |
 def expected_answer(task: Task, episode: Episode) -> str | int | float | None:
     """For `success.answer_from`: what the episode's own last successful call of the step's tool
     answered (None: no such call, or no value at the field)."""
+    return answer_from_calls(task, episode.calls)
+
+
+def answer_from_calls(task: Task, calls: Sequence[CallRecord]) -> str | int | float | None:
+    """`expected_answer` of an episode that made `calls`."""
     source = task.reward_spec.ground_truth.success.answer_from
     step = task.reward_spec.ground_truth.tool_sequence[source.step - 1]
-    calls = [c for c in episode.calls if c.status == "ok" and calls_tool(c, step.tool, step.server)]
-    if not calls:
+    made = [c for c in calls if c.status == "ok" and calls_tool(c, step.tool, step.server)]
+    if not made:
         return None
-    return answer_value(calls[-1].result, calls[-1].structured, source.field)
+    return answer_value(made[-1].result, made[-1].structured, source.field)

@@ -4,9 +4,11 @@ Each expected step earns up to 1 from the call aligned to it: 1/2 for the right 
 plus 1/2 times the fraction of its expected arguments that are right. An argument is right when it
 equals the expected value, or — for an argument the step builds from earlier results
 (`ToolStep.uses`, e.g. `{"expression": "{1} + 12"}`) — when it equals that template filled with
-the results the model's *own* earlier calls of the referenced steps' tools returned. So a call
-that correctly chains a wrong upstream result keeps its dependency credit, and only the upstream
-mistake costs.
+the results the model's *own* earlier calls of the referenced steps' tools returned; likewise an
+argument a step picks from an earlier result (`ToolStep.picks`: a commit hash from the log, an id
+from a look-up, the time a clock read) when it equals what the model's own earlier result gives.
+So a call that correctly chains a wrong upstream result keeps its dependency credit, and only the
+upstream mistake costs; and a clock read in the episode, not the one at generation, is right.
 
 Steps and calls are aligned in order (the best order-preserving alignment, as a weighted longest
 common subsequence over the calls that ran without error), and the total is divided by the larger
@@ -24,6 +26,7 @@ import re
 from collections.abc import Sequence
 
 from environments.comparisons import values_match
+from environments.tasks.picks import PickError, picked_arguments
 from environments.tasks.schema import Task, ToolStep
 
 _REF = re.compile(r"\{(\d+)\}")
@@ -59,6 +62,30 @@ def _filled(template: str, steps: Sequence[ToolStep], earlier: Sequence) -> list
     return filled
 
 
+def _picked_variants(step: ToolStep, steps: Sequence[ToolStep], earlier: Sequence) -> list[dict]:
+    """The step's arguments with its picked ones taken from earlier ok calls of each referenced
+    step's tool (the most recent few per reference, every combination)."""
+    if not step.picks:
+        return []
+    refs = sorted({picked.step for picked in step.picks.values()})
+    options = []
+    for ref in refs:
+        if ref > len(steps):
+            return []
+        candidates = [c.result for c in earlier if calls_tool(c, steps[ref - 1].tool, steps[ref - 1].server)][-_MAX_CANDIDATES:]
+        if not candidates:
+            return []
+        options.append(candidates)
+    variants = []
+    for combo in itertools.product(*options):
+        results = dict(zip(refs, combo))
+        try:
+            variants.append(picked_arguments(step.params, step.picks, results.get))
+        except PickError:
+            continue
+    return variants
+
+
 def step_credit(step: ToolStep, call, steps: Sequence[ToolStep], earlier: Sequence) -> float:
     """Credit in [0, 1] of `call` for `step`; `earlier` are the ok calls made before it."""
     if not calls_tool(call, step.tool, step.server):
@@ -67,11 +94,18 @@ def step_credit(step: ToolStep, call, steps: Sequence[ToolStep], earlier: Sequen
     if not expected:
         return 1.0
     args = call.arguments if isinstance(call.arguments, dict) else {}
+    variants = _picked_variants(step, steps, earlier)
+    # A picked argument is right when it is what the model's own earlier result gives; only when
+    # that result is missing does the value recorded at generation stand in.
+    picked = {name.split(".")[0] for name in step.picks} if variants else set()
     right = 0
     for name, value in expected.items():
         if name not in args:
             continue
-        if value is not None and values_match(value, args[name]) or name in step.uses and any(values_match(f, args[name]) for f in _filled(step.uses[name], steps, earlier)):
+        if name in picked:
+            right += any(values_match(v[name], args[name]) for v in variants)
+        elif (value is not None and values_match(value, args[name])
+                or name in step.uses and any(values_match(f, args[name]) for f in _filled(step.uses[name], steps, earlier))):
             right += 1
     return 0.5 + 0.5 * right / len(expected)
 

@@ -22,6 +22,22 @@ def test_group_of_names_complexity_and_split_when_present():
     assert group_of(_task("b", "easy")) == {"complexity": "easy"}
 
 
+def _chain(servers: list[str | None], split: str | None = None):
+    steps = [SimpleNamespace(server=server, tool="t") for server in servers]
+    return SimpleNamespace(task_id="c", complexity="medium", extra_info={"split": split} if split else {},
+                           reward_spec=SimpleNamespace(ground_truth=SimpleNamespace(tool_sequence=steps)))
+
+
+def test_a_gold_chain_adds_its_length_and_servers_also_within_its_split():
+    assert group_of(_chain(["git", "git"], "eval")) == {
+        "complexity": "medium", "calls": "2", "server": "git", "split": "eval",
+        "eval/calls": "2", "eval/server": "git"}
+    assert group_of(_chain(["sqlite", "time", "sqlite"])) == {"complexity": "medium", "calls": "3",
+                                                              "server": "sqlite+time"}
+    assert group_of(_chain([None], "novel")) == {"complexity": "medium", "calls": "1", "split": "novel",
+                                                 "novel/calls": "1"}
+
+
 def test_grouped_success_counts_excluded_tasks_as_failed_under_any_prefix():
     tasks = [_task("a", "easy", "eval"), _task("b", "hard", "novel"), _task("c", "hard", "eval")]
     # k = 2: a wins 1 of 2, b 2 of 2, c was excluded whole (no trajectories): 0 of 2.

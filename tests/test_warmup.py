@@ -21,9 +21,9 @@ from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import RolloutConfig
 from grpo.rollout.scripted import ScriptedEngine
+from grpo.train.gold import gold_script
 from grpo.train.warmup import (
     chain_length,
-    gold_script,
     interleaved_by,
     nll_loss,
     warm_start,
@@ -119,6 +119,26 @@ def test_warmup_steps_lower_the_gold_nll(gold, tokenizer):
     assert all(math.isfinite(x) for x in losses) and losses[-1] < 0.8 * losses[0]
 
 
+def test_micro_batch_tokens_split_a_warmup_step_without_changing_its_loss(gold, tokenizer):
+    rows = gold.trajectories * 3  # gold trajectories with tool results are long: one row per forward
+    length = len(rows[0].token_ids)
+
+    def step(**cap) -> tuple[float, list[int]]:
+        policy, _ = PolicyWithValueHead.from_config(ModelConfig(name_or_path="tiny-random", dtype="float32"),
+                                                    LoraConfig(), "cpu", seed=0)
+        shapes, forward = [], policy.forward
+        policy.forward = lambda input_ids, *a, **k: shapes.append(input_ids.shape[0]) or forward(input_ids, *a, **k)
+        optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-3)
+        metrics = warmup_step(policy, optimizer, rows, micro_batch_size=8, pad_token_id=tokenizer.pad_token_id,
+                              max_grad_norm=1.0, overhead_tokens=0, **cap)
+        return metrics["warmup/loss"], shapes
+
+    whole, whole_shapes = step()
+    split, split_shapes = step(micro_batch_tokens=length)
+    assert (whole_shapes, split_shapes) == ([3], [1, 1, 1])
+    assert split == pytest.approx(whole, rel=1e-5)  # the same token mean, summed in another order
+
+
 def test_warm_start_reports_each_step_as_it_ends_on_balanced_batches(loop, tokenizer):
     one_call = Task.model_validate({
         "prompt": [{"role": "user", "content": "Compute 6 * 7."}],
@@ -143,3 +163,16 @@ def test_warm_start_reports_each_step_as_it_ends_on_balanced_batches(loop, token
     # 1-call gold turns + 2-call gold turns give the same number of trained tokens every step.
     assert [m["warmup/gold_success"] for m in seen] == [1.0, 1.0, 1.0]
     assert len({m["warmup/tokens"] for m in seen}) == 1
+
+
+def test_the_warm_start_stops_when_its_minutes_run_out_after_one_step(loop, tokenizer):
+    config = config_from_dict({
+        "model": {"name_or_path": "tiny-random", "dtype": "float32"},
+        "environment": {"one_shot_example": False}, "rollout": {"max_total_tokens": 1024},
+        "train": {"warmup": {"steps": 3, "tasks_per_step": 1, "learning_rate": 1e-3, "max_minutes": 0}},
+    })
+    policy, _ = PolicyWithValueHead.from_config(config.model, LoraConfig(), "cpu", seed=0)
+    with running_manager(loop, "calculator", "kv") as tools:
+        history = loop.run_until_complete(warm_start(policy, tokenizer, tools, config, [TASK],
+                                                     pad_token_id=tokenizer.pad_token_id))
+    assert [m["warmup/step"] for m in history] == [1.0]

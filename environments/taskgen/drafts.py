@@ -12,12 +12,14 @@ check reads differently on the untouched initial state (else it checks nothing).
 
 from __future__ import annotations
 
-import ast
 import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from environments.tasks import picks
+from environments.tasks.picks import Picked, PickError, parse_result, pick_value, put
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolResult
@@ -27,46 +29,44 @@ class DraftRejected(Exception):
     """A draft that did not verify; the message says which call or check and why."""
 
 
-def parse_result(text: str) -> Any:
-    """A result text as data: JSON, else a Python literal (servers that print `repr`s), else the
-    stripped text."""
-    text = text.strip()
-    for parse in (json.loads, ast.literal_eval):
-        try:
-            return parse(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-    return text
-
-
 def dig(data: Any, path: str | None) -> Any:
-    """The value at a dotted path (`target.datetime`, `0.name`, `entities.2.name`)."""
-    if not path:
-        return data
-    for part in path.split("."):
-        if isinstance(data, list) and part.lstrip("-").isdigit() and -len(data) <= int(part) < len(data):
-            data = data[int(part)]
-        elif isinstance(data, dict) and part in data:
-            data = data[part]
-        else:
-            raise DraftRejected(f"the result has no {path!r} (stopped at {part!r})")
-    return data
+    """The value at a dotted path (`target.datetime`, `0.name`, `entities.2.name`); DraftRejected
+    when it is not there."""
+    try:
+        return picks.dig(data, path)
+    except PickError as exc:
+        raise DraftRejected(str(exc)) from None
 
 
 @dataclass
 class Pick:
     """A value taken from an earlier call's result: `extract(text, data)` gets the call's result
-    text and its parsed form; it raises DraftRejected when the value is not there."""
+    text and its parsed form; it raises DraftRejected when the value is not there. An argument's
+    pick must have a declarative form (`spec`, made by `Pick.of`): the record keeps it
+    (`ToolStep.picks`), so an episode takes the value from its own results; an answer's pick may
+    be any function."""
 
     step: int
     """The call it comes from (1-based)."""
     extract: Callable[[str, Any], Any]
     says: str = ""
     """How the request names the value (for reports), e.g. "the hash of the commit 'Fix typo'"."""
+    spec: Picked | None = None
+    """The declarative form (environments/tasks/picks.py) that `extract` evaluates."""
+
+    @classmethod
+    def of(cls, spec: Picked, says: str = "") -> Pick:
+        def extract(text: str, _data: Any) -> Any:
+            try:
+                return pick_value(spec, text)
+            except PickError as exc:
+                raise DraftRejected(str(exc)) from None
+        return cls(spec.step, extract, says or spec.field or "the result", spec)
 
     @classmethod
     def field(cls, step: int, path: str | None, says: str = "") -> Pick:
-        return cls(step, lambda _text, data: dig(data, path), says or (path or "the result"))
+        """The result's text (`path` null) or the value at a dotted path of its parsed form."""
+        return cls.of(Picked(step=step, field=path), says)
 
 
 @dataclass
@@ -77,10 +77,8 @@ class Call:
     args: dict[str, Any] = field(default_factory=dict)
     picks: dict[str, Pick] = field(default_factory=dict)
     """Arguments from earlier results (a name may be a dotted path into a nested argument, e.g.
-    `edits.0.newText`)."""
-    wrap: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
-    """How a picked value becomes the argument (e.g. `lambda v: [v]` for a list argument, or a
-    template such as a SQL statement around an id)."""
+    `edits.0.newText` or `files.0`); each with its declarative form (`Pick.of`), whose `format`
+    builds the argument around the value (a SQL statement around an id)."""
 
 
 @dataclass
@@ -119,18 +117,6 @@ class Verified:
     results: list[str]
     answer: Any
     checks: list[dict[str, Any]]
-
-
-def _set(args: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    target: Any = args
-    for part in parts[:-1]:
-        target = target[int(part)] if isinstance(target, list) else target[part]
-    last = parts[-1]
-    if isinstance(target, list):
-        target[int(last)] = value
-    else:
-        target[last] = value
 
 
 def _json_or_text(text: str) -> Any:
@@ -188,11 +174,13 @@ class Runner:
             for index, call in enumerate(draft.calls if with_calls else [], start=1):
                 args = json.loads(json.dumps(call.args))
                 for name, pick in call.picks.items():
+                    if pick.spec is None:
+                        raise TypeError(f"{draft.template}: call {index} picks {name} without a declarative form "
+                                        "(Pick.of): an episode could not take it from its own results")
                     if not 1 <= pick.step < index:
                         raise DraftRejected(f"call {index} picks {name} from call {pick.step}, which is not earlier")
                     text = results[pick.step - 1]
-                    value = pick.extract(text, parse_result(text))
-                    _set(args, name, call.wrap[name](value) if name in call.wrap else value)
+                    put(args, name, pick.extract(text, parse_result(text)))
                 result = await self._call(call, args, episode, f"call {index}")
                 args_used.append(args)
                 results.append(result.text.strip())

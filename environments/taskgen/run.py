@@ -56,7 +56,9 @@ class Outcome:
 
 def to_record(verified: Verified, template: Template, task_id: str, split: str) -> dict[str, Any]:
     draft = verified.draft
-    steps = [{"step": i, "server": c.server, "tool": c.tool, "params": args}
+    steps = [{"step": i, "server": c.server, "tool": c.tool, "params": args,
+              **({"picks": {name: pick.spec.model_dump(exclude_none=True) for name, pick in c.picks.items()}}
+                 if c.picks else {})}
              for i, (c, args) in enumerate(zip(draft.calls, verified.args), start=1)]
     success: dict[str, Any] = {"must_call_tool": True}
     if draft.answer_from is not None:

@@ -23,7 +23,8 @@ A record (one line of a .jsonl file, one item of a .json list, one row of a .par
                              "expect": "hello", "match": "equals"}],      # optional: end state
                  "answer_from": {"step": 1, "field": null}},             # instead of `answer`
      "tool_sequence": [{"step": 1, "server": "calculator", "tool": "calculate",
-                        "params": {"expression": "964 * 494"}}],
+                        "params": {"expression": "964 * 494"}}],   # + optional `uses` / `picks`:
+                                                   # arguments from earlier results
      "limits": {"max_tool_calls": 4, "max_servers": 1}}},
  "extra_info": {...}}                               # free-form
 ```
@@ -43,10 +44,11 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from environments.tasks.picks import Picked
 from environments.tasks.success import AnswerFrom, StateCheck, SuccessCriteria
 from environments.tasks.success import Strict as _Strict
 
-__all__ = ["COMPONENTS", "AnswerFrom", "ExampleStep", "GroundTruth", "Limits", "PromptMessage", "RewardSpec",
+__all__ = ["COMPONENTS", "AnswerFrom", "ExampleStep", "GroundTruth", "Limits", "Picked", "PromptMessage", "RewardSpec",
            "StateCheck", "SuccessCriteria", "Task", "TaskDataError", "ToolStep", "WorkedExample", "complexity_for",
            "describe_error", "normalize_question", "question_key", "short_form_record", "task_record"]
 
@@ -80,6 +82,11 @@ class ToolStep(_Strict):
     result (1-based), e.g. `{"expression": "{1} + 12"}` or `{"value": "{2}"}`. The process reward
     accepts such an argument when it equals the template filled with the model's own earlier
     results, so a call that correctly uses a wrong upstream result still earns its dependency."""
+    picks: dict[str, Picked] = Field(default_factory=dict)
+    """Arguments (dotted paths into `params`, e.g. `revision` or `edits.0.newText`) taken from an
+    earlier step's result in the episode itself (environments/tasks/picks.py): `params` holds the
+    values the generation run got; a gold trajectory and the process reward take them from the
+    episode's own results instead."""
 
     @field_validator("uses")
     @classmethod
@@ -110,11 +117,17 @@ class GroundTruth(_Strict):
     limits: Limits = Field(default_factory=Limits)
 
     @model_validator(mode="after")
-    def _answer_step_exists(self) -> GroundTruth:
+    def _referenced_steps_exist(self) -> GroundTruth:
         source = self.success.answer_from
+        problems = []
         if source is not None and source.step > len(self.tool_sequence):
-            raise ValueError(f"success.answer_from.step is {source.step}, but tool_sequence has "
-                             f"{len(self.tool_sequence)} step(s)")
+            problems.append(f"success.answer_from.step is {source.step}, but tool_sequence has "
+                            f"{len(self.tool_sequence)} step(s)")
+        for position, step in enumerate(self.tool_sequence, start=1):
+            problems += [f"tool_sequence.{position - 1}.picks.{name}.step is {picked.step}: not an earlier step"
+                         for name, picked in step.picks.items() if picked.step >= position]
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="before")

@@ -21,6 +21,12 @@ class WarmupConfig(Section):
     balance: Literal["chain_length", "none"] = "chain_length"
     """`chain_length`: each batch takes tasks of every gold chain length in turn; `none`: a
     shuffled pass over the training tasks."""
+    max_minutes: float | None = Field(default=None, ge=0.0)
+    """Stop the warm start once a step ends past this many minutes of it (the first step always
+    runs), so a run's time budget holds on a slower machine too; null: `steps` alone."""
+    eval_after: bool = False
+    """Evaluate held-out success right after the warm start as well (summary.json
+    `success_warmup`, beside `success_before` and `success_after`)."""
 
 
 class CurriculumConfig(Section):

@@ -14,16 +14,27 @@ from grpo.collect.episode import task_id_of
 
 
 def group_of(task: Any) -> dict[str, str]:
-    """The groups a held-out task is reported in: its complexity, and its `extra_info.split`
-    when it has one (generated chains: `eval` = a trained template, `novel` = a composition
-    never trained on)."""
+    """The groups a held-out task is reported in: its complexity; the number of calls of its gold
+    chain (`calls=2`) and the servers the chain uses (`server=git`, several joined by `+`) when it
+    has one; and its `extra_info.split` when it has one (generated tasks: `eval` = a trained
+    template, `novel` = a template never trained on), then also calls and servers within the split
+    (`eval/server=git`), so held-out templates are never mixed into the trained ones' figures."""
     groups = {}
     complexity = getattr(task, "complexity", None)
     if complexity:
         groups["complexity"] = str(complexity)
+    steps = getattr(getattr(getattr(task, "reward_spec", None), "ground_truth", None), "tool_sequence", None) or []
+    by_chain = {}
+    if steps:
+        by_chain["calls"] = str(len(steps))
+        servers = sorted({step.server for step in steps if step.server})
+        if servers:
+            by_chain["server"] = "+".join(servers)
+    groups.update(by_chain)
     split = (getattr(task, "extra_info", None) or {}).get("split")
     if split:
         groups["split"] = str(split)
+        groups.update({f"{split}/{name}": value for name, value in by_chain.items()})
     return groups
 
 

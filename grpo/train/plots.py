@@ -36,6 +36,9 @@ def plot_curves(history: list[dict[str, float]], summary: dict[str, Any], path: 
     if "success_before" in summary:
         ax.scatter([0], [summary["success_before"]], color="black", marker="s", zorder=3,
                    label=f"held-out success before: {summary['success_before']:.0%}")
+    if "success_warmup" in summary:
+        ax.scatter([0], [summary["success_warmup"]], color="tab:orange", marker="D", zorder=3,
+                   label=f"held-out success after the warm start: {summary['success_warmup']:.0%}")
     if "success_after" in summary:
         ax.scatter([len(history)], [summary["success_after"]], color="green", marker="*", s=120, zorder=3,
                    label=f"held-out success after: {summary['success_after']:.0%}")

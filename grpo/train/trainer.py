@@ -245,6 +245,8 @@ class GRPOTrainer:
             summary.update(_eval_summary(before, "before"))
         if cfg.train.warmup.steps and self.step == 0:
             await self._warm_start(tools)
+            if cfg.train.warmup.eval_after:  # what the warm start alone gives, so GRPO's own gain shows
+                summary.update(_eval_summary(await self._evaluate("warmup"), "warmup"))
         while self.step < cfg.train.steps:
             if cfg.train.max_minutes and time.time() - started > 60 * cfg.train.max_minutes:
                 log.info("train.max_minutes=%g reached after %d steps: stopping", cfg.train.max_minutes, self.step)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from environments.taskgen.drafts import Call, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Explorer, Template
+from environments.tasks.picks import Picked
 
 ZONES = (("Tokyo", "Asia/Tokyo"), ("Paris", "Europe/Paris"), ("New York", "America/New_York"),
          ("London", "Europe/London"), ("Sydney", "Australia/Sydney"), ("Kolkata", "Asia/Kolkata"),
@@ -31,10 +32,10 @@ def _place(zone: tuple[str, str]) -> str:
     return "UTC (Etc/UTC)" if zone[0] == "UTC" else f"{zone[0]} (time zone {zone[1]})"
 
 
-def _hhmm(_text: str, data: object) -> str:
-    """HH:MM of a get_current_time or convert_time result (`datetime` or `target.datetime`)."""
-    stamp = data["datetime"] if isinstance(data, dict) and "datetime" in data else data["target"]["datetime"]
-    return stamp[11:16]
+def _hhmm(step: int, field: str) -> Pick:
+    """HH:MM of the ISO time at `field` of call `step`'s result (get_current_time's `datetime`,
+    convert_time's `target.datetime`)."""
+    return Pick.of(Picked(step=step, field=field, pattern=r"T(\d\d:\d\d)"), f"the time call {step} returned (HH:MM)")
 
 
 async def _known(explorer: Explorer, zone: str) -> bool:
@@ -67,11 +68,13 @@ class ClockFamily:
     def _now(self, zone: str) -> Call:
         return Call(self.server, "get_current_time", {"timezone": zone})
 
-    def _convert(self, source: str, time: str | None, target: str, step: int | None = None) -> Call:
+    def _convert(self, source: str, time: str | None, target: str, step: int | None = None,
+                 field: str = "datetime") -> Call:
+        """A conversion of `time`, or of the time at `field` of call `step`'s result."""
         call = Call(self.server, "convert_time", {"source_timezone": source, "time": time or "",
                                                   "target_timezone": target})
         if step is not None:
-            call.picks["time"] = Pick(step, _hhmm, f"the time call {step} returned (HH:MM)")
+            call.picks["time"] = _hhmm(step, field)
         return call
 
     @staticmethod
@@ -130,7 +133,7 @@ class ClockFamily:
                          f"A call starts at {time} today in {_place(a)}. Convert that to {_place(b)}, then convert "
                          f"the converted time (hours and minutes) on to {_place(c)}. What date and time is it in "
                          f"{c[0]}? {_AS_REPORTED}",
-                         [self._convert(a[1], time, b[1]), self._convert(b[1], None, c[1], step=1)],
+                         [self._convert(a[1], time, b[1]), self._convert(b[1], None, c[1], 1, "target.datetime")],
                          answer_from=(2, "target.datetime"))
 
         def now_convert_twice(rng: random.Random) -> Draft:
@@ -140,7 +143,7 @@ class ClockFamily:
                          f"then convert that result's hours and minutes to {_place(c)}. Which day of the week is "
                          f"it in {c[0]} then?",
                          [self._now(a[1]), self._convert(a[1], None, b[1], step=1),
-                          self._convert(b[1], None, c[1], step=2)], answer_from=(3, "target.day_of_week"))
+                          self._convert(b[1], None, c[1], 2, "target.datetime")], answer_from=(3, "target.day_of_week"))
 
         makers = [(weekday, 1), (now, 1), (convert, 1), (difference, 1), (now_convert, 2),
                   (now_convert_weekday, 2), (convert_twice, 2), (now_convert_twice, 3)]

@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import posixpath
 import random
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Sequence
 
-from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick
+from environments.taskgen.drafts import Call, Check, Draft, Pick
 from environments.taskgen.families.base import Explorer, Template
+from environments.tasks.picks import Picked
 
 NEW_NAMES = ("summary", "draft", "plan", "log", "backup", "copy", "notes2", "memo", "list", "agenda", "reminder",
              "overview", "archive-note", "next-steps", "review")
@@ -27,14 +29,12 @@ TEXTS = ("Water the plants on Sunday.", "Pick up the parcel at the post office."
 FOLDERS = ("archive", "old", "shared", "inbox", "later", "misc", "done", "work")
 
 
-def _found_path(stem: str) -> Callable[[str, object], str]:
-    """The one path a search or listing result names that ends with `stem`."""
-    def extract(text: str, _data: object) -> str:
-        lines = [line.strip() for line in text.splitlines() if line.strip().endswith(stem)]
-        if len(lines) != 1:
-            raise DraftRejected(f"the result names {len(lines)} paths ending in {stem!r}, not one")
-        return lines[0].removeprefix("[FILE] ").removeprefix("./")
-    return extract
+def _found_path(step: int, stem: str, folder: str | None = None) -> Pick:
+    """The one path that a search or listing result (call `step`) names ending with `stem`
+    (without a listing's `[FILE] ` mark), under `folder` when the listing names bare file names."""
+    pattern = r"^\s*(?:\[FILE\] )?(?:\./)?(.*" + re.escape(stem) + r")\s*$"
+    return Pick.of(Picked(step=step, pattern=pattern, format=None if folder is None else posixpath.join(folder, "{}")),
+                   f"the path ending in {stem} that call {step} names")
 
 
 class FilesFamily:
@@ -117,7 +117,7 @@ class FilesFamily:
             return Draft("files", "", f"Somewhere under the folder {folder} there is a file named {name}. Find it "
                          "with a search, then tell me what it says.",
                          [self._call("search_files", path=folder, pattern=f"**/{name}"),
-                          Call(s, "read_text_file", {"path": ""}, {"path": Pick(1, _found_path("/" + name))})],
+                          Call(s, "read_text_file", {"path": ""}, {"path": _found_path(1, "/" + name)})],
                          Pick.field(2, None))
 
         def list_read(rng):
@@ -132,8 +132,8 @@ class FilesFamily:
             return Draft("files", "", f"List the folder {folder}; it holds exactly one {ext} file. What does that "
                          "file say?",
                          [self._call("list_directory", path=folder),
-                          Call(s, "read_text_file", {"path": ""}, {"path": Pick(1, _found_path(ext))},
-                               {"path": lambda name: posixpath.join(folder, name)})], Pick.field(2, None))
+                          Call(s, "read_text_file", {"path": ""}, {"path": _found_path(1, ext, folder)})],
+                         Pick.field(2, None))
 
         def write(rng):
             path, text = self._new_path(rng), rng.choice(TEXTS)
@@ -196,7 +196,7 @@ class FilesFamily:
                          f"into the folder {folder} (keeping its name).",
                          [self._call("search_files", path=top, pattern=f"**/{name}"),
                           Call(s, "move_file", {"source": "", "destination": f"{folder}/{name}"},
-                               {"source": Pick(1, _found_path("/" + name))})],
+                               {"source": _found_path(1, "/" + name)})],
                          checks=[self._list_check(folder, f"[FILE] {name}")])
 
         def search_copy(rng):
@@ -206,7 +206,7 @@ class FilesFamily:
             return Draft("files", "", f"Search under {top} for the file named {name}, read it, and save an exact copy "
                          f"of its text as a new file {target}.",
                          [self._call("search_files", path=top, pattern=f"**/{name}"),
-                          Call(s, "read_text_file", {"path": ""}, {"path": Pick(1, _found_path("/" + name))}),
+                          Call(s, "read_text_file", {"path": ""}, {"path": _found_path(1, "/" + name)}),
                           Call(s, "write_file", {"path": target, "content": ""}, {"content": Pick.field(2, None)})],
                          checks=[self._read_check(target)])
 

@@ -24,6 +24,7 @@ from typing import Any
 from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick, dig, parse_result
 from environments.taskgen.families.base import Explorer, Template
 from environments.taskgen.values import add_to_pool, records, same_kind, schema_value, singular
+from environments.tasks.picks import Picked, Selection
 
 MAX_FILLINGS = 6
 """Argument sets tried per read tool while exploring."""
@@ -50,12 +51,8 @@ class Selector:
         return f'the {singular(self.path)} whose "{self.key}" is {json.dumps(self.value)}'
 
     def pick(self, step: int, field: str) -> Pick:
-        def extract(_text: str, data: Any) -> Any:
-            matches = [x for x in dig(data, self.path) if isinstance(x, dict) and x.get(self.key) == self.value]
-            if len(matches) != 1:
-                raise DraftRejected(f"{self.says()} matches {len(matches)} items")
-            return dig(matches[0], field)
-        return Pick(step, extract, f"the {field} of {self.says()}")
+        select = Selection(path=self.path or None, key=self.key, value=self.value)
+        return Pick.of(Picked(step=step, select=select, field=field), f"the {field} of {self.says()}")
 
 
 def selectors(data: Any) -> list[Selector]:
@@ -165,7 +162,7 @@ class GenericFamily:
             r, sel, key, tool, arg = rng.choice(options)
             spec = self.specs[tool].input_schema
             is_list = (spec.get("properties") or {}).get(arg, {}).get("type") == "array"
-            second = Call(s, tool, {arg: ""}, {arg: sel.pick(1, key)}, {arg: (lambda v: [v]) if is_list else (lambda v: v)})
+            second = Call(s, tool, {arg: [""] if is_list else ""}, {f"{arg}.0" if is_list else arg: sel.pick(1, key)})
             value = sel.item[key]
             targets = [(sel2, f) for sel2 in _selectors_of(self.reads, tool, value)
                        for f in _scalar_fields(sel2.item, sel2.key)]

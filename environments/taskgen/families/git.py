@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Explorer, Template
+from environments.tasks.picks import Picked
 
 BRANCH_NAMES = ("fix/labels", "feature/compost", "feature/seeds", "docs/faq", "try/raised-beds", "feature/map",
                 "cleanup", "release/spring", "feature/rota", "fix/dates", "feature/greenhouse", "docs/rules",
@@ -40,13 +41,11 @@ class Commit:
     """Lines the commit added (without the +)."""
 
 
-def _hash_of(message: str):
-    def extract(text: str, _data: object) -> str:
-        found = [m["hash"] for m in _COMMIT.finditer(text) if m["msg"].strip() == message]
-        if len(found) != 1:
-            raise DraftRejected(f"the log shows {len(found)} commits with the message {message!r}")
-        return found[0]
-    return extract
+def _hash_of(step: int, message: str, fmt: str | None = None) -> Pick:
+    """The hash of the one commit with `message` in the log call `step` returned (`fmt`: the
+    argument around it, e.g. `{}~1:plots.txt`)."""
+    pattern = r"^Commit: ([0-9a-f]{40})\nAuthor: .*\nDate: .*\nMessage: " + re.escape(message) + r"[ \t]*$"
+    return Pick.of(Picked(step=step, pattern=pattern, format=fmt), f"the hash of the commit {message!r}")
 
 
 def _changed_files(text: str, _data: object) -> str:
@@ -134,7 +133,7 @@ class GitFamily:
             return Draft("git", "", f'In {where}, find the commit with the message "{c.message}" in the log, then '
                          "show it: which file did it change? Answer with the file name.",
                          [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": Pick(1, _hash_of(c.message))})],
+                                                      {"revision": _hash_of(1, c.message)})],
                          Pick(2, _changed_files))
 
         def log_show_line(rng):
@@ -142,7 +141,7 @@ class GitFamily:
             return Draft("git", "", f'In {where}, look up the commit "{c.message}" in the log and show it. Which line '
                          "did it add? Answer with that line's text.",
                          [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": Pick(1, _hash_of(c.message))})],
+                                                      {"revision": _hash_of(1, c.message)})],
                          Pick(2, _added_line))
 
         def file_at_branch(rng):
@@ -164,8 +163,7 @@ class GitFamily:
             return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log. How many lines did {path} '
                          "have just before that commit (in its parent)?",
                          [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": Pick(1, _hash_of(c.message))},
-                                                      {"revision": lambda h: f"{h}~1:{path}"})],
+                                                      {"revision": _hash_of(1, c.message, "{}~1:" + path)})],
                          Pick(2, lambda t, _d: len(t.splitlines())))
 
         def branches(rng):
@@ -191,7 +189,7 @@ class GitFamily:
             return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log and show it. What is its '
                          "author's email address?",
                          [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": Pick(1, _hash_of(c.message))})],
+                                                      {"revision": _hash_of(1, c.message)})],
                          Pick(2, lambda t, _d: _one(re.findall(r"^Author: .*<(.+)>", t, re.MULTILINE))))
 
         def show_after(rng):
@@ -200,8 +198,7 @@ class GitFamily:
             return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log. How many lines did {path} '
                          "have right after that commit?",
                          [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": Pick(1, _hash_of(c.message))},
-                                                      {"revision": lambda h: f"{h}:{path}"})],
+                                                      {"revision": _hash_of(1, c.message, "{}:" + path)})],
                          Pick(2, lambda t, _d: len(t.splitlines())))
 
         def stage_two_commit(rng):

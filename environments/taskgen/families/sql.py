@@ -16,14 +16,27 @@ from typing import Any
 
 from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick, parse_result
 from environments.taskgen.families.base import Explorer, Template
+from environments.tasks.picks import PLACEHOLDER, Picked
 
 NEW_PEOPLE = ("Kai Jensen", "Lena Fischer", "Marco Bianchi", "Nora Quinn", "Oscar Lind", "Priya Nair", "Quentin Roy",
               "Rosa Alvarez", "Sami Koski", "Tara Walsh")
 NEW_PRODUCTS = ("bread knife", "picnic basket", "desk fan", "travel mug", "bike light", "rain poncho", "cutting board")
 
 
+HOLE = object()
+"""Where a picked value goes in a statement (`_sql` writes the format's placeholder)."""
+
+
 def _sql(value: Any) -> str:
+    if value is HOLE:
+        return PLACEHOLDER
     return str(value) if isinstance(value, (int, float)) else "'" + str(value).replace("'", "''") + "'"
+
+
+def _picked_value(step: int, column: str, statement: str) -> Pick:
+    """The value of `column` in the one row call `step` returned, written into `statement` (at
+    its placeholder)."""
+    return Pick.of(Picked(step=step, field=f"0.{column}", format=statement), f"the {column} call {step} found")
 
 
 def _first_value(_text: str, data: Any) -> Any:
@@ -124,8 +137,8 @@ class SqlFamily:
             return Draft("sql", "", f'First look up the id of "{row["name"]}" in the {parent} table, then count the rows '
                          f"of the {child} table whose {column} is that id. How many are there?",
                          [self._query(f"SELECT id FROM {parent} WHERE name = {_sql(row['name'])}"),
-                          Call(s, "read_query", {"query": ""}, {"query": Pick(1, _first_value)},
-                               {"query": lambda i: f"SELECT COUNT(*) FROM {child} WHERE {column} = {i}"})],
+                          Call(s, "read_query", {"query": ""},
+                               {"query": _picked_value(1, "id", f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}}")})],
                          Pick(2, _first_value))
 
         def follow_link(rng):
@@ -135,8 +148,8 @@ class SqlFamily:
             return Draft("sql", "", f"In the {child} table, look up the {column} of the row with id {row['id']}, then "
                          f"find that {parent[:-1]} in the {parent} table. What is its {wanted}?",
                          [self._query(f"SELECT {column} FROM {child} WHERE id = {row['id']}"),
-                          Call(s, "read_query", {"query": ""}, {"query": Pick(1, _first_value)},
-                               {"query": lambda i: f"SELECT {wanted} FROM {parent} WHERE id = {i}"})],
+                          Call(s, "read_query", {"query": ""},
+                               {"query": _picked_value(1, column, f"SELECT {wanted} FROM {parent} WHERE id = {{}}")})],
                          Pick(2, _first_value))
 
         def insert(rng):
@@ -184,9 +197,9 @@ class SqlFamily:
             return Draft("sql", "", f'Look up the id of "{row["name"]}" in the {parent} table, then in the {child} table '
                          f'change {field} from "{frm}" to "{to}" for every row whose {column} is that id.',
                          [self._query(f"SELECT id FROM {parent} WHERE name = {_sql(row['name'])}"),
-                          Call(s, "write_query", {"query": ""}, {"query": Pick(1, _first_value)},
-                               {"query": lambda i: f"UPDATE {child} SET {field} = {_sql(to)} WHERE {column} = {i} "
-                                                   f"AND {field} = {_sql(frm)}"})],
+                          Call(s, "write_query", {"query": ""},
+                               {"query": _picked_value(1, "id", f"UPDATE {child} SET {field} = {_sql(to)} WHERE "
+                                                                f"{column} = {{}} AND {field} = {_sql(frm)}")})],
                          checks=[Check(Call(s, "read_query", {"query": f"SELECT id, {field} FROM {child} ORDER BY id"}))])
 
         def insert_count(rng):
@@ -217,8 +230,8 @@ class SqlFamily:
                          + (f" and {listed}" if listed else "") + " (let the database pick the id).",
                          [self._query(f"SELECT id FROM {pa} WHERE name = {_sql(ra['name'])}"),
                           self._query(f"SELECT id FROM {pb} WHERE name = {_sql(rb['name'])}"),
-                          Call(s, "write_query", {"query": ""}, {"query": Pick(2, _first_value)},
-                               {"query": lambda j, i=ra["id"]: _insert(child, {ca: i, cb: j, **rest})})],
+                          Call(s, "write_query", {"query": ""},
+                               {"query": _picked_value(2, "id", _insert(child, {ca: ra["id"], cb: HOLE, **rest}))})],
                          checks=[Check(self._query(f"SELECT {ca}, {cb}, {', '.join(rest) or 'id'} FROM {child} "
                                                    "ORDER BY id DESC LIMIT 1"))])
 
