@@ -34,7 +34,7 @@ from grpo.models.devices import compute_dtype
 from grpo.models.source import load_causal_lm, load_tokenizer
 from grpo.rollout.registry import make_engine
 from grpo.rollout.scripted import ScriptedEngine
-from grpo.train.warmup import gold_script
+from grpo.train.gold import gold_script
 from tools.manager import SharedToolManager
 
 
