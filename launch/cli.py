@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from launch.interrupt import stops_cleanly_on_interrupt
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("launch.train", "train a policy from a YAML config (GRPO; --dry-run validates only)"),
     "evaluate": ("launch.evaluate", "held-out success of a model on a config's tasks"),
@@ -33,6 +35,7 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+@stops_cleanly_on_interrupt
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
