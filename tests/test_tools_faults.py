@@ -194,7 +194,7 @@ async def test_unknown_tool_lists_the_known_ones(manager):
     result = await manager.call_tool("ech", {"text": "x"})
     assert (result.is_error, result.error_kind) == (True, "unknown_tool")
     assert result.text == (
-        "unknown tool 'ech'; available tools: add, big, big_json, die, echo, fail, getenv, noisy, pid, slow, whoami "
+        "unknown tool 'ech'; available tools: add, big, big_json, die, echo, fail, freeze, getenv, noisy, pid, slow, whoami "
         "(did you mean 'echo'?)"
     )
 
