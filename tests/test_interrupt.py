@@ -24,8 +24,18 @@ LAUNCH = sorted(p.stem for p in (REPO / "launch").glob("*.py") if 'if __name__ =
 
 def start(tmp_path: Path, module: str, *args: str) -> tuple[subprocess.Popen, Path, Path]:
     out, err = tmp_path / f"{module}.out", tmp_path / f"{module}.err"
-    proc = subprocess.Popen([sys.executable, "-u", "-m", f"launch.{module}", *args], cwd=REPO,
-                            stdout=out.open("w"), stderr=err.open("w"), start_new_session=True)
+    # A test run started in the background by a non-interactive shell inherits SIGINT ignored,
+    # and so would the child (Python then never raises KeyboardInterrupt): the child starts with
+    # the disposition a terminal gives.
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen([sys.executable, "-u", "-m", f"launch.{module}", *args], cwd=REPO,
+                                stdout=out.open("w"), stderr=err.open("w"), start_new_session=True)
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     return proc, out, err
 
 

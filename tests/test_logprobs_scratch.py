@@ -123,6 +123,18 @@ def test_buffers_grow_to_the_largest_request_and_stay_on_the_cpu():
     assert meta.device.type == "meta" and ("y", torch.float32) not in scratch.buffers
 
 
+def test_a_buffer_first_taken_under_inference_mode_takes_in_place_writes_after_it():
+    # Sampling with the policy itself (an engine without a weight copy) runs the training forward
+    # under inference_mode; the update after it wrote into the same buffer and failed.
+    scratch = Scratch()
+    with torch.inference_mode():
+        scratch.take("x", (4, 4), torch.float32, torch.device("cpu")).fill_(1.0)
+    buffer = scratch.take("x", (2, 2), torch.float32, torch.device("cpu"))
+    assert not buffer.is_inference()
+    torch.matmul(torch.ones(2, 3), torch.ones(3, 2), out=buffer)
+    assert buffer.tolist() == [[3.0, 3.0], [3.0, 3.0]]
+
+
 def test_a_request_over_the_cap_is_a_tensor_of_its_own_and_not_kept(monkeypatch):
     import grpo.forward.scratch as scratch_module
 

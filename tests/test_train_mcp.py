@@ -3,6 +3,7 @@ describes them, and the Makefile generates the tasks the run then trains and eva
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -35,8 +36,11 @@ def test_the_run_attaches_the_four_servers_as_the_shared_description_does():
 
 
 def _dry_run(*args: str) -> list[str]:
-    out = subprocess.run(["make", "-n", *INSTALLED, "train-mcp", *args], cwd=REPO, capture_output=True,
-                         text=True, check=True).stdout
+    # Under `make test` the environment carries the outer make's MAKEFLAGS and MAKELEVEL, which
+    # would make this one print "Entering directory" lines: a clean environment, as a user's shell.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", *INSTALLED, "train-mcp", *args], cwd=REPO,
+                         capture_output=True, text=True, check=True, env=env).stdout
     return [line.split() for line in out.replace("\\\n", " ").splitlines() if line.strip()]
 
 

@@ -39,7 +39,10 @@ class Scratch(threading.local):
             return torch.empty(shape, dtype=dtype, device=device)
         buffer = self.buffers.get((name, dtype))
         if buffer is None or buffer.numel() < numel:
-            buffer = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
+            # A normal tensor even when first asked for under inference_mode (sampling with the
+            # policy itself): an inference tensor refuses the in-place writes of a later update.
+            with torch.inference_mode(False):
+                buffer = self.buffers[(name, dtype)] = torch.empty(numel, dtype=dtype)
         return buffer[:numel].view(shape)
 
     def claim(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Claim:
