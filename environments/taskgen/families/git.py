@@ -116,6 +116,12 @@ class GitFamily:
         where = f"the git repository {repo}"
         changed = self.modified + self.untracked
 
+        def log_then_show(c, revision: str | None = None) -> list[Call]:
+            """git_log, then git_show of the commit with `c`'s message, its hash picked from the log
+            into `revision`."""
+            return [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
+                                                {"revision": _hash_of(1, c.message, revision)})]
+
         def author(rng):
             c = rng.choice(unique)
             return Draft("git", "", f'In {where}, who is the author of the commit with the message "{c.message}"?',
@@ -132,16 +138,14 @@ class GitFamily:
             c = rng.choice(one_file)
             return Draft("git", "", f'In {where}, find the commit with the message "{c.message}" in the log, then '
                          "show it: which file did it change? Answer with the file name.",
-                         [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": _hash_of(1, c.message)})],
+                         log_then_show(c),
                          Pick(2, _changed_files))
 
         def log_show_line(rng):
             c = rng.choice(one_line)
             return Draft("git", "", f'In {where}, look up the commit "{c.message}" in the log and show it. Which line '
                          "did it add? Answer with that line's text.",
-                         [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": _hash_of(1, c.message)})],
+                         log_then_show(c),
                          Pick(2, _added_line))
 
         def file_at_branch(rng):
@@ -162,8 +166,7 @@ class GitFamily:
             path = c.files[0]
             return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log. How many lines did {path} '
                          "have just before that commit (in its parent)?",
-                         [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": _hash_of(1, c.message, "{}~1:" + path)})],
+                         log_then_show(c, "{}~1:" + path),
                          Pick(2, lambda t, _d: len(t.splitlines())))
 
         def branches(rng):
@@ -188,8 +191,7 @@ class GitFamily:
             c = rng.choice(unique)
             return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log and show it. What is its '
                          "author's email address?",
-                         [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": _hash_of(1, c.message)})],
+                         log_then_show(c),
                          Pick(2, lambda t, _d: _one(re.findall(r"^Author: .*<(.+)>", t, re.MULTILINE))))
 
         def show_after(rng):
@@ -197,8 +199,7 @@ class GitFamily:
             path = c.files[0]
             return Draft("git", "", f'In {where}, find the commit "{c.message}" in the log. How many lines did {path} '
                          "have right after that commit?",
-                         [self._call("git_log"), Call(s, "git_show", {"repo_path": repo, "revision": ""},
-                                                      {"revision": _hash_of(1, c.message, "{}:" + path)})],
+                         log_then_show(c, "{}:" + path),
                          Pick(2, lambda t, _d: len(t.splitlines())))
 
         def stage_two_commit(rng):
