@@ -165,8 +165,11 @@ async def test_big_results_cost_time_linear_in_their_size():
             truncated = "x" * 4000 + f"…[truncated {megabytes * MB - 4000} chars]"
             assert (big.error_kind, big.text, small.text) == (None, truncated, "small")
         assert manager.metrics()["tools/restarts"] == 0.0
-    # The SDK's reader: 1.6 s vs 23.6 s of client CPU (quadratic). Ours: about 4x.
-    assert cpu[40] <= 5 * cpu[10], cpu
+    # Linear is 4x, quadratic 16x (the SDK's reader: 1.6 s vs 23.6 s of client CPU). The bound
+    # sits halfway between them on a log scale: allocating and touching 40 MB of fresh pages is
+    # not exactly 4x of 10 MB on every CPU and allocator (5.7x seen), and a quadratic reader
+    # still fails it by 2x.
+    assert cpu[40] <= 8 * cpu[10], cpu
 
 
 @pytest.mark.anyio
