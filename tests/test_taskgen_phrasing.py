@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import REPO, running_manager
 
-from environments.taskgen.catalog import build_catalog
+from environments.taskgen.catalog import build_catalog, tool_summary
 from environments.taskgen.compose import enumerate_templates, plan_chain
 from tools.config import MCPServerConfig, ToolsConfig
 from tools.manager import SharedToolManager
@@ -67,3 +67,21 @@ def test_an_unseen_calculator_names_each_operation(loop, evaluator):
     # The first step gives its expression, the second the operation and the operand in words.
     assert plan.question.startswith("Use the evaluate tool (Evaluate an arithmetic expression) to compute ")
     assert re.search(r"to (add \d+ to|subtract \d+ from|multiply) the result", plan.question), plan.question
+
+
+@pytest.mark.parametrize(("description", "said"), [
+    # the memory server's create_relations: the second sentence is advice to the caller, not the task
+    ("Create multiple new relations between entities in the knowledge graph. Relations should be in "
+     "active voice", "Create multiple new relations between entities in the knowledge graph"),
+    ("Get the current time in a specific timezone.\n\nArgs:\n  timezone: IANA name",
+     "Get the current time in a specific timezone"),
+    ("Returns the  weather\nfor a city!  Cached for an hour.", "Returns the weather for a city!"),
+    # longer than the limit: the last whole word that fits, never half a word
+    ("Read the complete contents of a file from the file system as text, handling various text "
+     "encodings and providing detailed error messages if the file cannot be read",
+     "Read the complete contents of a file from the file system as text, handling various text…"),
+    ("", ""),
+    (None, ""),
+])
+def test_a_tool_is_summarized_by_its_first_sentence_in_whole_words(description, said):
+    assert tool_summary(description, limit=90) == said

@@ -75,9 +75,15 @@ class ToolProfile:
         return known if known is not None else generic_phrases(self)
 
 
-def _summary(description: str) -> str:
+def tool_summary(description: str | None, limit: int = 100) -> str:
+    """What a request that names a tool says it does: the first sentence of its description,
+    whole when it fits `limit` characters, else up to the last whole word that fits and "…"
+    (a description cut mid-sentence or mid-word reads to the model as part of the task)."""
     first = " ".join((description or "").strip().split("\n\n")[0].split())
-    return first[:80].rstrip(". ")
+    sentence = re.split(r"(?<=[.!?])\s", first, maxsplit=1)[0].rstrip(". ")
+    if len(sentence) <= limit:
+        return sentence
+    return sentence[:limit + 1].rsplit(" ", 1)[0].rstrip(",;:") + "…"
 
 
 _OPERATION = {"+": ("add {operand} to {it}", "add {left} and {right}"),
@@ -92,7 +98,7 @@ def generic_phrases(profile: ToolProfile) -> Phrases:
     An expression tool is told the operation in words ("use it to subtract 27 from the result");
     a tool of numbers does one operation itself, so the sentence says which number goes into
     which argument."""
-    what = f'the {profile.spec.name} tool ({_summary(profile.spec.description)})' if profile.spec.description \
+    what = f'the {profile.spec.name} tool ({tool_summary(profile.spec.description)})' if profile.spec.description \
         else f"the {profile.spec.name} tool"
     names = list(profile.roles)
     if profile.kind == "compute" and profile.roles[names[0]] == "expression":

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from environments.taskgen.catalog import tool_summary
 from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick, dig, parse_result
 from environments.taskgen.families.base import Explorer, Template
 from environments.taskgen.values import add_to_pool, records, same_kind, schema_value, singular
@@ -119,8 +120,8 @@ class GenericFamily:
                     add_to_pool(self.pool, data)
 
     def _summary(self, tool: str) -> str:
-        first = " ".join((self.specs[tool].description or "").strip().split("\n\n")[0].split())
-        return f" ({first[:90].rstrip('. ')})" if first else ""
+        summary = tool_summary(self.specs[tool].description)
+        return f" ({summary})" if summary else ""
 
     def _read_call(self, read: Read) -> Call:
         return Call(self.server, read.tool, dict(read.args))
