@@ -30,14 +30,16 @@ def _as_number(value: Any) -> float | None:
     return None
 
 
+def numbers_in(text: str) -> list[float]:
+    """The numbers written in `text`, in order."""
+    found = (_as_number(match) for match in _NUMBER_IN_TEXT.findall(text.replace("−", "-")))
+    return [number for number in found if number is not None]
+
+
 def last_number(text: str) -> float | None:
     """The last number written in `text` (None when there is none)."""
-    matches = _NUMBER_IN_TEXT.findall(text.replace("−", "-"))
-    for match in reversed(matches):
-        number = _as_number(match)
-        if number is not None:
-            return number
-    return None
+    numbers = numbers_in(text)
+    return numbers[-1] if numbers else None
 
 
 def normalize_text(text: str) -> str:

@@ -71,14 +71,14 @@ def test_an_unseen_calculator_names_each_operation(loop, evaluator):
 
 @pytest.mark.parametrize(("description", "said"), [
     # the memory server's create_relations: the second sentence is advice to the caller, not the task
-    ("Create multiple new relations between entities in the knowledge graph. Relations should be in "
-     "active voice", "Create multiple new relations between entities in the knowledge graph"),
+    (("Create multiple new relations between entities in the knowledge graph. Relations should be in "
+     "active voice"), "Create multiple new relations between entities in the knowledge graph"),
     ("Get the current time in a specific timezone.\n\nArgs:\n  timezone: IANA name",
      "Get the current time in a specific timezone"),
     ("Returns the  weather\nfor a city!  Cached for an hour.", "Returns the weather for a city!"),
     # longer than the limit: the last whole word that fits, never half a word
-    ("Read the complete contents of a file from the file system as text, handling various text "
-     "encodings and providing detailed error messages if the file cannot be read",
+    (("Read the complete contents of a file from the file system as text, handling various text "
+     "encodings and providing detailed error messages if the file cannot be read"),
      "Read the complete contents of a file from the file system as text, handling various text…"),
     ("", ""),
     (None, ""),

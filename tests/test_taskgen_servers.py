@@ -1,6 +1,6 @@
 """Task generation against real third-party MCP servers from the registries, as `make servers`
 installs them (configs/mcp_servers.yaml): time, git, SQLite, the npm filesystem server, and the
-npm memory server through the generic path alone. A few tasks each; ground truth is checked
+npm memory and everything servers through the generic path alone. A few tasks each; ground truth is checked
 against the fixtures directly (the seed database, the text files), not through the servers."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tools.config import ToolsConfig
 from tools.manager import SharedToolManager
 
 SERVERS = REPO / ".servers"
-NEEDS = {"time": "time", "git": "git", "sqlite": "sqlite", "filesystem": "node", "memory": "node"}
+NEEDS = {"time": "time", "git": "git", "sqlite": "sqlite", "filesystem": "node", "memory": "node", "everything": "node"}
 
 
 def _missing(server: str) -> str | None:
@@ -169,3 +169,54 @@ def test_an_unseen_server_gets_tasks_through_the_generic_path(loop, fixtures):
         assert "answer" in gt["success"] or gt["success"]["checks"]
     reads = [r for r in records if "answer" in r["reward_spec"]["ground_truth"]["success"]]
     assert any(any(n in r["prompt"][0]["content"] for n in names) for r in reads)
+
+
+def _generate_from(loop, config: ToolsConfig, server: str, num: int):
+    tools = SharedToolManager(config)
+    loop.run_until_complete(tools.start())
+    try:
+        return loop.run_until_complete(generate_tasks(tools, servers=[server], num=num, max_steps=3, seed=0,
+                                                      eval_tasks=0, novel_tasks=0, examples=0))
+    finally:
+        loop.run_until_complete(tools.close())
+
+
+def test_objects_text_and_numbers_of_an_unseen_server_become_tasks(loop, fixtures):
+    # The reference servers' demonstration server returns one object (a weather reading), a
+    # sentence with a sum in it, and an echo: none an array of records the generic path knew.
+    if _missing("everything"):
+        pytest.skip(_missing("everything"))
+    outcome = _generate_from(loop, _config(fixtures, ["everything"]), "everything", 12)
+    assert outcome.report["servers"]["everything"]["family"] == "generic"
+    kinds = set()
+    for record in outcome.records:
+        request = record["prompt"][0]["content"]
+        step, = record["reward_spec"]["ground_truth"]["tool_sequence"]
+        answer, args = record["reward_spec"]["ground_truth"]["success"]["answer"], step["params"]
+        result = record["extra_info"]["results"][0]
+        kinds.add(step["tool"])
+        if step["tool"] == "get-sum":  # the one number the sentence adds: a + b
+            assert request.endswith("What number does it return?")
+            assert answer == pytest.approx(args["a"] + args["b"], abs=1e-9)
+            assert float(result.rsplit(" is ", 1)[1].rstrip(".")) == pytest.approx(answer, abs=1e-9)
+        elif step["tool"] == "echo":
+            assert request.endswith("Answer with its text exactly.") and answer == f"Echo: {args['message']}"
+        elif step["tool"] == "get-structured-content":  # a field of the object, named by its key
+            field = request.rsplit('what is the "', 1)[1].split('"')[0]
+            assert json.loads(result)[field] == answer and args["location"] in request
+    assert {"get-sum", "echo", "get-structured-content"} <= kinds
+
+
+def test_a_result_that_repeats_the_environment_never_becomes_a_task(loop, fixtures):
+    # get-env prints the server's environment; with the config's deny lifted it is read-only and
+    # callable, and its result is one small object: host settings and a key must not be written.
+    if _missing("everything"):
+        pytest.skip(_missing("everything"))
+    config = _config(fixtures, ["everything"])
+    secret = "sk-proj-Zq8dL2mW9xT4vB7n"
+    config = ToolsConfig(servers={"everything": {**config.servers["everything"].model_dump(exclude_unset=True),
+                                                 "deny": [], "env": {"SERVICE_API_KEY": secret}}},
+                         call_timeout=30)
+    outcome = _generate_from(loop, config, "everything", 12)
+    written = json.dumps(outcome.records)
+    assert secret not in written and "get-env" not in written and outcome.records

@@ -2,11 +2,15 @@
 
 Exploring calls the read-only tools (argument-free first, then with values from their schemas and
 from what earlier results held, environments/taskgen/values.py) and keeps every call that worked
-with its parsed result. Requests name the tool, every argument's value, and which item of a
-result they mean by a field whose value is unique among the items (`the entity whose entityType
-is "company"`), so the answer and the calls are determined:
+with its parsed result (a result holding a secret is never kept: it would be written into task
+files). Requests name the tool, every argument's value, and which part of a result they mean: an
+item of an array by a field whose value is unique among the items (`the entity whose entityType
+is "company"`), a field of a result that is one object (`the "conditions" of its result`), the
+one number a text result adds to the arguments ("The sum of 7 and 12 is 19." -> 19), or a short
+text result whole; so the answer and the calls are determined:
 
-- `generic:read`: one read; the answer is one field of one item of its result;
+- `generic:read`: one read; the answer is one field of one item of its result, a field of the
+  object it returns, the number its text gives, or its short text;
 - `generic:read>read`: an item found in one read gives the argument of a second read;
 - `generic:write`: one write with values from the schema (on a disposable copy of the state only),
   checked by the argument-free reads;
@@ -16,19 +20,34 @@ is "company"`), so the answer and the calls are determined:
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from environments.comparisons import numbers_in
 from environments.taskgen.catalog import tool_summary
+from environments.taskgen.conversations import mask_secrets
 from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick, dig, parse_result
 from environments.taskgen.families.base import Explorer, Template
-from environments.taskgen.values import add_to_pool, records, same_kind, schema_value, singular
+from environments.taskgen.values import (
+    add_to_pool,
+    leaves,
+    records,
+    same_kind,
+    schema_value,
+    singular,
+)
 from environments.tasks.picks import Picked, Selection
 
 MAX_FILLINGS = 6
 """Argument sets tried per read tool while exploring."""
+MAX_OBJECT_FIELDS = 12
+"""A result object with more scalar fields than this is a dump (a server's environment, a config),
+not a record a person asks about: its fields are not named in requests."""
+MAX_TEXT_ANSWER = 120
+"""The longest single-line text result a request asks for whole."""
 
 
 @dataclass
@@ -51,23 +70,95 @@ class Selector:
     def says(self) -> str:
         return f'the {singular(self.path)} whose "{self.key}" is {json.dumps(self.value)}'
 
+    def finds(self) -> str:
+        """What a request says it looks for in the result before naming a field of it."""
+        return f" and find {self.says()}"
+
+    def of(self, field: str) -> str:
+        """A field of the item, in a question: `the "name" of the entity whose ...`."""
+        return f"the {_phrase_field(field)} of {self.says()}"
+
+    def its(self, key: str) -> str:
+        """A field of the item, once the request has said which item (`its name`)."""
+        return f"its {key}"
+
     def pick(self, step: int, field: str) -> Pick:
         select = Selection(path=self.path or None, key=self.key, value=self.value)
         return Pick.of(Picked(step=step, select=select, field=field), f"the {field} of {self.says()}")
 
 
-def selectors(data: Any) -> list[Selector]:
-    found = []
+@dataclass
+class Whole:
+    """A result that is one object (a record, a reading): its fields are named directly."""
+
+    item: dict
+    key: None = None
+
+    def finds(self) -> str:
+        return ""
+
+    def of(self, field: str) -> str:
+        return f"the {_phrase_field(field)}"
+
+    def its(self, key: str) -> str:
+        return f'the "{key}" of its result'
+
+    def pick(self, step: int, field: str) -> Pick:
+        return Pick.of(Picked(step=step, field=field), f"the {field} of the result")
+
+
+def selectors(data: Any) -> list[Selector | Whole]:
+    """The parts of a result a request can name: each array item by a field unique among the items,
+    and the result itself when it is one object of at most MAX_OBJECT_FIELDS scalar fields."""
+    found: list[Selector | Whole] = []
     for path, items in records(data):
         for key in sorted({k for item in items for k in item}):
             values = [item.get(key) for item in items]
             for item, value in zip(items, values):
                 if isinstance(value, (str, int)) and not isinstance(value, bool) and values.count(value) == 1:
                     found.append(Selector(path, key, value, item))
+    if isinstance(data, dict) and 0 < len(_scalar_fields(data, None)) <= MAX_OBJECT_FIELDS:
+        found.append(Whole(data))
     return found
 
 
-def _scalar_fields(item: dict, but: str) -> list[str]:
+def echoes_environment(data: Any) -> bool:
+    """A result that repeats this machine's environment (two or more variables with their values,
+    as a debugging tool prints them): host details, and where a key sits among them, a secret."""
+    echoed = sum(1 for path, value in leaves(data)
+                 if isinstance(value, str) and os.environ.get(path.rsplit(".", 1)[-1]) == value)
+    return echoed >= 2
+
+
+def text_answer(read: Read) -> tuple[str, Any] | None:
+    """What a request asks of a read whose result is text, and the answer: the one number the text
+    adds to the numbers of the arguments ("The sum of 7 and 12 is 19." -> 19), else the text
+    itself when it is one short line; None for a result that is data, long, or several lines."""
+    if isinstance(read.data, (int, float)) and not isinstance(read.data, bool):
+        return "What number does it return?", read.data
+    if not isinstance(read.data, str) or "\n" in read.data or len(read.data) > MAX_TEXT_ANSWER:
+        return None
+    given = {n for _, v in leaves(read.args) for n in numbers_in(str(v))}
+    new = {n for n in numbers_in(read.data) if n not in given}
+    if len(new) == 1:
+        number = float(f"{new.pop():.12g}")  # 5.6 + 14.2 prints as 19.799999999999997
+        return "What number does it return?", int(number) if number.is_integer() else number
+    if not new:
+        return "What does it return? Answer with its text exactly.", read.data
+    return None
+
+
+def _text_pick(read: Read, question: str) -> Pick:
+    """The answer to `question` from the verifying call's own result (as `text_answer` found it)."""
+    def extract(_text: str, data: Any) -> Any:
+        asked = text_answer(Read(read.tool, read.args, data))
+        if asked is None or asked[0] != question:
+            raise DraftRejected(f"the result of {read.tool} no longer answers {question!r}")
+        return asked[1]
+    return Pick(1, extract, question)
+
+
+def _scalar_fields(item: dict, but: str | None) -> list[str]:
     fields = [k for k, v in item.items() if k != but and isinstance(v, (str, int, float)) and not isinstance(v, bool)]
     fields += [f"{k}.0" for k, v in item.items() if k != but and isinstance(v, list) and v
                and isinstance(v[0], (str, int, float))]
@@ -116,6 +207,8 @@ class GenericFamily:
                     except DraftRejected:
                         continue
                     data = parse_result(text)
+                    if mask_secrets(text)[1] or echoes_environment(data):
+                        continue  # keys, tokens and this host's settings must not reach a task file
                     self.reads.append(Read(tool, args, data))
                     add_to_pool(self.pool, data)
 
@@ -143,15 +236,21 @@ class GenericFamily:
     def templates(self) -> list[Template]:
         s = self.server
         answerable = self._answerable()
+        texts = [(r, asked) for r in self.reads if (asked := text_answer(r)) is not None]
         readers = {r.tool for r in self.reads}
         free_reads = [r for r in self.reads if not r.args]
 
         def read(rng):
-            if not answerable:
+            if not answerable and not texts:
                 return None
-            r, sel, field = rng.choice(answerable)
+            k = rng.randrange(len(answerable) + len(texts))
+            if k >= len(answerable):
+                r, (question, _) = texts[k - len(answerable)]
+                return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)}. {question}",
+                             [self._read_call(r)], _text_pick(r, question))
+            r, sel, field = answerable[k]
             return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)}. In its result, "
-                         f"what is the {_phrase_field(field)} of {sel.says()}?",
+                         f"what is {sel.of(field)}?",
                          [self._read_call(r)], sel.pick(1, field))
 
         def read_read(rng):
@@ -172,10 +271,10 @@ class GenericFamily:
             sel2, field = rng.choice(targets)
             if tool == r.tool and r.args == {arg: [value] if is_list else value}:
                 return None  # the second call would repeat the first
-            holding = f"a list holding its {key}" if is_list else f"its {key}"
-            return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)} and find "
-                         f"{sel.says()}. Then call {tool} with {arg} set to {holding}. In that result, what is the "
-                         f"{_phrase_field(field)} of {sel2.says()}?",
+            holding = f"a list holding {sel.its(key)}" if is_list else sel.its(key)
+            return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)}{sel.finds()}. "
+                         f"Then call {tool} with {arg} set to {holding}. In that result, what is "
+                         f"{sel2.of(field)}?",
                          [self._read_call(r), second], sel2.pick(2, field))
 
         def write(rng):
@@ -206,10 +305,10 @@ class GenericFamily:
             top = path.split(".")[0]
             shown = json.loads(json.dumps(args[top]))
             if "." in path:
-                _put(shown, path.split(".", 1)[1], f"<its {key}>")
+                _put(shown, path.split(".", 1)[1], f"<{sel.its(key)}>")
             said = _args_text({k: v for k, v in args.items() if k != top})
-            return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)} and find "
-                         f"{sel.says()}. Then call {tool}{self._summary(tool)} with {path} set to its {key}"
+            return Draft("generic", "", f"Call {r.tool}{self._summary(r.tool)} with {_args_text(r.args)}{sel.finds()}. "
+                         f"Then call {tool}{self._summary(tool)} with {path} set to {sel.its(key)}"
                          + (f" and {said}" if said != "no arguments" else "")
                          + (f", so {top} = {json.dumps(shown)}" if "." in path else "") + ".",
                          [self._read_call(r), Call(s, tool, args, {path: sel.pick(1, key)})],
@@ -247,7 +346,7 @@ def _put(data: Any, dotted: str, value: Any) -> None:
         data[last] = value
 
 
-def _selectors_of(reads: list[Read], tool: str, value: Any) -> list[Selector]:
+def _selectors_of(reads: list[Read], tool: str, value: Any) -> list[Selector | Whole]:
     """Selectors over the results of `tool` that explored reads got when called with `value`."""
     found = []
     for read in reads:
