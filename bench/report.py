@@ -73,6 +73,20 @@ def table_rows(report: dict) -> list[Row]:
         rows.append(("calculator 512-episode step, median s", report["calculator512_step_s"], "target <= 5"))
         rows.append(("  last: generate / tools / update s",
                      f"{last['generate_s']} / {last['tool_wait_s']} / {last['update_s']}", ""))
+    engines = report.get("engines")
+    if engines and "skipped" in engines:
+        rows.append(("HF engine vs vLLM", None, engines["skipped"]))
+    elif engines:
+        for mode, label in (("full", "full weights"), ("lora", "LoRA")):
+            for key, row in engines.get(mode, {}).items():
+                if key.startswith("b") and key[1:].isdigit():
+                    rows.append((f"{label} {key}: HF / vLLM tokens/s",
+                                 f"{row['hf_tokens_per_s']} / {row['vllm_tokens_per_s']}",
+                                 f"vLLM {row['vllm_over_hf']}x the HF engine"))
+        step = engines.get("calculator_step")
+        if step:
+            rows.append(("calculator step: HF / vLLM s", f"{step['hf']['step_s']} / {step['vllm']['step_s']}",
+                         "configs/cpu.yaml, 8 x G=4, update included"))
     peak = report.get("peak")
     if peak:
         rows.append(("peak GFLOP/s fp32 / bf16", f"{peak['fp32_gflops']} / {peak['bf16_gflops']}",

@@ -26,6 +26,9 @@ on a shared machine every wall time is an upper bound):
               GRPOTrainer (bench/trl_baseline.py), and with `standard` in the same run the ratio
   continuous  (where `make train-multistep` left its model) continuous batching vs turn-batched
               collection of 8 chain tasks x G=4, side by side (bench/continuous.py, 2 each)
+  engines     (where vLLM is installed) the HF engine and vLLM on the same requests: tokens/s at
+              batch 16, 64, 256 with full weights and with LoRA, and one calculator training step
+              with each (bench/engines.py)
 
 On CUDA (`--device cuda`, the default where a GPU is visible) the same sections run on the GPU:
 peak is the bf16 8192³ matmul and the device-to-device copy bandwidth; generation runs batches
@@ -59,6 +62,7 @@ import torch.nn.functional as F
 from bench.continuous import TRAINED
 from bench.continuous import measure as measure_continuous
 from bench.continuous import parse_args as continuous_args
+from bench.engines import compare_engines, vllm_installed
 from bench.generation import make_prompts, measure_bandwidth_gbs, measure_peak_gflops
 from bench.report import print_table, write_performance_page
 from bench.steps import multi_turn_step, standard_step
@@ -73,7 +77,7 @@ from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.hf.engine import HFEngine
 
 SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512", "trl",
-            "continuous")
+            "continuous", "engines")
 CPU_SECTIONS = tuple(s for s in SECTIONS if s != "calculator512")
 CUDA_BATCHES = [16, 64, 256, 512]
 TORCH_CUDNN_SDP = torch.backends.cuda.cudnn_sdp_enabled()
@@ -244,6 +248,9 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
                 asyncio.run(measure_continuous(continuous_args(
                     ["--repeats", "2", "--threads", str(threads), f"device={device}"])))
                 if Path(TRAINED).is_dir() else {"skipped": f"no trained model at {TRAINED} (make train-multistep)"})
+        elif section == "engines":
+            report["engines"] = (compare_engines(threads=threads, device=device) if vllm_installed()
+                                 else {"skipped": "vLLM is not installed here (make install has its CPU build)"})
         elif section == "calculator512":
             report["calculator512"] = multi_turn_step(
                 steps=3, config_path="configs/gpu.yaml", threads=threads, tasks_per_step=64,

@@ -383,3 +383,22 @@ def test_the_multi_turn_step_runs_the_trainer_and_says_how_its_engine_ran():
     assert report["engine_forward"] == "lean (llama)"
     assert report["engine_sampling"].startswith(("batch-invariant", "reproducible"))
     assert report["last_step_metrics"]["rollout/episodes"] == 2.0
+
+
+def test_the_engines_section_gives_both_engines_the_same_requests(tmp_path, tokenizer):
+    """`--sections engines`: the HF engine and real vLLM from one policy, each batch's requests to
+    both (every row runs to its token limit: no stop token), a rate per engine and their ratio."""
+    from vllm_helpers import require_vllm, write_model
+
+    from bench.engines import generation_side_by_side
+
+    require_vllm()
+    model_dir = write_model(tmp_path / "model", tokenizer)
+    report = generation_side_by_side(lora=False, batches=(2, 3), new_tokens=5, repeats=2, threads=1,
+                                     eager=True, kv_cache_gib=0.0625,
+                                     overrides=(f"model.name_or_path={model_dir}", "model.dtype=float32"))
+    assert set(report["engines"]) == {"hf", "vllm"} and report["engines"]["vllm"]["engine"] == "vllm"
+    for batch in (2, 3):
+        row = report[f"b{batch}"]
+        assert row["hf_tokens"] == row["vllm_tokens"] == batch * 5
+        assert row["vllm_over_hf"] == round(row["vllm_tokens_per_s"] / row["hf_tokens_per_s"], 3)

@@ -173,6 +173,7 @@ class VLLMEngine(RolloutEngine):
         self.api = api or import_vllm_api(self.device)
         self.tokenizer = tokenizer
         self.is_lora = is_peft(language_model_of(policy))
+        self.llm_kwargs = dict(llm_kwargs)
         self.max_model_len = int(llm_kwargs["max_model_len"])
         self.logprobs_mode = llm_kwargs["logprobs_mode"]
         self.sleep_enabled = sleep_enabled
@@ -200,6 +201,18 @@ class VLLMEngine(RolloutEngine):
         self.weight_version = 0
         self.last_metrics: dict[str, float] = {}
         self.sync_weights(policy)
+
+    def describe(self) -> dict[str, str]:
+        kwargs = self.llm_kwargs
+        return {
+            "engine": "vllm",
+            "device": str(self.device),
+            "dtype": str(kwargs.get("dtype")),
+            "lora": str(self.is_lora).lower(),
+            "enforce_eager": str(bool(kwargs.get("enforce_eager"))).lower(),
+            "max_model_len": str(self.max_model_len),
+            "logprobs_mode": str(self.logprobs_mode),
+        }
 
     def _on_device(self):
         """Make the engine's GPU current: the collector calls from a worker thread, whose
