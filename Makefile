@@ -162,7 +162,7 @@ train-vllm:
 train-vllm-cpu: install
 	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm run_name=calculator-vllm-cpu $(ARGS)
 	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm lora.enabled=true \
-		algorithm.optimizer.learning_rate=2.0e-5 run_name=calculator-vllm-cpu-lora $(ARGS)
+		algorithm.optimizer.learning_rate=1.0e-4 run_name=calculator-vllm-cpu-lora $(ARGS)
 
 # Two vLLM servers on this machine sample for the trainer (rollout.engine: vllm_server).
 train-vllm-servers: install

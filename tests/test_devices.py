@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from grpo.models.devices import (
     autocast_context,
     compute_dtype,
     memory_metrics,
+    release_free_memory,
     resolve_device,
     select_attention_kernels,
 )
@@ -82,3 +84,25 @@ def test_auto_dtype_follows_cpu_flags(monkeypatch):
     assert devices.compute_dtype(torch.device("cpu"), "auto") == expected
     monkeypatch.setattr(devices, "cpu_has_fast_bf16", lambda: False)
     assert devices.compute_dtype(torch.device("cpu"), "auto") == torch.float32
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_freed_tensors_stay_resident_until_released():
+    if not release_free_memory():
+        pytest.skip("the C library has no malloc_trim (glibc only)")
+    # Freeing a 16 MB block raises glibc's mmap threshold to 16 MB, as a step's large tensors do;
+    # 4 MB tensors then come from the heap, and one allocated after them keeps the heap's top.
+    big = torch.ones(4 << 20)
+    del big
+    blocks = [torch.ones(1 << 20) for _ in range(128)]  # 512 MB, touched
+    top = torch.ones(1 << 20)
+    held = _resident_mib()
+    del blocks
+    assert _resident_mib() > held - 64  # freed, still resident: what climbs step after step
+    release_free_memory()
+    assert _resident_mib() < held - 384
+    del top

@@ -33,7 +33,12 @@ from grpo.collect.collector import TrajectoryCollector
 from grpo.collect.episode import task_id_of
 from grpo.collect.prompt_budget import check_prompt_budget
 from grpo.config import RunConfig, save_config
-from grpo.models.devices import memory_metrics, resolve_device, select_attention_kernels
+from grpo.models.devices import (
+    memory_metrics,
+    release_free_memory,
+    resolve_device,
+    select_attention_kernels,
+)
 from grpo.models.export import save_pretrained
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
@@ -300,6 +305,7 @@ class GRPOTrainer:
                 "see the warnings above for the episode errors"
             )
         self.engine.sleep()  # vLLM with sleep mode hands its GPU memory to the update meanwhile
+        release_free_memory()  # what the rollout freed, before the update allocates
         updated = True
         try:
             stats = self._train_step(trajectories)
@@ -317,6 +323,7 @@ class GRPOTrainer:
         self.step += 1
         if updated:  # a skipped update left the weights as they were: no EMA step, nothing to push
             self._after_update()
+        release_free_memory()  # what the update freed, before the next rollout and the memory metric
         metrics = {
             **collected.metrics,
             **dynamic,
@@ -392,6 +399,7 @@ class GRPOTrainer:
                 transcripts_path=transcripts,
             )
         metrics["eval/seconds"] = time.time() - t0
+        release_free_memory()
         metrics = self._reduce_metrics(metrics, weight=float(len(tasks)))
         log.info("eval %s: success %.1f%% on %d held-out tasks (%.0f s)", tag,
                  100 * metrics["eval/success_rate"], len(held_out), metrics["eval/seconds"])

@@ -29,6 +29,7 @@ import torch
 
 from grpo.algorithm.batching import micro_batches
 from grpo.collect.collector import TrajectoryCollector
+from grpo.models.devices import release_free_memory
 from grpo.rollout.scripted import ScriptedEngine
 from grpo.train.gold import GoldPlayer
 from grpo.trajectory import Trajectory
@@ -124,10 +125,12 @@ async def warm_start(policy, tokenizer, tools, config, train_tasks: Sequence[Any
             raise RuntimeError(f"warm start step {step}: no gold episode succeeded ({collected.excluded_groups} "
                                "excluded); see the warnings above")
         schedule = config.algorithm.optimizer
+        release_free_memory()  # the gold episodes' rollout memory, before the update allocates
         metrics = warmup_step(policy, optimizer, gold, micro_batch_size=schedule.micro_batch_size,
                               pad_token_id=pad_token_id, max_grad_norm=schedule.max_grad_norm,
                               micro_batch_tokens=schedule.micro_batch_tokens,
                               overhead_tokens=schedule.micro_batch_overhead_tokens)
+        release_free_memory()
         metrics["warmup/step"] = float(step)
         metrics["warmup/gold_success"] = len(gold) / len(batch)
         history.append(metrics)
