@@ -187,3 +187,22 @@ def test_serve_command_carries_the_engine_arguments(tmp_path):
     assert flags["--max-lora-rank"] == "16" and flags["--generation-config"] == "vllm"
     assert "--enforce-eager" in command and "--enable-lora" in command
     assert "--enable-prefix-caching" in command and "--gpu-memory-utilization" not in command
+
+
+def test_weights_sync_and_requests_are_served_from_inside_a_running_event_loop(tmp_path):
+    # The trainer pushes weights from its own event loop (GRPOTrainer._after_update): the engine
+    # must not call asyncio.run there ("cannot be called from a running event loop").
+    import asyncio
+
+    servers = ScriptedServers()
+    engine = _engine(True, servers, tmp_path)
+    policy, _ = PolicyWithValueHead.from_config(
+        ModelConfig(name_or_path="tiny-random", dtype="float32"), LoraConfig(enabled=True), "cpu", seed=0)
+
+    async def inside_a_loop():
+        engine.sync_weights(policy)
+        return engine.generate(_requests(2))
+
+    results = asyncio.run(inside_a_loop())
+    assert engine.model_name == "policy-v2" and [r.token_ids for r in results] == [[11, 12], [21, 22]]
+    assert servers.calls[-1][2]["model"] == "policy-v2"

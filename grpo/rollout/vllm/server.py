@@ -35,6 +35,7 @@ import asyncio
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,18 @@ class _Server:
     """Its weights may not be the current ones (not synced yet, or it failed since)."""
     failures: int = 0
     last_error: str = field(default="")
+
+
+def run_to_completion(coroutine):
+    """Run `coroutine` from synchronous code and return its result: on this thread when no event
+    loop runs here (the collector calls `generate` from a worker thread), else on a thread of its
+    own (the trainer calls `sync_weights` from inside its loop, where `asyncio.run` refuses)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1, thread_name_prefix="vllm-server-sync") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 class VLLMServerEngine(RolloutEngine):
@@ -203,7 +216,7 @@ class VLLMServerEngine(RolloutEngine):
         now = time.monotonic()
         for server in self.servers:
             server.stale = True
-        asyncio.run(self._push_all([s for s in self.servers if s.down_until <= now], previous))
+        run_to_completion(self._push_all([s for s in self.servers if s.down_until <= now], previous))
         self.weight_version += 1
         if all(s.stale for s in self.servers):
             raise ServerFailure("no vLLM server took the new weights: " + "; ".join(
@@ -251,7 +264,7 @@ class VLLMServerEngine(RolloutEngine):
         now = time.monotonic()
         due = [s for s in self.servers if s.stale and s.down_until <= now]
         if due and self.store.current is not None:
-            asyncio.run(self._push_all(due, None))
+            run_to_completion(self._push_all(due, None))
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         if not requests:
@@ -266,7 +279,7 @@ class VLLMServerEngine(RolloutEngine):
         self._revive()
         failures_before = sum(s.failures for s in self.servers)
         started = time.perf_counter()
-        served = asyncio.run(self._serve_all(requests))
+        served = run_to_completion(self._serve_all(requests))
         seconds = time.perf_counter() - started
         results = [result for result, _ in served]
         generated = float(sum(len(r.token_ids) for r in results))
