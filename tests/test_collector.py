@@ -100,6 +100,26 @@ def test_trajectory_is_prompt_plus_sampled_plus_observation_deltas(
             assert traj.metadata["counts"]["truncated_turns"] == 1
 
 
+class ServerReportingEngine(ScriptedEngine):
+    """Reports as the vLLM server engine does: one server failure and two failed-over requests
+    per call, and one server fewer serving after each."""
+
+    def generate(self, requests):
+        results = super().generate(requests)
+        self.last_metrics = {"server_failures": 1.0, "retried_requests": 2.0,
+                             "live_servers": float(8 - len(self.batch_sizes)), "seconds": 0.5}
+        return results
+
+
+def test_server_failures_of_a_collection_reach_its_metrics(loop, calculator_tools, tasks, tokenizer):
+    # Failures are counted over the collection's engine calls; the servers left live are the last call's.
+    engine = ServerReportingEngine(tokenizer, tasks, tool_calls_then_answer(1))
+    m = loop.run_until_complete(make_collector(engine, tokenizer, calculator_tools).collect(tasks[:2], 2, seed=0)).metrics
+    calls = len(engine.batch_sizes)
+    assert (m["rollout/engine_server_failures"], m["rollout/engine_retried_requests"]) == (calls, 2 * calls)
+    assert m["rollout/engine_live_servers"] == 8 - calls and "rollout/engine_seconds" not in m
+
+
 def test_metrics_and_metadata(loop, calculator_tools, tasks, tokenizer):
     engine = ScriptedEngine(tokenizer, tasks, tool_calls_then_answer(1))
     result = loop.run_until_complete(

@@ -206,3 +206,16 @@ def test_weights_sync_and_requests_are_served_from_inside_a_running_event_loop(t
     results = asyncio.run(inside_a_loop())
     assert engine.model_name == "policy-v2" and [r.token_ids for r in results] == [[11, 12], [21, 22]]
     assert servers.calls[-1][2]["model"] == "policy-v2"
+
+
+def test_a_server_that_fails_a_weight_push_is_counted_by_the_next_call(tmp_path):
+    servers = ScriptedServers()
+    engine = _engine(True, servers, tmp_path, retry_after_s=60.0)
+    policy, _ = PolicyWithValueHead.from_config(
+        ModelConfig(name_or_path="tiny-random", dtype="float32"), LoraConfig(enabled=True), "cpu", seed=0)
+    servers.dead.add(URLS[1])
+    engine.sync_weights(policy)  # b refuses the adapter: stale, and down for retry_after_s
+    engine.generate(_requests(2))
+    assert (engine.last_metrics["server_failures"], engine.last_metrics["live_servers"]) == (1, 1)
+    engine.generate(_requests(2))
+    assert engine.last_metrics["server_failures"] == 0

@@ -18,9 +18,12 @@ _Entry = tuple[GenerationRequest, asyncio.Future, float]
 _ENGINE_TOTALS = (
     "prefill_tokens", "shared_prefix_tokens", "kept_prefix_tokens", "resumed_requests",
     "decode_steps", "prefix_attention_steps", "idle_seconds", "joins", "prefill_seconds",
-    "graph_captures", "steps_with_draws",
+    "graph_captures", "steps_with_draws", "server_failures", "retried_requests",
 )
-"""Engine counters summed over a collection's calls (HFEngine's `last_metrics`)."""
+"""Engine counters summed over a collection's calls (the engine's `last_metrics`: HFEngine's, and
+the vLLM server engine's failures and failed-over requests)."""
+_ENGINE_GAUGES = ("live_servers",)
+"""Engine readings whose last value a collection reports (servers serving after its last call)."""
 
 
 class GenerationBatcher:
@@ -178,6 +181,8 @@ class GenerationBatcher:
         for key, value in (getattr(self.engine, "last_metrics", None) or {}).items():
             if key in _ENGINE_TOTALS:
                 self.engine_totals[key] = self.engine_totals.get(key, 0.0) + float(value)
+            elif key in _ENGINE_GAUGES:
+                self.engine_totals[key] = float(value)
 
     async def _call_engine(self, method, *args):
         """Run one engine call in a worker thread, marked as generating on the timeline: its

@@ -128,6 +128,8 @@ class VLLMServerEngine(RolloutEngine):
         self.model_name = SERVED_NAME
         self._transport = transport
         self.weight_version = 0
+        self._failures_reported = 0
+        """Server failures already counted in a call's `last_metrics`."""
         self.last_metrics: dict[str, float] = {}
         self.sync_weights(policy)
 
@@ -161,11 +163,16 @@ class VLLMServerEngine(RolloutEngine):
             return response.text  # e.g. /v1/load_lora_adapter answers in plain text
         return response.json()
 
-    def _fail(self, server: _Server, error: Exception) -> None:
+    def _fail(self, server: _Server, error: Exception, pushing: bool = False) -> None:
         """Take the server out of service; its other requests in flight fail with it, and those
-        count once (one failure of one server)."""
+        count once (one failure of one server). A failed weight push (`pushing`: the server is
+        stale while it loads) counts too."""
         now = time.monotonic()
-        if not server.stale:  # requests go only to servers in service (not stale)
+        if pushing:
+            server.failures += 1
+            log.warning("vLLM server %s did not take the new weights (%s); it serves again after "
+                        "%g s, brought up to date first", server.url, error, self.settings.retry_after_s)
+        elif not server.stale:  # requests go only to servers in service (not stale)
             server.failures += 1
             log.warning("vLLM server %s failed (%s); its requests go to the other servers",
                         server.url, error)
@@ -201,7 +208,7 @@ class VLLMServerEngine(RolloutEngine):
                 return_exceptions=True)
         for server, result in zip(servers, results):
             if isinstance(result, ServerFailure):
-                self._fail(server, result)
+                self._fail(server, result, pushing=True)
             elif isinstance(result, BaseException):
                 raise result
 
@@ -277,7 +284,6 @@ class VLLMServerEngine(RolloutEngine):
                                  f"max_new_tokens {request.sampling.max_new_tokens} exceeds the "
                                  f"servers' max_model_len {self.max_model_len}")
         self._revive()
-        failures_before = sum(s.failures for s in self.servers)
         started = time.perf_counter()
         served = run_to_completion(self._serve_all(requests))
         seconds = time.perf_counter() - started
@@ -290,10 +296,12 @@ class VLLMServerEngine(RolloutEngine):
             "seconds": seconds,
             "tokens_per_second": generated / seconds if seconds > 0 else 0.0,
             "weight_version": float(self.weight_version),
-            "server_failures": float(sum(s.failures for s in self.servers) - failures_before),
+            # since the previous call: failed weight pushes between calls count too
+            "server_failures": float(sum(s.failures for s in self.servers) - self._failures_reported),
             "retried_requests": float(sum(1 for _, retries in served if retries)),
             "live_servers": float(sum(1 for s in self.servers if not s.stale and s.down_until <= now)),
         }
+        self._failures_reported = sum(s.failures for s in self.servers)
         return results
 
     def close(self) -> None:
