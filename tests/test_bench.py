@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 
 import pytest
@@ -383,6 +384,9 @@ def test_the_multi_turn_step_runs_the_trainer_and_says_how_its_engine_ran():
     assert report["engine_forward"] == "lean (llama)"
     assert report["engine_sampling"].startswith(("batch-invariant", "reproducible"))
     assert report["last_step_metrics"]["rollout/episodes"] == 2.0
+    # the run's directory is gone: its training.log handler went with it, so later log lines
+    # (any test's, any library user's) do not fail on a missing file
+    assert [h for h in logging.getLogger("mcp_grpo").handlers if isinstance(h, logging.FileHandler)] == []
 
 
 def test_the_engines_section_gives_both_engines_the_same_requests(tmp_path, tokenizer):

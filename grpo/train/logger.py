@@ -176,3 +176,13 @@ def setup_console_logging(run_dir: Path | None = None, level: int = logging.INFO
         file_handler = logging.FileHandler(run_dir / "training.log")
         file_handler.setFormatter(fmt)
         root.addHandler(file_handler)
+
+
+def close_run_logging(run_dir: Path) -> None:
+    """Detach and close the handlers writing into `run_dir` (its `training.log`): a run's file
+    must not outlive it, or the next log line of the process goes to a directory that may be gone."""
+    root = logging.getLogger("mcp_grpo")
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+            root.removeHandler(handler)
+            handler.close()

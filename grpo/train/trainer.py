@@ -51,7 +51,7 @@ from grpo.train.checkpoint import (
 )
 from grpo.train.curriculum import CurriculumStream
 from grpo.train.evaluation import evaluate, grouped_success
-from grpo.train.logger import MetricsLogger, setup_console_logging
+from grpo.train.logger import MetricsLogger, close_run_logging, setup_console_logging
 from grpo.train.plots import plot_curves
 from grpo.train.refill import refill
 from grpo.train.task_stream import TaskStream
@@ -219,22 +219,25 @@ class GRPOTrainer:
         summary: dict[str, Any] = {"run_dir": str(self.run_dir), "device": str(self.device),
                                    "engine": self.engine_name}
         try:
-            async with SharedToolManager(cfg.tools) as tools:
-                await self._loop(tools, summary, started)
-        except asyncio.CancelledError:
-            # Ctrl-C: asyncio.run cancels the run at an await (a rollout, an evaluation), never
-            # inside an update, so the last finished step is whole: keep it.
-            self._save_on_interrupt()
+            try:
+                async with SharedToolManager(cfg.tools) as tools:
+                    await self._loop(tools, summary, started)
+            except asyncio.CancelledError:
+                # Ctrl-C: asyncio.run cancels the run at an await (a rollout, an evaluation), never
+                # inside an update, so the last finished step is whole: keep it.
+                self._save_on_interrupt()
+                self.logger.close()
+                raise
+            self._save()
+            if cfg.train.save_final_model:
+                self._save_final_model()
+            summary.update(steps=self.step, wall_minutes=(time.time() - started) / 60)
+            self._write_summary(summary)
             self.logger.close()
-            raise
-        self._save()
-        if cfg.train.save_final_model:
-            self._save_final_model()
-        summary.update(steps=self.step, wall_minutes=(time.time() - started) / 60)
-        self._write_summary(summary)
-        self.logger.close()
-        self.engine.close()
-        return summary
+            self.engine.close()
+            return summary
+        finally:
+            close_run_logging(self.run_dir)
 
     async def _loop(self, tools, summary: dict[str, Any], started: float) -> None:
         cfg = self.config
