@@ -71,6 +71,20 @@ def test_token_prompts_max_tokens_and_per_request_seeds(served, tokenizer):
     assert shorter[0].token_ids == results[0].token_ids[:3]
 
 
+def test_seeded_prompts_beyond_one_steps_token_budget_are_served(served):
+    """12 seeded prompts of 400 tokens (4,800 > vLLM's 4,096 per step on a CPU). A prompt split
+    over steps made vLLM rewind its CPU generator's offset, which CPU generators lack: the engine
+    core died. Each prompt is now prefilled whole, and a seed still fixes its sample."""
+    _, engine = served
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(100, 40_000, (400,), generator=generator).tolist() for _ in range(12)]
+    requests = [GenerationRequest(ids, SamplingParams(max_new_tokens=4, seed=i), f"long{i}")
+                for i, ids in enumerate(prompts)]
+    results = engine.generate(requests)
+    assert [len(r.token_ids) for r in results] == [4] * 12
+    assert engine.generate([requests[11]])[0].token_ids == results[11].token_ids
+
+
 def test_stop_token_ends_the_sequence_and_is_kept(served, tokenizer):
     _, engine = served
     greedy = chat_requests(tokenizer, 1, temperature=0.0, seed0=None, max_new=12, stop=())[0]

