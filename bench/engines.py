@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.engines                       # b16, b64, b256; without and with LoRA
     .venv/bin/python -m bench.engines --batches 64 --no-lora --no-step
+    .venv/bin/python -m bench.engines --profile 16 --out outputs/bench/engines_profile.json
     .venv/bin/python -m bench.run --sections engines        # as a section of `make bench`
 
 Generation: SmolLM2-135M-Instruct from configs/cpu.yaml (its `model.dtype: auto`: bf16 on CPUs
@@ -60,13 +61,11 @@ def _timed(engine, requests: list[GenerationRequest]) -> tuple[float, int]:
     return time.perf_counter() - start, sum(len(r.token_ids) for r in results)
 
 
-def generation_side_by_side(*, lora: bool, batches=BATCHES, new_tokens: int = 64, repeats: int = 3,
-                            threads: int = 2, device: str = "cpu", eager: bool = False,
-                            kv_cache_gib: float = 4.0, overrides: tuple[str, ...] = ()) -> dict:
-    """tokens/s of both engines on the same requests at each batch size (see the module doc);
-    `overrides` go on top of configs/cpu.yaml (another model, say)."""
+def _engines(*, lora: bool, max_batch: int, new_tokens: int, threads: int, device: str, eager: bool,
+             kv_cache_gib: float, overrides: tuple[str, ...]):
+    """(engines by name, start-up seconds by name, tokenizer): both engines from one policy."""
     settings = [f"threads={threads}", f"device={device}", f"lora.enabled={str(lora).lower()}",
-                f"rollout.hf.max_batch_size={max(batches)}",
+                f"rollout.hf.max_batch_size={max_batch}",
                 f"rollout.max_total_tokens={64 + new_tokens + 64}",
                 f"rollout.vllm.enforce_eager={str(eager).lower()}"]
     if device == "cpu":
@@ -82,6 +81,17 @@ def generation_side_by_side(*, lora: bool, batches=BATCHES, new_tokens: int = 64
         if lora:
             engines[name].sync_weights(policy)  # what the trainer does after each update
         startup[name] = round(time.perf_counter() - start, 1)
+    return engines, startup, tokenizer
+
+
+def generation_side_by_side(*, lora: bool, batches=BATCHES, new_tokens: int = 64, repeats: int = 3,
+                            threads: int = 2, device: str = "cpu", eager: bool = False,
+                            kv_cache_gib: float = 4.0, overrides: tuple[str, ...] = ()) -> dict:
+    """tokens/s of both engines on the same requests at each batch size (see the module doc);
+    `overrides` go on top of configs/cpu.yaml (another model, say)."""
+    engines, startup, tokenizer = _engines(lora=lora, max_batch=max(batches), new_tokens=new_tokens,
+                                           threads=threads, device=device, eager=eager,
+                                           kv_cache_gib=kv_cache_gib, overrides=overrides)
     out = {"lora": lora, "new_tokens": new_tokens, "repeats": repeats, "startup_s": startup,
            "engines": {name: engine.describe() for name, engine in engines.items()}}
     try:
@@ -101,6 +111,40 @@ def generation_side_by_side(*, lora: bool, batches=BATCHES, new_tokens: int = 64
             row["load_average"] = round(os.getloadavg()[0], 2)
             out[f"b{batch}"] = row
             print(f"[bench.engines] lora={lora} b{batch}: {json.dumps(row)}", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.close()
+    return out
+
+
+def profile_side_by_side(*, lora: bool, batch: int, new_tokens: int = 64, threads: int = 2,
+                         device: str = "cpu", eager: bool = False, kv_cache_gib: float = 4.0,
+                         top: int = 12, overrides: tuple[str, ...] = ()) -> dict:
+    """Where each engine's time goes on one batch: torch.profiler over one generate call after a
+    warm-up (vLLM's engine core runs in this process, so its operators are seen too). Per engine:
+    the call's seconds, operator calls per generated token, and the `top` operators by their own
+    CPU time (ms, calls)."""
+    engines, _, tokenizer = _engines(lora=lora, max_batch=batch, new_tokens=new_tokens, threads=threads,
+                                     device=device, eager=eager, kv_cache_gib=kv_cache_gib,
+                                     overrides=overrides)
+    out: dict = {"lora": lora, "batch": batch, "new_tokens": new_tokens}
+    try:
+        requests = _requests(tokenizer, batch, new_tokens)
+        for name, engine in engines.items():
+            _timed(engine, requests)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                seconds, tokens = _timed(engine, requests)
+            events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+            ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+            out[name] = {
+                "seconds": round(seconds, 3), "tokens": tokens,
+                "op_calls_per_token": round(sum(e.count for e in events) / tokens, 1),
+                "top_self_cpu": [[e.key, round(e.self_cpu_time_total / 1000, 1), e.count] for e in ranked],
+            }
+            print(f"[bench.engines] profile lora={lora} b{batch} {name}: {seconds:.2f} s, "
+                  f"{out[name]['op_calls_per_token']} op calls per token", flush=True)
+            for key, ms, count in out[name]["top_self_cpu"]:
+                print(f"    {ms:10.1f} ms {count:8d}x  {key}", flush=True)
     finally:
         for engine in engines.values():
             engine.close()
@@ -145,8 +189,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-lora", action="store_true", help="full weights only")
     parser.add_argument("--no-step", action="store_true", help="skip the calculator step")
     parser.add_argument("--eager", action="store_true", help="vLLM without torch.compile / CUDA graphs")
+    parser.add_argument("--profile", type=int, metavar="BATCH",
+                        help="instead of the rates: where each engine's time goes at this batch")
     parser.add_argument("--out", default="outputs/bench/engines.json")
     args = parser.parse_args(argv)
+    if args.profile:
+        report = {mode: profile_side_by_side(lora=mode == "lora", batch=args.profile, threads=args.threads,
+                                             device=args.device, eager=args.eager)
+                  for mode in (("full",) if args.no_lora else ("full", "lora"))}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(f"report: {args.out}")
+        return 0
     report = compare_engines(tuple(args.batches), args.repeats, args.threads, args.device,
                              (False,) if args.no_lora else (False, True), not args.no_step, args.eager)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

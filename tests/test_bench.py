@@ -406,3 +406,21 @@ def test_the_engines_section_gives_both_engines_the_same_requests(tmp_path, toke
         row = report[f"b{batch}"]
         assert row["hf_tokens"] == row["vllm_tokens"] == batch * 5
         assert row["vllm_over_hf"] == round(row["vllm_tokens_per_s"] / row["hf_tokens_per_s"], 3)
+
+
+def test_the_engines_profile_ranks_each_engines_operators_on_one_batch(tmp_path, tokenizer):
+    """`bench.engines --profile B`: one profiled generate call per engine after a warm-up; vLLM's
+    engine core runs in this process, so its model's operators are among those ranked."""
+    from vllm_helpers import require_vllm, write_model
+
+    from bench.engines import profile_side_by_side
+
+    require_vllm()
+    model_dir = write_model(tmp_path / "model", tokenizer)
+    report = profile_side_by_side(lora=False, batch=2, new_tokens=4, threads=1, eager=True, kv_cache_gib=0.0625,
+                                  top=5, overrides=(f"model.name_or_path={model_dir}", "model.dtype=float32"))
+    for name in ("hf", "vllm"):
+        assert report[name]["tokens"] == 8 and len(report[name]["top_self_cpu"]) == 5
+        times = [ms for _, ms, _ in report[name]["top_self_cpu"]]
+        assert times == sorted(times, reverse=True) and report[name]["op_calls_per_token"] > 0
+    assert any(key.startswith("aten::") for key, _, _ in report["vllm"]["top_self_cpu"])
