@@ -158,10 +158,9 @@ def calculator_steps(threads: int = 2, device: str = "cpu", steps: int = 3) -> d
         report = multi_turn_step(steps=steps, config_path=CONFIG, threads=threads,
                                  overrides=(f"device={device}", f"rollout.engine={name}"))
         timed = report["steps"][1:]
-        out[name] = {"step_s": round(statistics.median(r["step_s"] for r in timed), 2),
-                     "generate_s": round(statistics.median(r["generate_s"] for r in timed), 2),
-                     "update_s": round(statistics.median(r["update_s"] for r in timed), 2),
-                     "steps": report["steps"]}
+        out[name] = {key: round(statistics.median(r[key] for r in timed), 2)
+                     for key in ("step_s", "generate_s", "update_s")}
+        out[name]["steps"] = report["steps"]
         print(f"[bench.engines] calculator step, {name}: {out[name]['step_s']} s", flush=True)
     out["vllm_over_hf_step_speed"] = round(out["hf"]["step_s"] / out["vllm"]["step_s"], 3)
     return out
@@ -193,16 +192,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of the rates: where each engine's time goes at this batch")
     parser.add_argument("--out", default="outputs/bench/engines.json")
     args = parser.parse_args(argv)
+    lora_modes = (False,) if args.no_lora else (False, True)
     if args.profile:
-        report = {mode: profile_side_by_side(lora=mode == "lora", batch=args.profile, threads=args.threads,
-                                             device=args.device, eager=args.eager)
-                  for mode in (("full",) if args.no_lora else ("full", "lora"))}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
-        print(f"report: {args.out}")
-        return 0
-    report = compare_engines(tuple(args.batches), args.repeats, args.threads, args.device,
-                             (False,) if args.no_lora else (False, True), not args.no_step, args.eager)
+        report = {"lora" if lora else "full": profile_side_by_side(
+            lora=lora, batch=args.profile, threads=args.threads, device=args.device, eager=args.eager)
+            for lora in lora_modes}
+    else:
+        report = compare_engines(tuple(args.batches), args.repeats, args.threads, args.device, lora_modes,
+                                 not args.no_step, args.eager)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"report: {args.out}")

@@ -182,7 +182,8 @@ def close_run_logging(run_dir: Path) -> None:
     """Detach and close the handlers writing into `run_dir` (its `training.log`): a run's file
     must not outlive it, or the next log line of the process goes to a directory that may be gone."""
     root = logging.getLogger("mcp_grpo")
+    path = os.path.abspath(run_dir / "training.log")  # as FileHandler names its file (no symlinks resolved)
     for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir.resolve():
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename == path:
             root.removeHandler(handler)
             handler.close()
