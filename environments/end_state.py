@@ -15,11 +15,13 @@ Task generation records `expect` with `recorded_expect` and reads a gold answer 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from environments.process_reward import calls_tool
-from environments.tasks.schema import StateCheck, Task
+from environments.tasks.picks import PickError, read_result
+from environments.tasks.schema import AnswerFrom, StateCheck, Task
 
 if TYPE_CHECKING:
     from environments.rewards import CallRecord, Episode
@@ -74,33 +76,65 @@ def json_contains(expected: Any, actual: Any) -> bool:
     return json_equal(expected, actual)
 
 
+VOLATILE = "…"
+"""What a volatile part of a text (an `ignore_patterns` match) reads as when texts are compared."""
+
+
+def without_fields(value: Any, paths: Sequence[str]) -> Any:
+    """`value` with the parts at `paths` (dotted, `*` any key or index) left out; the input is
+    not changed."""
+    if not paths:
+        return value
+    def drop(node: Any, parts: list[str]) -> Any:
+        head, rest = parts[0], parts[1:]
+        if isinstance(node, dict):
+            keys = list(node) if head == "*" else [head]
+            return {k: (v if k not in keys else drop(v, rest)) for k, v in node.items()
+                    if not (k in keys and not rest)}
+        if isinstance(node, list):
+            picked = range(len(node)) if head == "*" else [int(head)] if head.lstrip("-").isdigit() else []
+            chosen = {i % len(node) for i in picked if -len(node) <= i < len(node)} if node else set()
+            return [drop(v, rest) if i in chosen and rest else v for i, v in enumerate(node)
+                    if not (i in chosen and not rest)]
+        return node
+    for path in paths:
+        value = drop(value, path.split("."))
+    return value
+
+
+def without_patterns(text: str, patterns: Sequence[str]) -> str:
+    """`text` stripped, with every match of `patterns` read as one placeholder (VOLATILE)."""
+    text = text.strip()
+    for pattern in patterns:
+        text = re.sub(pattern, VOLATILE, text, flags=re.MULTILINE)
+    return text
+
+
 def check_passes(check: StateCheck, record: CallRecord | None) -> bool:
-    """Whether the check's call succeeded and its result matches `check.expect`."""
+    """Whether the check's call succeeded and its result matches `check.expect`, with its volatile
+    parts (`ignore_fields`, `ignore_patterns`) left out of both."""
     if record is None or record.status != "ok":
         return False
     if isinstance(check.expect, str):
-        text, expected = record.result.strip(), check.expect.strip()
+        text = without_patterns(record.result, check.ignore_patterns)
+        expected = without_patterns(check.expect, check.ignore_patterns)
         return text == expected if check.match == "equals" else expected in text
     actual = result_json(record.result, record.structured)
     if actual is MISSING:
         return False
-    return json_equal(check.expect, actual) if check.match == "equals" else json_contains(check.expect, actual)
+    actual = without_fields(actual, check.ignore_fields)
+    expected = without_fields(check.expect, check.ignore_fields)
+    return json_equal(expected, actual) if check.match == "equals" else json_contains(expected, actual)
 
 
-def answer_value(text: str, structured: dict | None, field: str | None) -> str | int | float | None:
-    """The answer a call's result gives: the stripped text (`field` null), or the value at the
-    dotted `field` of its JSON (digits index lists; booleans as `true` / `false`). None when the
-    field is missing or holds no scalar."""
-    if field is None:
-        return text.strip()
-    value = result_json(text, structured)
-    for part in field.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return None
+def answer_value(text: str, structured: dict | None, source: AnswerFrom) -> str | int | float | None:
+    """The answer a call's result gives as `source` reads it (environments/tasks/picks.py
+    `read_result`: the stripped text, or one value of its parsed form; booleans as `true` /
+    `false`). None when the value is missing or is no scalar."""
+    try:
+        value = read_result(text, source.select, source.field, source.pattern, structured)
+    except PickError:
+        return None
     if isinstance(value, bool):
         return "true" if value else "false"
     return value if isinstance(value, (str, int, float)) else None
@@ -119,4 +153,4 @@ def answer_from_calls(task: Task, calls: Sequence[CallRecord]) -> str | int | fl
     made = [c for c in calls if c.status == "ok" and calls_tool(c, step.tool, step.server)]
     if not made:
         return None
-    return answer_value(made[-1].result, made[-1].structured, source.field)
+    return answer_value(made[-1].result, made[-1].structured, source)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from environments.end_state import answer_value, recorded_expect
+from environments.end_state import answer_value, recorded_expect, without_fields, without_patterns
 from environments.rewards import CallRecord, Episode, score
-from environments.tasks.schema import Task, TaskDataError
+from environments.tasks.schema import AnswerFrom, Task, TaskDataError
 
 
 def record(success: dict, methods: list[str], steps: list[dict] | None = None, weights: dict | None = None) -> dict:
@@ -109,8 +109,42 @@ def test_answer_from_numbers_nested_fields_and_whole_texts():
     whole = record({"answer_from": {"step": 1}}, ["final_answer"], TIME_STEPS)
     token = ran("  a3f9-77  \n", tool="now")
     assert scored(whole, Episode(final_answer="**A3F9-77**", calls=[token])).total == 1.0
-    assert answer_value('{"ok": true}', None, "ok") == "true"
-    assert answer_value('{"ok": [1]}', None, "ok") is None  # no scalar: no answer
+    assert answer_value('{"ok": true}', None, AnswerFrom(step=1, field="ok")) == "true"
+    assert answer_value('{"ok": [1]}', None, AnswerFrom(step=1, field="ok")) is None  # no scalar: no answer
+
+
+def test_answer_from_selects_an_item_and_reads_a_pattern_as_argument_picks_do():
+    due = AnswerFrom(step=1, select={"path": "tasks", "key": "title", "value": "Pay rent"}, field="days_overdue")
+    listed = '{"tasks": [{"title": "Pay rent", "days_overdue": 3}, {"title": "Call Ana", "days_overdue": 0}]}'
+    assert answer_value(listed, None, due) == 3
+    assert answer_value('{"tasks": [{"title": "Call Ana", "days_overdue": 0}]}', None, due) is None  # not there
+    clock = AnswerFrom(step=1, field="datetime", pattern=r"T(\d\d:\d\d)")
+    assert answer_value('{"datetime": "2026-03-01T09:41:07+01:00"}', None, clock) == "09:41"
+    # A text result that is no data is read from the structured content the SDK sent beside it.
+    assert answer_value("Found 2 tasks", {"count": 2}, AnswerFrom(step=1, field="count")) == 2
+    # A Python literal, as servers that print `repr`s write it, is data too.
+    assert answer_value("[(1, 'Ana'), (2, 'Ben')]", None, AnswerFrom(step=1, field="1.1")) == "Ben"
+
+
+def test_checks_leave_volatile_fields_and_patterns_out_of_both_sides():
+    listed = {"tasks": [{"id": 1, "title": "Pay rent", "created_at": "2026-03-01T09:41:07"}]}
+    rec = record({"checks": [{**check("list", listed), "ignore_fields": ["tasks.*.created_at"]}]}, ["state"])
+    later = '{"tasks": [{"id": 1, "title": "Pay rent", "created_at": "2026-03-02T11:00:00"}]}'
+    renamed = '{"tasks": [{"id": 1, "title": "Pay the rent", "created_at": "2026-03-01T09:41:07"}]}'
+    assert scored(rec, Episode(check_results=[ran(later, tool="list")])).success is True
+    assert scored(rec, Episode(check_results=[ran(renamed, tool="list")])).success is False
+    text = record({"checks": [{**check("status", "Task 1 done at 09:41:07 (2 left)"),
+                                "ignore_patterns": [r"\d\d:\d\d:\d\d"]}]}, ["state"])
+    assert scored(text, Episode(check_results=[ran("Task 1 done at 23:02:59 (2 left)", tool="status")])).success
+    assert not scored(text, Episode(check_results=[ran("Task 1 done at 23:02:59 (3 left)", tool="status")])).success
+
+
+def test_volatile_parts_are_left_out_by_path_and_pattern():
+    data = {"tasks": [{"id": 1, "at": "x"}, {"id": 2, "at": "y"}], "n": 3}
+    assert without_fields(data, ["tasks.*.at"]) == {"tasks": [{"id": 1}, {"id": 2}], "n": 3}
+    assert without_fields(data, ["tasks.1", "n"]) == {"tasks": [{"id": 1, "at": "x"}]}
+    assert without_fields(data, ["missing.path"]) == data and data["n"] == 3  # the input is not changed
+    assert without_patterns(" at 12:30:01 and 13:00:00 ", [r"\d\d:\d\d:\d\d"]) == "at … and …"
 
 
 # -- records that cannot be scored -------------------------------------------------------------

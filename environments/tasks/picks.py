@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from environments.tasks.success import Strict
+from environments.tasks.success import Selection, Strict
 
 PLACEHOLDER = "{}"
 """Where a `format` puts the picked value."""
@@ -33,15 +33,6 @@ PLACEHOLDER = "{}"
 
 class PickError(ValueError):
     """The value is not in the result (the message says which part of the pick found nothing)."""
-
-
-class Selection(Strict):
-    """One item of a list in the result: the one whose `key` is `value` (exactly one must be)."""
-
-    path: str | None = None
-    """Dotted path to the list (null: the parsed result is the list)."""
-    key: str = Field(min_length=1)
-    value: str | int | float
 
 
 class Picked(Strict):
@@ -80,15 +71,23 @@ class Picked(Strict):
 
 
 def parse_result(text: str) -> Any:
-    """A result text as data: JSON, else a Python literal (servers that print `repr`s), else the
-    stripped text."""
+    """A result text as data: JSON, else a Python literal (servers that print `repr`s; tuples
+    read as lists), else the stripped text."""
     text = text.strip()
     for parse in (json.loads, ast.literal_eval):
         try:
-            return parse(text)
+            return _json_like(parse(text))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
     return text
+
+
+def _json_like(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_json_like(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_like(v) for k, v in value.items()}
+    return value
 
 
 def dig(data: Any, path: str | None) -> Any:
@@ -121,21 +120,33 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def pick_value(picked: Picked, text: str) -> Any:
-    """The argument `picked` takes from a result `text` (PickError when it is not there)."""
-    if picked.select is None and picked.field is None:
+def read_result(text: str, select: Selection | None = None, field: str | None = None, pattern: str | None = None,
+                structured: Any = None) -> Any:
+    """A value from a result: the whole stripped text, or (with `select` or `field`) from its
+    parsed form (`parse_result`; the structured content where the text is no data), then a
+    regular expression over it as text. PickError when it is not there."""
+    if select is None and field is None:
         value: Any = text.strip()
     else:
         value = parse_result(text)
-        if picked.select is not None:
-            value = _selected(value, picked.select)
-        value = dig(value, picked.field)
-    if picked.pattern is not None:
+        if isinstance(value, str) and isinstance(structured, dict):
+            # The SDK wraps a non-object return as {"result": ...}.
+            value = structured["result"] if list(structured) == ["result"] else structured
+        if select is not None:
+            value = _selected(value, select)
+        value = dig(value, field)
+    if pattern is not None:
         found = {m.group(1) if m.re.groups else m.group(0)
-                 for m in re.finditer(picked.pattern, _as_text(value), re.MULTILINE)}
+                 for m in re.finditer(pattern, _as_text(value), re.MULTILINE)}
         if len(found) != 1:
-            raise PickError(f"the pattern {picked.pattern!r} gives {len(found)} different values, not one")
+            raise PickError(f"the pattern {pattern!r} gives {len(found)} different values, not one")
         value = found.pop()
+    return value
+
+
+def pick_value(picked: Picked, text: str) -> Any:
+    """The argument `picked` takes from a result `text` (PickError when it is not there)."""
+    value = read_result(text, picked.select, picked.field, picked.pattern)
     return picked.format.replace(PLACEHOLDER, _as_text(value)) if picked.format is not None else value
 
 

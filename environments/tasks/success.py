@@ -4,6 +4,7 @@ and end-state checks. Their scoring is environments/rewards.py and environments/
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -36,25 +37,81 @@ class StateCheck(Strict):
     `contains`: the text contains `expect`; or as JSON, every key of an expected object is there
     with a containing value, every item of an expected list is contained in some item, and an
     expected string is part of the string."""
+    ignore_fields: list[str] = Field(default_factory=list)
+    """Parts of a JSON result left out of the comparison, as dotted paths where `*` stands for any
+    key or list index (`tasks.*.created_at`): values that differ from run to run (timestamps,
+    generated ids), found when the task was verified at two times."""
+    ignore_patterns: list[str] = Field(default_factory=list)
+    """Regular expressions whose matches are left out of a text comparison: every match, in the
+    expected and in the actual text, reads as one placeholder (a clock time in a status line)."""
+
+    @field_validator("ignore_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            _compiled(pattern)
+        return patterns
+
+    @field_validator("ignore_fields")
+    @classmethod
+    def _dotted(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            _check_dotted(path)
+        return paths
+
+
+def _check_dotted(path: str) -> None:
+    if not path or any(not part for part in path.split(".")):
+        raise ValueError(f"got {path!r}; expected a dotted path like 'items.0.id' (no empty parts)")
+
+
+def _compiled(pattern: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"{pattern!r} is no regular expression: {exc}") from None
+
+
+class Selection(Strict):
+    """One item of a list in a result: the one whose `key` is `value` (exactly one must be)."""
+
+    path: str | None = None
+    """Dotted path to the list (null: the parsed result is the list)."""
+    key: str = Field(min_length=1)
+    value: str | int | float
 
 
 class AnswerFrom(Strict):
     """The expected answer is what the episode's own call returned (for tools whose results
-    differ between calls: the current time, new ids): its last successful call of the tool of
-    `tool_sequence[step - 1]`."""
+    differ between calls or days: the current time, new ids, a count of overdue days): its last
+    successful call of the tool of `tool_sequence[step - 1]`, read as an argument pick reads a
+    result (environments/tasks/picks.py): optionally one item of a list (`select`), a dotted
+    `field`, a regular expression (`pattern`)."""
 
     step: int = Field(ge=1)
     """1-based position in `tool_sequence`."""
+    select: Selection | None = None
+    """Choose one item of a list in the parsed result first."""
     field: str | None = None
-    """A dotted path into the call's JSON result (`items.0.id`; digits index lists); null: the
-    whole result text."""
+    """A dotted path into the call's parsed result (`items.0.id`; digits index lists); null (and
+    no `select` or `pattern`): the whole result text."""
+    pattern: str | None = None
+    """A regular expression searched in the value so far as text: its first group, or the whole
+    match, is the answer."""
 
     @field_validator("field")
     @classmethod
     def _check_field(cls, path: str | None) -> str | None:
-        if path is not None and (not path or any(not part for part in path.split("."))):
-            raise ValueError(f"got {path!r}; expected a dotted path like 'items.0.id' (no empty parts)")
+        if path is not None:
+            _check_dotted(path)
         return path
+
+    @field_validator("pattern")
+    @classmethod
+    def _check_pattern(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            _compiled(pattern)
+        return pattern
 
 
 class SuccessCriteria(Strict):
