@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from environments.tasks.success import Selection, Strict
+from environments.tasks.text_records import text_records
 
 PLACEHOLDER = "{}"
 """Where a `format` puts the picked value."""
@@ -72,14 +73,16 @@ class Picked(Strict):
 
 def parse_result(text: str) -> Any:
     """A result text as data: JSON, else a Python literal (servers that print `repr`s; tuples
-    read as lists), else the stripped text."""
+    read as lists), else the records a table or `Key: value` lines lay out
+    (environments/tasks/text_records.py), else the stripped text."""
     text = text.strip()
     for parse in (json.loads, ast.literal_eval):
         try:
             return _json_like(parse(text))
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
-    return text
+    records = text_records(text)
+    return text if records is None else records
 
 
 def _json_like(value: Any) -> Any:
