@@ -1,28 +1,19 @@
-"""A task before it is verified (`Draft`) and its verification on the real servers (`verify`).
-
-A draft is what a family (environments/taskgen/families) or the LLM writer proposes: the request,
-the calls that answer it (arguments given literally, or `Pick`ed from an earlier call's result),
-where the answer comes from, and the read-only `checks` that show a write took effect. `verify`
-runs the calls in a fresh episode (stateful servers give it its own copy of their state), fills
-the picked arguments, takes the answer from the results, runs the checks on the state the calls
-left, and runs everything once more in another fresh episode: a draft is kept only when both runs
-agree (or its answer is declared nondeterministic, `answer_from`), no call failed, and every
-check reads differently on the untouched initial state (else it checks nothing).
-"""
+"""A task before it is verified (`Draft`): the request, the calls that answer it (arguments
+given literally, or `Pick`ed from an earlier call's result), where the answer comes from, and the
+read-only `checks` that show a write took effect; and what verification makes of it (`Verified`,
+environments/taskgen/verify.py)."""
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from environments.tasks import picks
-from environments.tasks.picks import Picked, PickError, parse_result, pick_value, put
+from environments.tasks.picks import Picked, PickError, parse_result, pick_value
+from environments.tasks.success import AnswerFrom
 
-if TYPE_CHECKING:
-    from tools.manager import SharedToolManager, ToolResult
+__all__ = ["Call", "Check", "Draft", "DraftRejected", "Pick", "Verified", "dig", "parse_result"]
 
 
 class DraftRejected(Exception):
@@ -100,8 +91,9 @@ class Draft:
     calls: list[Call]
     answer: Pick | None = None
     """Where the answer is (deterministic results), or None when the checks alone decide."""
-    answer_from: tuple[int, str | None] | None = None
-    """(step, field) of a nondeterministic answer: scored against the episode's own result."""
+    answer_from: AnswerFrom | None = None
+    """Where the episode's own result holds the answer, for a family that knows the answer
+    changes from run to run (the current time); verification also finds such answers itself."""
     checks: list[Check] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -116,125 +108,8 @@ class Verified:
     args: list[dict[str, Any]]
     results: list[str]
     answer: Any
+    """The fixed answer; None when the checks alone decide or the answer comes from the episode."""
     checks: list[dict[str, Any]]
-
-
-def _json_or_text(text: str) -> Any:
-    """A check's expected result as the environment compares it: parsed JSON where the result is
-    JSON, else the text (a Python `repr` stays text: the episode's result is never parsed as one)."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _scalar(value: Any) -> Any:
-    """An answer as the schema takes it: numbers and strings; anything else as compact JSON."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
-        return value.strip() if isinstance(value, str) else value
-    return json.dumps(value, separators=(", ", ": "))
-
-
-class Runner:
-    """Runs drafts on a manager's servers, each run in a fresh episode."""
-
-    def __init__(self, tools: SharedToolManager, timeout: float | None = None):
-        self.tools = tools
-        self.timeout = timeout
-        self._names = {(s.server, s.tool): s.name for s in tools.tool_specs()}
-
-    def name_of(self, server: str, tool: str) -> str:
-        try:
-            return self._names[(server, tool)]
-        except KeyError:
-            raise DraftRejected(f"no tool {server}.{tool} is offered (not configured, or not allowed)") from None
-
-    async def _call(self, call: Call, args: dict[str, Any], episode: str, what: str) -> ToolResult:
-        result = await self.tools.call_tool(self.name_of(call.server, call.tool), args, timeout=self.timeout,
-                                            episode_id=episode)
-        if result.is_error:
-            raise DraftRejected(f"{what} {call.server}.{call.tool}({json.dumps(args)[:200]}) failed: "
-                                f"{result.text[:300]}")
-        return result
-
-    async def _end(self, episode: str) -> None:
-        end = getattr(self.tools, "end_episode", None)
-        if end is not None:
-            await end(episode)
-
-    async def run_once(self, draft: Draft, with_calls: bool = True) -> tuple[list[dict], list[str], list[str | None]]:
-        """(arguments, results, check results) of one run in a fresh episode; `with_calls=False`
-        runs only the checks (on the untouched initial state)."""
-        episode = f"taskgen-{uuid.uuid4().hex[:12]}"
-        args_used: list[dict] = []
-        results: list[str] = []
-        try:
-            for index, call in enumerate(draft.calls if with_calls else [], start=1):
-                args = json.loads(json.dumps(call.args))
-                for name, pick in call.picks.items():
-                    if pick.spec is None:
-                        raise TypeError(f"{draft.template}: call {index} picks {name} without a declarative form "
-                                        "(Pick.of): an episode could not take it from its own results")
-                    if not 1 <= pick.step < index:
-                        raise DraftRejected(f"call {index} picks {name} from call {pick.step}, which is not earlier")
-                    text = results[pick.step - 1]
-                    put(args, name, pick.extract(text, parse_result(text)))
-                result = await self._call(call, args, episode, f"call {index}")
-                args_used.append(args)
-                results.append(result.text.strip())
-            checks: list[str | None] = []
-            for check in draft.checks:
-                if with_calls:
-                    result = await self._call(check.call, check.call.args, episode, "check")
-                else:  # on the initial state a check may fail (the file a write creates is not there)
-                    result = await self.tools.call_tool(self.name_of(check.call.server, check.call.tool),
-                                                        check.call.args, timeout=self.timeout, episode_id=episode)
-                checks.append(None if result.is_error else result.text.strip())
-        finally:
-            await self._end(episode)
-        return args_used, results, checks
-
-    async def verify(self, draft: Draft) -> Verified:
-        """The draft's verified form, or DraftRejected naming what failed (see the module doc)."""
-        args, results, checks = await self.run_once(draft)
-        answer = None
-        if draft.answer is not None:
-            text = results[draft.answer.step - 1]
-            answer = _scalar(draft.answer.extract(text, parse_result(text)))
-            if answer in ("", None):
-                raise DraftRejected("the answer is empty")
-        again_args, again_results, again_checks = await self.run_once(draft)
-        # The answer must not depend on the run; a write's own messages may (a commit's hash), its
-        # end state (the checks) may not.
-        if draft.answer is not None and draft.answer_from is None and (again_results != results or again_args != args):
-            raise DraftRejected("two runs on the same initial state gave different results: a "
-                                "nondeterministic tool needs answer_from")
-        if draft.checks:
-            # A `contains` check reads the same when the text is there both times (the rest of its
-            # result, a new commit's hash say, may differ).
-            seen = [(c.contains in (r or "")) if c.match == "contains" else r for c, r in zip(draft.checks, checks)]
-            again = [(c.contains in (r or "")) if c.match == "contains" else r for c, r in zip(draft.checks, again_checks)]
-            if seen != again:
-                raise DraftRejected("two runs left different end states")
-            _, _, before = await self.run_once(draft, with_calls=False)
-            recorded = []
-            for check, after, initial in zip(draft.checks, checks, before):
-                if check.match == "contains":
-                    if check.contains not in after:
-                        raise DraftRejected(f"check {check.call.tool}: {check.contains!r} is not in its result")
-                    if initial is not None and check.contains in initial:
-                        raise DraftRejected(f"check {check.call.tool}: {check.contains!r} is there before the calls too")
-                    expect = check.contains
-                else:
-                    if after == initial:
-                        raise DraftRejected(f"check {check.call.tool} reads the same before and after the calls")
-                    expect = _json_or_text(after)
-                recorded.append({"server": check.call.server, "tool": check.call.tool, "params": check.call.args,
-                                 "expect": expect, "match": check.match})
-        else:
-            recorded = []
-        if answer is None and draft.answer_from is None and not recorded:
-            raise DraftRejected("the draft has neither an answer nor a check: nothing would be scored")
-        return Verified(draft, args, results, answer, recorded)
+    """End-state checks as the record keeps them (`StateCheck` fields)."""
+    answer_from: AnswerFrom | None = None
+    """Where an answer that changes from run to run is read from the episode's own result."""

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from environments.taskgen.build import ChainError, attach_examples, split_templates
 from environments.taskgen.build import generate as generate_chains
 from environments.taskgen.catalog import build_catalog
-from environments.taskgen.drafts import Draft, DraftRejected, Runner, Verified
+from environments.taskgen.drafts import Draft, DraftRejected, Verified
 from environments.taskgen.families import Explorer, Template, family_for
 from environments.taskgen.safety import Verdict, judge
+from environments.taskgen.verify import Runner
 from environments.tasks.schema import complexity_for, task_record
 
 if TYPE_CHECKING:
@@ -61,8 +62,8 @@ def to_record(verified: Verified, template: Template, task_id: str, split: str) 
                  if c.picks else {})}
              for i, (c, args) in enumerate(zip(draft.calls, verified.args), start=1)]
     success: dict[str, Any] = {"must_call_tool": True}
-    if draft.answer_from is not None:
-        success["answer_from"] = {"step": draft.answer_from[0], "field": draft.answer_from[1]}
+    if verified.answer_from is not None:
+        success["answer_from"] = verified.answer_from.model_dump(exclude_none=True)
     elif verified.answer is not None:
         success["answer"] = verified.answer
     if verified.checks:

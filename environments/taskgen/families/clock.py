@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from environments.taskgen.drafts import Call, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Explorer, Template
 from environments.tasks.picks import Picked
+from environments.tasks.success import AnswerFrom
 
 ZONES = (("Tokyo", "Asia/Tokyo"), ("Paris", "Europe/Paris"), ("New York", "America/New_York"),
          ("London", "Europe/London"), ("Sydney", "Australia/Sydney"), ("Kolkata", "Asia/Kolkata"),
@@ -89,19 +90,19 @@ class ClockFamily:
         def weekday(rng: random.Random) -> Draft:
             a = rng.choice(zones)
             return Draft("clock", "clock:now_weekday", f"What day of the week is it right now in {_place(a)}?",
-                         [self._now(a[1])], answer_from=(1, "day_of_week"))
+                         [self._now(a[1])], answer_from=AnswerFrom(step=1, field="day_of_week"))
 
         def now(rng: random.Random) -> Draft:
             a = rng.choice(zones)
             return Draft("clock", "clock:now", f"What is the current date and time in {_place(a)}? {_AS_REPORTED}",
-                         [self._now(a[1])], answer_from=(1, "datetime"))
+                         [self._now(a[1])], answer_from=AnswerFrom(step=1, field="datetime"))
 
         def convert(rng: random.Random) -> Draft:
             a, b = rng.sample(zones, 2)
             time = self._time(rng)
             return Draft("clock", "clock:convert",
                          f"It is {time} today in {_place(a)}. What date and time is that in {_place(b)}? "
-                         f"{_AS_REPORTED}", [self._convert(a[1], time, b[1])], answer_from=(1, "target.datetime"))
+                         f"{_AS_REPORTED}", [self._convert(a[1], time, b[1])], answer_from=AnswerFrom(step=1, field="target.datetime"))
 
         def difference(rng: random.Random) -> Draft:
             a, b = rng.sample(zones, 2)
@@ -109,14 +110,14 @@ class ClockFamily:
             return Draft("clock", "clock:difference",
                          f"Convert {time} today from {_place(a)} to {_place(b)}. What time difference does the "
                          "time tool report (for example +9.0h)?",
-                         [self._convert(a[1], time, b[1])], answer_from=(1, "time_difference"))
+                         [self._convert(a[1], time, b[1])], answer_from=AnswerFrom(step=1, field="time_difference"))
 
         def now_convert(rng: random.Random) -> Draft:
             a, b = rng.sample(zones, 2)
             return Draft("clock", "clock:now>convert",
                          f"Look up the current time in {_place(a)}, then convert that time (hours and minutes) "
                          f"to {_place(b)}. What date and time is it there? {_AS_REPORTED}",
-                         [self._now(a[1]), self._convert(a[1], None, b[1], step=1)], answer_from=(2, "target.datetime"))
+                         [self._now(a[1]), self._convert(a[1], None, b[1], step=1)], answer_from=AnswerFrom(step=2, field="target.datetime"))
 
         def now_convert_weekday(rng: random.Random) -> Draft:
             a, b = rng.sample(zones, 2)
@@ -124,7 +125,7 @@ class ClockFamily:
                          f"Take the current time in {_place(a)} (hours and minutes) and convert it to {_place(b)}. "
                          f"Which day of the week is it in {b[0]} at that moment?",
                          [self._now(a[1]), self._convert(a[1], None, b[1], step=1)],
-                         answer_from=(2, "target.day_of_week"))
+                         answer_from=AnswerFrom(step=2, field="target.day_of_week"))
 
         def convert_twice(rng: random.Random) -> Draft:
             a, b, c = rng.sample(zones, 3)
@@ -134,7 +135,7 @@ class ClockFamily:
                          f"the converted time (hours and minutes) on to {_place(c)}. What date and time is it in "
                          f"{c[0]}? {_AS_REPORTED}",
                          [self._convert(a[1], time, b[1]), self._convert(b[1], None, c[1], 1, "target.datetime")],
-                         answer_from=(2, "target.datetime"))
+                         answer_from=AnswerFrom(step=2, field="target.datetime"))
 
         def now_convert_twice(rng: random.Random) -> Draft:
             a, b, c = rng.sample(zones, 3)
@@ -143,7 +144,7 @@ class ClockFamily:
                          f"then convert that result's hours and minutes to {_place(c)}. Which day of the week is "
                          f"it in {c[0]} then?",
                          [self._now(a[1]), self._convert(a[1], None, b[1], step=1),
-                          self._convert(b[1], None, c[1], 2, "target.datetime")], answer_from=(3, "target.day_of_week"))
+                          self._convert(b[1], None, c[1], 2, "target.datetime")], answer_from=AnswerFrom(step=3, field="target.day_of_week"))
 
         makers = [(weekday, 1), (now, 1), (convert, 1), (difference, 1), (now_convert, 2),
                   (now_convert_weekday, 2), (convert_twice, 2), (now_convert_twice, 3)]
