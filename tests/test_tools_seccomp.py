@@ -8,7 +8,7 @@ import errno
 
 import pytest
 
-from tools.servers import _seccomp
+from tools.cage import seccomp as _seccomp
 
 ALLOW = 0x7FFF0000
 REFUSED = 0x00050000 | errno.EPERM
