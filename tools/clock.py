@@ -5,7 +5,8 @@ shifts what the C library's clock calls answer by `FAKETIME` ("+1d", "-2h"); it 
 reads the time through the C library (Python, node, git) and is inherited by what the server
 starts. Monotonic clocks stay real (DONT_FAKE_MONOTONIC): they measure intervals (timeouts, event
 loops), not dates. A statically linked server, or one that reads the time by a raw system call,
-still sees the real time.
+still sees the real time. libfaketime keeps no state shared between processes here
+(FAKETIME_DISABLE_SHM, where the version knows it; a caged server cannot create it anyway).
 """
 
 from __future__ import annotations
@@ -40,4 +41,4 @@ def clock_env(offset: str, preload: str | None = None) -> dict[str, str]:
         raise OSError(f"tools.clock_offset {offset!r} needs libfaketime ({LIBRARY}), which is not "
                       "installed (Debian/Ubuntu: apt-get install faketime; `make install` tries it)")
     return {"LD_PRELOAD": " ".join(filter(None, [library, preload])), "FAKETIME": offset,
-            "DONT_FAKE_MONOTONIC": "1"}
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_DISABLE_SHM": "1"}

@@ -272,7 +272,7 @@ class ServerConnection:
         if self.clock_offset is not None:
             env.update(clock_env(self.clock_offset, env.get("LD_PRELOAD")))
         if self.cage is not None:
-            command, *args = self.cage.argv(command, args, env.get("PATH"), self.config.command == "python")
+            (command, *args), env = self.cage.launch(command, args, env, self.config.command == "python")
         params = StdioServerParameters(command=command, args=args, env=env, cwd=self.config.cwd)
         # O_APPEND: the server appends even while we seek around to read the tail.
         fd, path = tempfile.mkstemp(prefix=f"mcp-grpo-{self.name}-", suffix=".stderr")

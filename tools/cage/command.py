@@ -1,7 +1,7 @@
 """The command line that starts a stdio server in the cage, and what the cage lets it read.
 
-`Cage.argv(executable, args, uses_our_python)` is `python -I -S launcher.py --write ... --read
-... -- executable args`. Writes: the `writable` directories (an instance's copy of its state and
+`Cage.launch(executable, args, env, uses_our_python)` is `python -I -S launcher.py --write ...
+--read ... -- executable args` and the environment to start it with. Writes: the `writable` directories (an instance's copy of its state and
 its private HOME and TMP). Reads: those, SYSTEM_READABLE and RUNTIME_READABLE, the server's own
 installation (`installation`), existing paths named in its arguments, and the configured
 `readable` paths. `kernel_problem()` says what this machine lacks for a cage, or None.
@@ -163,14 +163,20 @@ class Cage:
                  *(our_python() if uses_our_python else ()), *paths_in(args, search_path), *self.readable]
         return [path for path in dict.fromkeys(paths) if path not in ("", "/")]
 
-    def argv(self, executable: str, args: list[str], search_path: str | None,
-             uses_our_python: bool) -> list[str]:
-        """The launcher's command line that runs `executable args` in this cage. `executable`
-        without a `/` is looked up on `search_path` (the server's PATH) here, so that its
-        installation is known."""
+    def launch(self, executable: str, args: list[str], env: dict[str, str],
+               uses_our_python: bool) -> tuple[list[str], dict[str, str]]:
+        """The launcher's command line that runs `executable args` with `env` in this cage, and
+        the launcher's own environment: `env` without LD_PRELOAD, which the launcher hands to the
+        server alone. `executable` without a `/` is looked up on the server's PATH here, so that
+        its installation is known."""
+        search_path = env.get("PATH")
         if os.sep not in executable:
             executable = shutil.which(executable, path=search_path) or executable
         writes = [part for directory in self.writable for part in ("--write", directory)]
         reads = [part for path in self.readable_paths(executable, args, search_path, uses_our_python)
                  for part in ("--read", path)]
-        return [sys.executable, "-I", "-S", LAUNCHER, *writes, *reads, "--", executable, *args]
+        own_env = dict(env)
+        preload = own_env.pop("LD_PRELOAD", "")
+        preloads = ["--preload", preload] if preload else []
+        argv = [sys.executable, "-I", "-S", LAUNCHER, *writes, *reads, *preloads, "--", executable, *args]
+        return argv, own_env

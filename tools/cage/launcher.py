@@ -1,6 +1,6 @@
 """Run a command confined by the kernel:
 
-    python -I -S tools/cage/launcher.py --write DIR ... --read PATH ... -- COMMAND ARGS...
+    python -I -S tools/cage/launcher.py --write DIR ... --read PATH ... [--preload LIBS] -- COMMAND ARGS...
 
 This process drops its capabilities, sets no-new-privileges, restricts itself with Landlock
 (changes only beneath the `--write` directories and /dev/null; reads only beneath those and the
@@ -8,6 +8,9 @@ This process drops its capabilities, sets no-new-privileges, restricts itself wi
 executes COMMAND in its own place: same pid, same descriptors, and the confinement inherited by
 everything COMMAND starts, for good. A `--read` path that does not exist is skipped (a list of
 system paths differs between machines); a `--write` directory that does not exist is an error.
+`--preload` becomes COMMAND's LD_PRELOAD: a library preloaded into this launcher would already run
+here, outside the cage (libfaketime makes shared memory and names it in the environment, which
+the caged server could then not open).
 
 Nothing is executed unless every step succeeded: on failure it writes `mcp-grpo cage: ...` to
 stderr and exits with CAGE_FAILED (the manager shows that line in its start-up error).
@@ -29,24 +32,24 @@ del sys.path[0]
 
 CAGE_FAILED = 125
 COMMAND_FAILED = 127
-USAGE = "usage: launcher.py [--write DIR]... [--read PATH]... -- COMMAND [ARGS...]"
+USAGE = "usage: launcher.py [--write DIR]... [--read PATH]... [--preload LIBS] -- COMMAND [ARGS...]"
 
 
-def parse(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """(writable, readable, command) from the arguments; raises ValueError on a malformed line."""
-    writable: list[str] = []
-    readable: list[str] = []
+def parse(argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """({"--write": [...], "--read": [...], "--preload": [...]}, command) from the arguments;
+    raises ValueError on a malformed line."""
+    options: dict[str, list[str]] = {"--write": [], "--read": [], "--preload": []}
     position = 0
     while position < len(argv) and argv[position] != "--":
         flag = argv[position]
-        if flag not in ("--write", "--read") or position + 1 >= len(argv):
+        if flag not in options or position + 1 >= len(argv):
             raise ValueError(f"unexpected {flag!r}; {USAGE}")
-        (writable if flag == "--write" else readable).append(argv[position + 1])
+        options[flag].append(argv[position + 1])
         position += 2
     command = argv[position + 1:]
     if not command:
         raise ValueError(f"no command; {USAGE}")
-    return writable, readable, command
+    return options, command
 
 
 def confine(writable: list[str], readable: list[str]) -> None:
@@ -64,11 +67,13 @@ def confine(writable: list[str], readable: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     try:
-        writable, readable, command = parse(argv)
-        confine(writable, readable)
+        options, command = parse(argv)
+        confine(options["--write"], options["--read"])
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"mcp-grpo cage: could not confine the server: {exc}\n")
         sys.exit(CAGE_FAILED)
+    if options["--preload"]:
+        os.environ["LD_PRELOAD"] = " ".join(options["--preload"])
     try:
         os.execvp(command[0], command)
     except OSError as exc:
