@@ -30,13 +30,16 @@ RUNTIME_READABLE = (
     "/sys/fs/cgroup",
     "/sys/devices/system/cpu",
     "/etc/ssl/openssl.cnf",
-    "/etc/gitconfig",
     "/etc/locale.alias",
     "/proc/sys/vm/overcommit_memory",
 )
 """What language runtimes read about themselves and the machine (node's libuv: memory and CPUs,
 its cgroup's limits; Python and glibc: the CPU count; node's OpenSSL: its configuration, not the
 keys beside it): nothing of other processes or users."""
+CAGE_ENV = {"GIT_CONFIG_NOSYSTEM": "1"}
+"""Set for a caged server unless its `env` says otherwise: git refuses to run when it may not read
+/etc/gitconfig, and that file is left unreadable because it may hold credentials (a credential
+helper's settings, an `http.extraHeader` token). Git's user configuration is the private HOME's."""
 SHEBANG_DEPTH = 4
 """Interpreters followed from a script to its interpreter (a venv's console script, a node
 script behind `/usr/bin/env node`)."""
@@ -166,8 +169,8 @@ class Cage:
     def launch(self, executable: str, args: list[str], env: dict[str, str],
                uses_our_python: bool) -> tuple[list[str], dict[str, str]]:
         """The launcher's command line that runs `executable args` with `env` in this cage, and
-        the launcher's own environment: `env` without LD_PRELOAD, which the launcher hands to the
-        server alone. `executable` without a `/` is looked up on the server's PATH here, so that
+        the launcher's own environment: `env` with CAGE_ENV's defaults and without LD_PRELOAD,
+        which the launcher hands to the server alone. `executable` without a `/` is looked up on the server's PATH here, so that
         its installation is known."""
         search_path = env.get("PATH")
         if os.sep not in executable:
@@ -175,7 +178,7 @@ class Cage:
         writes = [part for directory in self.writable for part in ("--write", directory)]
         reads = [part for path in self.readable_paths(executable, args, search_path, uses_our_python)
                  for part in ("--read", path)]
-        own_env = dict(env)
+        own_env = {**CAGE_ENV, **env}
         preload = own_env.pop("LD_PRELOAD", "")
         preloads = ["--preload", preload] if preload else []
         argv = [sys.executable, "-I", "-S", LAUNCHER, *writes, *reads, *preloads, "--", executable, *args]
