@@ -37,11 +37,12 @@ NODE_MAJOR_MIN := 20
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-gpu servers servers-python servers-node test smoke lint train-cpu train-multistep \
+.PHONY: install install-gpu servers servers-python servers-node faketime test smoke lint train-cpu train-multistep \
 	train-vllm train-vllm-cpu train-vllm-servers train-mcp bench validate clean
 
 install: $(VENV)/.installed servers-python
 	@$(MAKE) --no-print-directory servers-node || echo "make install: the npm MCP servers are not installed (above: why); their tests skip"
+	@$(MAKE) --no-print-directory faketime || echo "make install: libfaketime is not installed (above: why); tools.clock_offset needs it and its tests skip"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +110,20 @@ $(SERVERS)/node/.installed: tools/third_party/package.json tools/third_party/pac
 	cp tools/third_party/package.json tools/third_party/package-lock.json $(SERVERS)/node/
 	cd $(SERVERS)/node && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@
+
+# libfaketime (tools.clock_offset shifts the servers' clocks with it) is a system package: apt-get
+# installs it where this is Debian/Ubuntu and we may (root, or sudo without a password); elsewhere
+# the reason is printed. Done when tools/clock.py finds the library for this machine.
+FAKETIME_FOUND := import sys; sys.path.insert(0, "."); from tools.clock import libfaketime; sys.exit(libfaketime() is None)
+faketime:
+	@$(PYTHON) -c '$(FAKETIME_FOUND)' && exit 0; \
+	command -v apt-get >/dev/null || { echo "make faketime: no apt-get here; install libfaketime with this system's package manager" >&2; exit 1; }; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else echo "make faketime: apt-get needs root or sudo without a password: run sudo apt-get install -y faketime" >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$$SUDO apt-get install -y -q faketime >/dev/null 2>&1 || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q faketime >/dev/null; } \
+		|| { echo "make faketime: apt-get install faketime failed (above: why)" >&2; exit 1; }; \
+	$(PYTHON) -c '$(FAKETIME_FOUND)' || { echo "make faketime: installed, but tools/clock.py finds no libfaketime.so.1" >&2; exit 1; }
 
 $(SERVERS)/fixtures/.built: launch/build_fixtures.py $(wildcard configs/mcp_fixtures/*) \
 		$(shell find configs/mcp_fixtures/files -type f 2>/dev/null) | $(VENV)/.installed

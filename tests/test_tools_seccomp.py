@@ -1,6 +1,7 @@
-"""The sandbox's seccomp filter, read by a small interpreter of classic BPF: the same decisions on
-every architecture it supports (the machine running the tests exercises only its own in the
-sandbox tests), and a clear refusal for the others."""
+"""The seccomp filters (the sandbox's, and the cage's flavour that allows processes), read by a
+small interpreter of classic BPF: the same decisions on every architecture they support (the
+machine running the tests exercises only its own in the sandbox and cage tests), and a clear
+refusal for the others."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import errno
 
 import pytest
 
-from tools.servers import _seccomp
+from tools.cage import seccomp as _seccomp
 
 ALLOW = 0x7FFF0000
 REFUSED = 0x00050000 | errno.EPERM
@@ -77,3 +78,23 @@ def test_x32_calls_are_refused_on_x86_64():
 def test_an_unknown_architecture_is_refused_by_name():
     with pytest.raises(OSError, match="no system-call table for the architecture 's390x'"):
         _seccomp.build("s390x", OWN_PID)
+
+
+@pytest.mark.parametrize("machine", sorted(MACHINES))
+def test_the_cages_flavour_allows_processes_and_still_refuses_sockets_and_key_rings(machine):
+    arch, nr = MACHINES[machine]
+    program = _seccomp.build(machine, OWN_PID, processes=True)
+    io_uring_setup = 425  # numbered alike on every architecture
+    cases = {
+        "socket": (nr["socket"], 2, REFUSED),
+        "io_uring": (io_uring_setup, 0, REFUSED),
+        "read a key ring": (nr["keyctl"], 11, REFUSED),
+        "socketpair": (nr["socketpair"], 1, ALLOW),
+        "clone a process": (nr["clone"], 0x1200011, ALLOW),  # git runs as a child of the server
+        "clone3": (nr["clone3"], 0, ALLOW),
+        "kill its child": (nr["kill"], OWN_PID + 1, ALLOW),
+        "set the parent-death signal": (nr["prctl"], 1, ALLOW),
+    }
+    decided = {name: decide(program, arch, call, arg) for name, (call, arg, _) in cases.items()}
+    assert decided == {name: expected for name, (_, _, expected) in cases.items()}
+    assert decide(program, 0x40000003, nr["read"]) == REFUSED  # another architecture's calls

@@ -57,6 +57,9 @@ class _Section(BaseModel):
     )
 
 
+CLOCK_OFFSET = re.compile(r"[+-]\d+(\.\d+)?[smhdy]?")
+"""libfaketime's relative offset: a sign, a number, and s, m, h, d or y (seconds by default)."""
+
 STATE_DIR = "{state_dir}"
 """Replaced in a stateful server's `args`, `cwd` and `env` values by its instance's state directory."""
 
@@ -87,6 +90,27 @@ class StateConfig(_Section):
     root: str | None = None
     """Where the instances' directories are made (null: the system's temporary directory); they
     are removed when the tool manager closes."""
+    isolation: Literal["auto", "landlock", "paths"] = "auto"
+    """What keeps an episode inside its copy (docs/servers.md has the table). `landlock`: the
+    server runs in the cage (tools/cage): the kernel refuses its writes outside the copy and its
+    private HOME and TMP, its reads outside those, its installation, system directories and
+    `readable`, and every socket; start-up fails where the kernel cannot. `paths`: no cage; only
+    arguments whose schema declares a path are checked to lie in the copy, so SQL text, shell
+    commands and whatever a tool does with other arguments are not contained. `auto`: `landlock`
+    where the kernel has it, else `paths` with a warning at start-up. Path arguments are checked
+    at every level."""
+    readable: list[str] = Field(default_factory=list)
+    """Extra paths (files or directories, with everything beneath) the caged server may read;
+    relative ones are resolved against the directory mcp-grpo runs in."""
+
+    @field_validator("readable")
+    @classmethod
+    def _check_readable(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.strip() or path.strip().rstrip("/") == "":
+                raise ValueError(f"state.readable {path!r} would make every file readable (or is "
+                                 "empty); name the directories the server needs")
+        return paths
 
 
 class MCPServerConfig(_Section):
@@ -185,3 +209,28 @@ class ToolsConfig(_Section):
     max_structured_chars: int = Field(default=100_000, ge=64)
     """Structured content whose JSON is longer than this is cut to fit: long strings, lists and
     objects keep their first part and end in a `…[truncated N ...]` marker."""
+    clock_offset: str | None = None
+    """Shift the clock of every stdio server we start (pooled or not, caged or not) by this
+    much: `+1d`, `+25h`, `-2h`, `+90m`, `+30s` (a sign, a number, then s, m, h, d or y;
+    seconds without one), through libfaketime (tools/clock.py; `apt-get install faketime`;
+    start-up fails without it). Null: the real time. An enabled http server with an offset is
+    a config error: it runs elsewhere and would read the real time, so a task about "tomorrow"
+    would get answers from two different days."""
+
+    @field_validator("clock_offset")
+    @classmethod
+    def _check_clock_offset(cls, offset: str | None) -> str | None:
+        if offset is not None and not CLOCK_OFFSET.fullmatch(offset):
+            raise ValueError(f"clock_offset {offset!r} is not an offset like +1d, +25h, -2h, +90m or "
+                             "+30s (a sign, a number, then s, m, h, d or y)")
+        return offset
+
+    @model_validator(mode="after")
+    def _check_clock_reaches_every_server(self) -> ToolsConfig:
+        remote = sorted(name for name, server in self.servers.items()
+                        if server.enabled and server.transport == "http")
+        if self.clock_offset is not None and remote:
+            raise ValueError(f"clock_offset {self.clock_offset!r} shifts the clock of the servers "
+                             f"mcp-grpo starts, and http server(s) {', '.join(remote)} run elsewhere "
+                             "with the real time: disable them or leave clock_offset out")
+        return self

@@ -28,6 +28,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, Tool
 
 from tools.breaker import CircuitBreaker
+from tools.cage.command import Cage
+from tools.clock import clock_env
 from tools.config import MCPServerConfig, ToolsConfig, redact_url
 from tools.procs import OWNER_ENV
 from tools.stdio import NOT_SENT, TOO_LARGE, stdio_transport
@@ -124,11 +126,16 @@ def _describe(exc: BaseException) -> str:
 
 
 class ServerConnection:
-    """The session with one server, shared by all episodes; calls bounded by `max_in_flight`."""
+    """The session with one server, shared by all episodes; calls bounded by `max_in_flight`.
+    A stdio server with a `cage` is started confined by the kernel (tools/cage); with
+    `tools.clock_offset` set, its clock reads shifted (tools/clock.py)."""
 
-    def __init__(self, name: str, config: MCPServerConfig, tools_config: ToolsConfig):
+    def __init__(self, name: str, config: MCPServerConfig, tools_config: ToolsConfig,
+                 cage: Cage | None = None):
         self.name = name
         self.config = config
+        self.cage = cage
+        self.clock_offset = tools_config.clock_offset
         self.max_result_bytes = tools_config.max_result_bytes
         # A request not taken within a call's time means the server stopped reading stdin.
         self.write_timeout = config.call_timeout or tools_config.call_timeout
@@ -261,12 +268,12 @@ class ServerConnection:
             # The child resolves a relative program against its own cwd (a state copy, say):
             # a relative `command` means relative to where mcp-grpo runs.
             command = os.path.abspath(command)
-        params = StdioServerParameters(
-            command=command,
-            args=list(self.config.args),
-            env=server_env(self.config),
-            cwd=self.config.cwd,
-        )
+        env, args = server_env(self.config), list(self.config.args)
+        if self.clock_offset is not None:
+            env.update(clock_env(self.clock_offset, env.get("LD_PRELOAD")))
+        if self.cage is not None:
+            (command, *args), env = self.cage.launch(command, args, env, self.config.command == "python")
+        params = StdioServerParameters(command=command, args=args, env=env, cwd=self.config.cwd)
         # O_APPEND: the server appends even while we seek around to read the tail.
         fd, path = tempfile.mkstemp(prefix=f"mcp-grpo-{self.name}-", suffix=".stderr")
         os.close(fd)

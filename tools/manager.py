@@ -11,7 +11,9 @@ server) and, where a server asks for it (`retry_on_timeout`), timeouts, with exp
 A server's `allow` / `deny` globs decide which of its tools exist for the manager at all
 (tools/allowlist.py). A server with `state:` runs as a pool of instances on copies of its fixture
 (tools/state.py): calls with an episode id go to that episode's instance, leased at its first call
-(or by `start_episode`) and given back by `end_episode`.
+(or by `start_episode`) and given back by `end_episode`; a path argument outside the instance's
+copy is refused before it reaches the server. `containment(server)` says how far an episode's
+calls are contained, `episode_state_dir(server, episode_id)` where its copy lies.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -33,6 +36,7 @@ from typing_extensions import Self
 from tools.allowlist import RefusedTool, screen
 from tools.annotations import ToolAnnotations
 from tools.arguments import ArgumentError
+from tools.cage.containment import Containment, containment
 from tools.config import MCPServerConfig, ToolsConfig
 from tools.connection import (
     CallTimeout,
@@ -47,8 +51,8 @@ from tools.results import normalise
 from tools.specs import RegisteredTool, ToolNameClash, ToolSpec, name_tools
 from tools.state import LeaseError, StateInstance, StatePool
 
-__all__ = ["LeaseError", "RefusedTool", "SharedToolManager", "ToolAnnotations", "ToolNameClash",
-           "ToolResult", "ToolServerStartError", "ToolSpec"]
+__all__ = ["Containment", "LeaseError", "RefusedTool", "SharedToolManager", "ToolAnnotations",
+           "ToolNameClash", "ToolResult", "ToolServerStartError", "ToolSpec"]
 
 LATENCY_WINDOW = 10_000
 """Latest latencies kept per tool for the p50/p99 metrics."""
@@ -210,6 +214,9 @@ class SharedToolManager:
             instance = await self._episode_instance(connection, episode_id)
             if isinstance(instance, ToolResult):
                 return self._finish(entry, start, instance, 0)
+            outside = connection.outside(instance, entry.spec.tool, args)
+            if outside:
+                return self._finish(entry, start, _error(f"{name}: {outside}", "invalid_arguments"), 0)
             connection = instance.connection
         timeout = timeout or connection.config.call_timeout or self.config.call_timeout
         retries = 0
@@ -313,6 +320,27 @@ class SharedToolManager:
         for connection in self._connections.values():
             if isinstance(connection, StatePool):
                 connection.release(episode_id)
+
+    def containment(self, server: str) -> Containment:
+        """How far one episode's calls to `server` are contained (after `start`): its isolation
+        with `state:`, `episode_id` where its tools take one, else `none`. KeyError names the
+        servers for an unknown one."""
+        connection = self._server(server)
+        if isinstance(connection, StatePool):
+            return connection.containment()
+        scoped = any(e.spec.episode_scoped for e in self._tools.values() if e.spec.server == server)
+        return containment("episode_id" if scoped else "none")
+
+    def episode_state_dir(self, server: str, episode_id: str) -> Path | None:
+        """The directory of the instance `episode_id` holds on stateful `server`; None when it
+        holds none there or the server keeps no per-episode state. KeyError for an unknown server."""
+        connection = self._server(server)
+        return connection.directory_of(episode_id) if isinstance(connection, StatePool) else None
+
+    def _server(self, server: str) -> ServerConnection | StatePool:
+        if server not in self._connections:
+            raise KeyError(f"no enabled server {server!r}; servers: {', '.join(sorted(self._connections))}")
+        return self._connections[server]
 
     async def _episode_instance(self, pool: StatePool, episode_id: str | None) -> StateInstance | ToolResult:
         """The episode's instance of `pool` (leased now if need be), or an error result."""

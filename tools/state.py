@@ -9,6 +9,11 @@ to the fixture (restarted, or its directory restored under the running server) b
 else gets it. So the episodes of a group never see each other's writes, and a task's paths are
 relative to the state root: `notes/todo.txt` names the same file in every copy.
 
+Each instance also has a private HOME and TMP (siblings of its directory, emptied with every
+restore), and its episodes are contained at the pool's `isolation` (tools/cage): in the cage
+where the kernel allows it, and with path arguments checked against the copy at every level.
+Fixtures are copied without following links out of them (tools/cage/fixture.py).
+
 To the manager a pool looks like a ServerConnection for start-up, tool listing and close (`name`,
 `config`, `tools`, `start`, `close`); calls go to the connection of the episode's instance.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -27,8 +33,14 @@ from typing import Any
 
 from mcp.types import Tool
 
+from tools.cage.command import Cage, kernel_problem
+from tools.cage.containment import Containment, containment
+from tools.cage.fixture import empty, outside_links, restore
+from tools.cage.path_arguments import outside
 from tools.config import STATE_DIR, MCPServerConfig, ToolsConfig
 from tools.connection import ServerConnection, ToolServerStartError
+
+__all__ = ["LeaseError", "StateInstance", "StatePool", "instance_config", "restore"]
 
 log = logging.getLogger(__name__)
 
@@ -38,35 +50,22 @@ class LeaseError(RuntimeError):
     time, or restoring one failed); the message names the server and what to change."""
 
 
-def instance_config(config: MCPServerConfig, state_dir: Path) -> MCPServerConfig:
+def instance_config(config: MCPServerConfig, state_dir: Path, home: Path | None = None,
+                    tmp: Path | None = None) -> MCPServerConfig:
     """The config of one instance: `{state_dir}` substituted, the working directory defaulting to
-    the state directory."""
+    the state directory, HOME and TMPDIR/TMP/TEMP at the private `home` and `tmp` unless `env`
+    sets them."""
     def put(value: str) -> str:
         return value.replace(STATE_DIR, str(state_dir))
 
+    private = {**({"HOME": str(home)} if home else {}),
+               **({name: str(tmp) for name in ("TMPDIR", "TMP", "TEMP")} if tmp else {})}
     return config.model_copy(update={
         "args": [put(arg) for arg in config.args],
         "cwd": put(config.cwd) if config.cwd else str(state_dir),
-        "env": {key: put(value) for key, value in config.env.items()},
+        "env": {**private, **{key: put(value) for key, value in config.env.items()}},
         "state": None,
     })
-
-
-def restore(directory: Path, fixture: Path | None) -> None:
-    """Make `directory` hold exactly the fixture. The directory itself stays (a running server
-    has it as its working directory); its contents are replaced. Links are copied as links."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for entry in directory.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    if fixture is None:
-        return
-    if fixture.is_dir():
-        shutil.copytree(fixture, directory, symlinks=True, dirs_exist_ok=True)
-    else:
-        shutil.copy2(fixture, directory / fixture.name, follow_symlinks=False)
 
 
 @dataclass
@@ -74,6 +73,10 @@ class StateInstance:
     index: int
     directory: Path
     connection: ServerConnection
+    home: Path
+    tmp: Path
+    """Its private HOME and TMP: outside the copy (a task's listing never shows them), emptied
+    with every restore."""
     holder: str | None = None
     """The episode that leased it."""
     since: float = 0.0
@@ -101,6 +104,10 @@ class StatePool:
         self._waiting: dict[str, asyncio.Future] = {}
         self._refreshing: set[asyncio.Task] = set()
         self._closed = False
+        self._kernel_problem = None if self.state.isolation == "paths" else kernel_problem()
+        self.isolation = "paths" if self.state.isolation == "paths" or self._kernel_problem else "landlock"
+        """The isolation in force: `landlock` or `paths` (`auto` resolved for this kernel)."""
+        self._schemas: dict[str, dict] = {}
         self.leases = 0
         self.wait_s = 0.0
         """Leases granted and the seconds episodes spent waiting for them (metrics)."""
@@ -110,19 +117,23 @@ class StatePool:
     async def start(self) -> None:
         """Copy the fixture for every instance and start them all; ToolServerStartError names
         the server (all instances stopped)."""
-        if self._fixture is not None and not self._fixture.exists():
-            raise ToolServerStartError(self.name, f"state.fixture {str(self._fixture)!r} does not exist")
+        self._check_fixture_and_isolation()
         root = Path(self.state.root) if self.state.root else None
+        readable = tuple(os.path.abspath(path) for path in self.state.readable)
         try:
             if root is not None:
                 root.mkdir(parents=True, exist_ok=True)
             self._root = Path(tempfile.mkdtemp(prefix=f"mcp-grpo-state-{self.name}-", dir=root))
             for index in range(self.state.pool_size):
-                directory = self._root / str(index)
+                directory, home, tmp = (self._root / f"{index}{suffix}" for suffix in ("", ".home", ".tmp"))
+                for place in (home, tmp):
+                    empty(place)
                 restore(directory, self._fixture)
-                connection = ServerConnection(f"{self.name}[{index}]", instance_config(self.config, directory),
-                                              self._tools_config)
-                self._instances.append(StateInstance(index, directory, connection))
+                caged = self.isolation == "landlock"
+                cage = Cage((str(directory), str(home), str(tmp)), readable) if caged else None
+                config = instance_config(self.config, directory, home, tmp)
+                connection = ServerConnection(f"{self.name}[{index}]", config, self._tools_config, cage)
+                self._instances.append(StateInstance(index, directory, connection, home, tmp))
         except OSError as exc:
             raise ToolServerStartError(self.name, f"cannot prepare the state copies: {exc}") from None
         outcomes = await asyncio.gather(*(i.connection.start() for i in self._instances), return_exceptions=True)
@@ -133,8 +144,29 @@ class StatePool:
                 raise ToolServerStartError(self.name, failure.cause, failure.stderr_tail) from None
             raise failure
         self.tools = self._instances[0].connection.tools
+        self._schemas = {tool.name: tool.input_schema or {} for tool in self.tools}
         for instance in self._instances:
             self._free.put_nowait(instance)
+
+    def _check_fixture_and_isolation(self) -> None:
+        """Raise ToolServerStartError for a missing fixture, a link out of it, or a cage the
+        kernel cannot give; warn once where `auto` falls back to `paths`."""
+        if self._fixture is not None and not self._fixture.exists():
+            raise ToolServerStartError(self.name, f"state.fixture {str(self._fixture)!r} does not exist")
+        if self._fixture is not None:
+            links = outside_links(self._fixture)
+            if links:
+                shown = ", ".join(f"{link!r} -> {target!r}" for link, target in links[:4])
+                raise ToolServerStartError(self.name, (
+                    f"state.fixture {str(self._fixture)!r} holds links that point out of it ({shown}"
+                    f"{f' and {len(links) - 4} more' if len(links) > 4 else ''}): an episode would "
+                    "reach their targets; copy what they point to into the fixture"))
+        if self._kernel_problem and self.state.isolation == "landlock":
+            raise ToolServerStartError(self.name, f"state.isolation is landlock, but {self._kernel_problem}; "
+                                                  "use isolation: paths (or auto) to run it uncaged")
+        if self._kernel_problem:
+            log.warning("server %r: state.isolation auto runs it without the cage (%s): %s", self.name,
+                        self._kernel_problem, containment("paths").not_contained)
 
     async def close(self) -> None:
         """Stop every instance and remove the state copies; idempotent."""
@@ -246,11 +278,30 @@ class StatePool:
     async def _restore(self, instance: StateInstance) -> None:
         if self.state.reset == "restart":
             await instance.connection.stop()
-            await asyncio.to_thread(restore, instance.directory, self._fixture)
+            await asyncio.to_thread(self._restore_files, instance)
             await instance.connection.start()
         else:
-            await asyncio.to_thread(restore, instance.directory, self._fixture)
+            await asyncio.to_thread(self._restore_files, instance)
         instance.fresh = True
+
+    def _restore_files(self, instance: StateInstance) -> None:
+        restore(instance.directory, self._fixture)
+        empty(instance.home)
+        empty(instance.tmp)
+
+    # -- containment ----------------------------------------------------------------------------
+
+    def containment(self) -> Containment:
+        return containment(self.isolation)
+
+    def directory_of(self, episode_id: str) -> Path | None:
+        """The directory of the instance `episode_id` holds, or None when it holds none."""
+        instance = self._leases.get(episode_id)
+        return None if instance is None else instance.directory
+
+    def outside(self, instance: StateInstance, tool: str, arguments: dict) -> str | None:
+        """Why `arguments` of `tool` name a path outside the instance's copy, or None."""
+        return outside(self._schemas.get(tool, {}), arguments, str(instance.directory))
 
     # -- results --------------------------------------------------------------------------------
 

@@ -18,10 +18,11 @@ Three isolation levels (chosen by the parent, see sandbox.detect_isolation):
 - `namespaces` (root): a private network namespace (no interfaces up), a private mount namespace
   (see _sandbox_mounts.py: the work directory a tmpfs, everything else read-only, /proc hidden),
   then the program drops to the user `nobody`, whose RLIMIT_NPROC of 0 makes fork fail in the
-  kernel; plus the seccomp filter (_seccomp.py), which also closes Unix sockets.
+  kernel; plus the seccomp filter (tools/cage/seccomp.py), which also closes Unix sockets.
 - `landlock` (no root needed, Linux 5.13+): Landlock confines writes to the work directory and
-  reads to it and the system and Python directories (_landlock.py); seccomp refuses sockets, new
-  processes and signals to other processes; no capabilities; plus the in-process guard.
+  reads to it and the system and Python directories (tools/cage/landlock.py); seccomp refuses
+  sockets, new processes and signals to other processes; no capabilities; plus the in-process
+  guard.
 - `rlimits` (never chosen by `auto`): resource limits, no capabilities, and the in-process guard
   (_sandbox_guard.py), which plain Python can switch off: no boundary.
 
@@ -36,45 +37,23 @@ import signal
 import sys
 import time
 
-# -I leaves this file's folder off sys.path; the siblings are needed before the lock-down only.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _landlock
-import _seccomp
+# -I leaves this file's folder off sys.path; the siblings and the kernel primitives of tools/cage
+# are needed before the lock-down only.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(os.path.dirname(_HERE), "cage")]
+import capabilities
+import landlock
+import seccomp
 from _sandbox_guard import install_guard
 from _sandbox_mounts import NOBODY, SetupError, enter_namespaces, libc, private_tmpfs
 
-del sys.path[0]
+del sys.path[:2]
 
 SETUP_FAILED = 120  # exit code the parent reads as "the sandbox could not be set up"
 ORPHANED = 125
 PR_SET_CHILD_SUBREAPER = 36
-PR_CAPBSET_DROP = 24
-PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SWEEP_S = 2.0
 """How long the keeper keeps killing what the program left running (a fork loop makes more)."""
-
-# What the program may read under `landlock`, besides its work directory: the Python
-# installation (added at run time) and system directories and files that hold no secrets.
-SYSTEM_READABLE = (
-    "/usr",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/bin",
-    "/sbin",
-    "/etc/ld.so.cache",
-    "/etc/localtime",
-    "/etc/timezone",
-    "/etc/mime.types",
-    "/etc/passwd",
-    "/etc/group",
-    "/etc/nsswitch.conf",
-    "/etc/os-release",
-    "/dev/zero",
-    "/dev/random",
-    "/dev/urandom",
-)
 
 
 def fail(message: str) -> "None":
@@ -103,42 +82,16 @@ def drop_to_nobody() -> None:
         fail("could not drop root privileges")
 
 
-def drop_capabilities() -> None:
-    """Root keeps its user id but loses every capability, for good: it can no longer raise its
-    hard limits or its priority, nor read processes that hold more capabilities (the server)."""
-    import ctypes
-
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last_cap = int(f.read())
-    except OSError:
-        last_cap = 63
-    lib = libc()
-    for cap in range(last_cap + 1):  # fails without CAP_SETPCAP: then there is nothing to drop
-        lib.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), ctypes.c_ulong(0), 0, 0)
-    try:
-        _seccomp.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    except OSError:  # a kernel older than ambient capabilities
-        pass
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    no_capabilities = (ctypes.c_uint32 * 6)()  # two sets of (effective, permitted, inheritable)
-    if lib.capset(ctypes.byref(Header(0x20080522, 0)), no_capabilities) != 0:  # version 3
-        fail(f"could not drop capabilities: {os.strerror(ctypes.get_errno())}")
-
-
 def die_with_parent(parent_pid: int, sig: int) -> None:
     # Set after any uid change: changing credentials clears the parent-death signal.
-    _seccomp.prctl(_seccomp.PR_SET_PDEATHSIG, sig)
+    seccomp.prctl(seccomp.PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(ORPHANED)
 
 
 def readable_paths() -> list[str]:
     python = {sys.base_prefix, sys.base_exec_prefix, sys.executable, *sys.path}
-    paths = {*python, *SYSTEM_READABLE} - {"/", ""}
+    paths = {*python, *landlock.SYSTEM_READABLE} - {"/", ""}
     return sorted(p for p in paths if os.path.exists(p))
 
 
@@ -151,13 +104,13 @@ def lock_down(isolation: str, workdir: str, limits: list[int], keeper: int) -> N
         if isolation == "namespaces":
             drop_to_nobody()
         else:
-            drop_capabilities()
-        _seccomp.prctl(_landlock.PR_SET_NO_NEW_PRIVS, 1)
+            capabilities.drop_capabilities()
+        seccomp.prctl(landlock.PR_SET_NO_NEW_PRIVS, 1)
         die_with_parent(keeper, signal.SIGKILL)
         if isolation == "landlock":
-            _landlock.restrict(workdir, readable_paths())
+            landlock.restrict([workdir], readable_paths())
         if isolation != "rlimits":
-            _seccomp.install(os.getpid())
+            seccomp.install(os.getpid())
     except OSError as exc:
         fail(f"{isolation}: {exc}")
     if isolation != "namespaces":
@@ -268,7 +221,7 @@ def main(argv: list[str]) -> None:
             tmpfs = True
         else:
             tmpfs = private_tmpfs(libc(), workdir, disk_mb, disk_files)
-        _seccomp.prctl(PR_SET_CHILD_SUBREAPER, 1)
+        seccomp.prctl(PR_SET_CHILD_SUBREAPER, 1)
         # SIGTERM, not SIGKILL: if the server dies, the keeper still cleans up (see keep).
         die_with_parent(server, signal.SIGTERM)
     except (SetupError, OSError) as exc:

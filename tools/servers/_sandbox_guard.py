@@ -43,7 +43,8 @@ _BLOCKED_EVENTS = frozenset(
     }
 )
 _BLOCKED_IMPORTS = frozenset(
-    {"_posixsubprocess", "ctypes", "_ctypes", "_socket", "socket", "subprocess", "_landlock"}
+    {"_posixsubprocess", "ctypes", "_ctypes", "_socket", "socket", "subprocess", "landlock",
+     "seccomp", "capabilities"}
 )
 _PATH_EVENTS = {  # event -> indices of path arguments that the call may create or change
     "os.remove": (0,),

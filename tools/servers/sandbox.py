@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from tools.cage.landlock import abi_version
 from tools.procs import OWNER_ENV
-from tools.servers._landlock import abi_version
 from tools.servers._sandbox_output import OutputPipes
 
 CHILD = Path(__file__).with_name("_sandbox_child.py")

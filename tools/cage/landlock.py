@@ -1,13 +1,14 @@
-"""Landlock for the sandbox: after `restrict(workdir, readable)` the kernel refuses this process
-and everything it starts every filesystem change outside `workdir` (writing, truncating, creating,
-removing, renaming or linking files and directories) and every read outside `workdir` and the
+"""Landlock: after `restrict(writable, readable)` the kernel refuses this process and everything it
+starts every filesystem change outside the `writable` directories (writing, truncating, creating,
+removing, renaming or linking files and directories) and every read outside them and the
 `readable` paths (so no secrets in home directories, and no /proc files of other processes),
-whoever asks: C code included, which the in-process guard cannot see. With Landlock ABI 4+
+whoever asks: C code included, which the sandbox's in-process guard cannot see. With Landlock ABI 4+
 (Linux 6.7) also TCP bind and connect; with ABI 6+ (Linux 6.12) also signals to, and abstract
 Unix sockets of, processes outside. Landlock always refuses ptrace of processes outside.
 
 Unprivileged: needs no root, only a kernel with Landlock enabled (5.13+, `lsm=...,landlock`).
-Standard library only (ctypes), because the sandbox child imports it before its lock-down.
+Standard library only (ctypes): the sandbox child and the cage's launcher import it by path,
+before their lock-down.
 """
 
 import ctypes
@@ -20,6 +21,29 @@ SYS_LANDLOCK_RESTRICT_SELF = 446
 CREATE_RULESET_VERSION = 1 << 0
 RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
+
+# What a confined process may read besides its own directories and its program's installation:
+# system directories and files that hold no secrets (no /etc/shadow, no /root, no /home).
+SYSTEM_READABLE = (
+    "/usr",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/bin",
+    "/sbin",
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/mime.types",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/os-release",
+    "/dev/zero",
+    "/dev/random",
+    "/dev/urandom",
+)
 
 # Filesystem rights from linux/landlock.h that change something, by the ABI that added them.
 # Left unhandled, and so allowed wherever reading is: EXECUTE and IOCTL_DEV.
@@ -69,10 +93,11 @@ def abi_version() -> int:
         return 0
 
 
-def restrict(workdir: str, readable: list[str]) -> int:
-    """Confine filesystem changes to `workdir` (plus writes to /dev/null) and reads to `workdir`
-    and the `readable` files and directories (with everything beneath them), for good; returns
-    the ABI version used. Raises OSError where the kernel cannot."""
+def restrict(writable: list[str], readable: list[str]) -> int:
+    """Confine filesystem changes to the `writable` directories (plus writes to /dev/null) and
+    reads to them and the `readable` files and directories (with everything beneath them), for
+    good; returns the ABI version used. Raises OSError where the kernel cannot, or where a path
+    does not exist."""
     abi = abi_version()
     if abi < 1:
         raise OSError("this kernel has no Landlock (or it is disabled)")
@@ -86,7 +111,8 @@ def restrict(workdir: str, readable: list[str]) -> int:
     # A kernel older than this struct accepts it as long as the fields it lacks are zero.
     ruleset = _syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
     try:
-        _allow(ruleset, workdir, writes | reads)
+        for directory in writable:
+            _allow(ruleset, directory, writes | reads)
         for path in readable:
             _allow(ruleset, path, reads if os.path.isdir(path) else FS_READ_FILE)
         # A file takes file rights only.

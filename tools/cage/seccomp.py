@@ -1,19 +1,23 @@
-"""Seccomp for the sandbox: after `install(own_pid)` the kernel refuses this process, whatever code
-asks (C code and ctypes included):
+"""Seccomp filters: after `install(own_pid)` the kernel refuses this process and everything it
+starts, whatever code asks (C code and ctypes included):
 
 - sockets of every family (`socket(2)`): no network, no Unix sockets of other programs
   (`socketpair(2)` stays: asyncio's event loop needs one), and no io_uring, whose operations
   would open sockets past this filter;
+- the kernel's key rings (keyctl, add_key, request_key), which the server's user may share;
+
+and, unless `processes=True` (the cage's flavour, for servers that run programs such as `git`):
+
 - new processes: fork, vfork and clone without CLONE_THREAD (threads stay); clone3 answers ENOSYS,
   so that the C library falls back to clone, whose flags the filter can read;
 - signals to any process but itself (kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo name its
   own pid, or kill its own process group; tkill and pidfd_send_signal not at all);
-- the kernel's key rings (keyctl, add_key, request_key), which the server's user may share;
 - prctl(PR_SET_PDEATHSIG): the process keeps dying with its keeper.
 
 Refused calls fail with EPERM ("Operation not permitted"). Every call of another architecture's
 system-call table (e.g. 32-bit calls on x86_64) is refused too, since the numbers would differ.
-Standard library only (ctypes), because the sandbox child imports it before its lock-down.
+Standard library only (ctypes): the sandbox child and the cage's launcher import it by path,
+before their lock-down.
 """
 
 import ctypes
@@ -85,10 +89,6 @@ _SHARED = {  # numbered alike on every architecture (added after the tables were
 
 _ALWAYS_REFUSED = (
     "socket",
-    "fork",
-    "vfork",
-    "tkill",
-    "pidfd_send_signal",
     "io_uring_setup",
     "io_uring_enter",
     "io_uring_register",
@@ -96,6 +96,8 @@ _ALWAYS_REFUSED = (
     "request_key",
     "keyctl",
 )
+_PROCESS_CALLS = ("fork", "vfork", "tkill", "pidfd_send_signal")
+"""Refused outright unless `processes=True`; clone, clone3, kill and friends are filtered below."""
 
 
 class _Instruction(ctypes.Structure):
@@ -126,8 +128,9 @@ def _first_argument(values: list[int], when_in: tuple, otherwise: tuple) -> list
     return [(_LD_ABS_W, 0, 0, _ARG0), *tests, otherwise, when_in]
 
 
-def build(machine: str, own_pid: int) -> list[tuple]:
-    """The filter as (code, jt, jf, k) instructions, for `machine` (os.uname().machine)."""
+def build(machine: str, own_pid: int, processes: bool = False) -> list[tuple]:
+    """The filter as (code, jt, jf, k) instructions, for `machine` (os.uname().machine);
+    `processes`: new processes and signals to them allowed (see the module docstring)."""
     if machine not in _TABLES:
         raise OSError(f"no system-call table for the architecture {machine!r}")
     arch, numbers = _TABLES[machine]
@@ -136,9 +139,11 @@ def build(machine: str, own_pid: int) -> list[tuple]:
     program = [(_LD_ABS_W, 0, 0, _ARCH), (_JEQ, 1, 0, arch), _refuse(), (_LD_ABS_W, 0, 0, _NR)]
     if machine == "x86_64":  # x32 calls reach the same kernel code under other numbers
         program += [(_JGE, 0, 1, X32_SYSCALL_BIT), _refuse()]
-    for name in _ALWAYS_REFUSED:
+    for name in _ALWAYS_REFUSED if processes else (*_ALWAYS_REFUSED, *_PROCESS_CALLS):
         if name in nr:  # aarch64 has no fork or vfork call
             program += _if_call(nr[name], [_refuse()])
+    if processes:
+        return [*program, allow]
     program += _if_call(nr["clone3"], [_refuse(errno.ENOSYS)])
     thread_only = [(_LD_ABS_W, 0, 0, _ARG0), (_JSET, 0, 1, CLONE_THREAD), allow, _refuse()]
     program += _if_call(nr["clone"], thread_only)
@@ -149,13 +154,13 @@ def build(machine: str, own_pid: int) -> list[tuple]:
     return [*program, allow]
 
 
-def install(own_pid: int) -> None:
+def install(own_pid: int, processes: bool = False) -> None:
     """Apply the filter to this (single-threaded) process and everything it starts, for good.
     Raises OSError where the kernel or the architecture does not allow it."""
-    instructions = build(os.uname().machine, own_pid)
+    instructions = build(os.uname().machine, own_pid, processes)
     array = (_Instruction * len(instructions))(*instructions)
     program = _Program(len(instructions), array)
-    # Required for an unprivileged process; the sandbox never gains privileges anyway.
+    # Required for an unprivileged process; a caged process never gains privileges anyway.
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program))
 
