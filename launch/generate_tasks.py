@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from environments.endpoint import EndpointError, OpenAIEndpoint
 from environments.taskgen.build import ChainError
-from environments.taskgen.run import generate_tasks
+from environments.taskgen.run import generate_tasks, later_tools
 from environments.taskgen.writer import TaskWriter
 from grpo.config import ConfigError, load_config
 from launch.interrupt import stops_cleanly_on_interrupt
@@ -106,12 +107,18 @@ async def _run(args: argparse.Namespace) -> int:
             return 2
         writer = TaskWriter(OpenAIEndpoint(args.writer_base_url, args.writer_model, args.writer_key_env))
     started = time.time()
-    async with SharedToolManager(config.tools) as tools:
+    later_config = later_tools(config.tools)
+    if later_config is None:
+        print("generate_tasks: libfaketime is not installed, so every draft's second run is at the same time of "
+              "day: values that change only from day to day are not found (make faketime installs it)",
+              file=sys.stderr)
+    async with SharedToolManager(config.tools) as tools, \
+            (SharedToolManager(later_config) if later_config else contextlib.nullcontext()) as later:
         outcome = await generate_tasks(
             tools, servers=servers, num=args.num, max_steps=args.max_steps, seed=args.seed, digits=args.digits,
             novel_fraction=args.novel_fraction, eval_tasks=args.eval_tasks, novel_tasks=args.novel_tasks,
             examples=args.examples, allow=args.allow_tool, progress=progress, writer=writer,
-            writer_tasks=args.writer_tasks if writer else 0, writer_rewrites=args.writer_rewrites)
+            writer_tasks=args.writer_tasks if writer else 0, writer_rewrites=args.writer_rewrites, later=later)
     records = outcome.records
     train = [r for r in records if r["extra_info"]["split"] == "train"]
     heldout = [r for r in records if r["extra_info"]["split"] != "train"]

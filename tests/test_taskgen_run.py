@@ -47,6 +47,9 @@ def test_the_report_counts_tasks_templates_and_multi_call_share(loop, tools):
     multi = sum(r["extra_info"]["chain_length"] > 1 for r in outcome.records)
     assert row["family"] == "generic" and row["tasks"] == 10
     assert row["multi_call_share"] == round(multi / 10, 3) and row["templates"] == 4
+    assert row["answer_or_state_share"] == 1.0 and row["request_shapes"] == len(
+        {(r["extra_info"]["template"], tuple(s["tool"] for s in r["reward_spec"]["ground_truth"]["tool_sequence"]))
+         for r in outcome.records})
     used = {t["tool"]: t["tasks"] for t in outcome.report["tools_used"]}
     assert set(used) <= {"list_items", "get_item"} and sum(used.values()) == sum(
         r["extra_info"]["chain_length"] for r in outcome.records)

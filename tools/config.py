@@ -152,6 +152,11 @@ class MCPServerConfig(_Section):
     tool names (`read_*`, `get_file_info`). A glob that matches no tool is a start-up warning."""
     deny: list[str] = Field(default_factory=list)
     """Tools never listed nor called, even when `allow` matches them (globs, as `allow`)."""
+    read_only: list[str] = Field(default_factory=list)
+    """Tools of this server that only read (globs on its own tool names), for servers that
+    declare no MCP annotations: task generation and conversation import may call them where the
+    server has no disposable state. On a server whose state is disposable and confined (`state:`
+    in the cage), what a call is seen to do decides instead."""
     state: StateConfig | None = None
     """Per-episode state: a pool of instances, each on a fresh copy of a fixture for every
     episode (see StateConfig). Null: one shared server (which may isolate episodes itself by

@@ -24,28 +24,23 @@ from environments.taskgen.build import ChainError, attach_examples, split_templa
 from environments.taskgen.build import generate as generate_chains
 from environments.taskgen.catalog import build_catalog
 from environments.taskgen.drafts import Draft, DraftRejected, Verified
-from environments.taskgen.families import Explorer, Template, family_for
-from environments.taskgen.safety import Verdict, judge
+from environments.taskgen.families import Template
+from environments.taskgen.plan import Plan, bundled_chain_server, plan_server
+from environments.taskgen.report import build_report
 from environments.taskgen.verify import Runner
+from environments.taskgen.wording import names_identifier
 from environments.tasks.schema import complexity_for, task_record
+from tools.clock import libfaketime
 
 if TYPE_CHECKING:
     from environments.taskgen.writer import TaskWriter
+    from tools.config import ToolsConfig
     from tools.manager import SharedToolManager
 
+LATER = "+25h"
+"""How far ahead the second run's clock reads: another day and another hour of it."""
 GIVE_UP_AFTER = 40
 """Draws in a row without a new verified task after which a template leaves the rotation."""
-
-
-@dataclass
-class Plan:
-    """What the generation of one server works with."""
-
-    server: str
-    family: str
-    templates: list[Template]
-    verdicts: dict[str, Verdict]
-    explore_error: str | None = None
 
 
 @dataclass
@@ -83,33 +78,14 @@ def to_record(verified: Verified, template: Template, task_id: str, split: str) 
     )
 
 
-async def plan_server(tools: SharedToolManager, server: str, allow: Sequence[str], max_steps: int,
-                      timeout: float | None) -> Plan:
-    specs = [s for s in tools.tool_specs() if s.server == server]
-    verdicts = {s.tool: judge(s, tools.config, allow) for s in specs}
-    family = family_for([s.tool for s in specs], server)
-    explorer = Explorer(tools, server, verdicts, timeout)
-    try:
-        await family.explore(explorer)
-    except DraftRejected as exc:
-        return Plan(server, family.name, [], verdicts, f"exploring failed: {exc}")
-    finally:
-        await explorer.close()
-    # A template's name says its server and shape (`filesystem/search_read`): two servers of one
-    # family keep their templates apart.
-    templates = [Template(f"{server}/{t.name.split(':', 1)[-1]}", t.calls, t.make) for t in family.templates()
-                 if t.calls <= max_steps]
-    return Plan(server, family.name, templates, verdicts)
-
-
 def _unsafe_tool(draft: Draft, plans: dict[str, Plan]) -> str | None:
     """A tool the draft calls that generation may not call, with the reason."""
     for call in [*draft.calls, *(c.call for c in draft.checks)]:
-        verdict = plans[call.server].verdicts.get(call.tool) if call.server in plans else None
-        if verdict is None:
+        effect = plans[call.server].effects.get(call.tool) if call.server in plans else None
+        if effect is None:
             return f"{call.server}.{call.tool} is not offered"
-        if not verdict.callable:
-            return f"{call.server}.{call.tool}: {verdict.reason}"
+        if not effect.callable:
+            return f"{call.server}.{call.tool}: {effect.reason}"
     return None
 
 
@@ -117,14 +93,20 @@ class Generator:
     """Round robin over servers and their templates; see the module doc."""
 
     def __init__(self, tools: SharedToolManager, plans: list[Plan], seed: int, timeout: float | None,
-                 progress: Path | None = None, done: Sequence[dict] = ()):
-        self.runner = Runner(tools, timeout)
+                 progress: Path | None = None, done: Sequence[dict] = (), later: SharedToolManager | None = None):
+        self.runner = Runner(tools, timeout, later)
+        self.identifiers: dict[str, set[str]] = defaultdict(set)
+        """Per server: the names of its tools and parameters, which no request may name."""
+        for spec in tools.tool_specs():
+            self.identifiers[spec.server] |= {spec.tool, spec.name, *((spec.input_schema or {}).get("properties") or {})}
         self.plans = {p.server: p for p in plans}
         self.seed = seed
         self.progress = progress
         self.questions = {r["prompt"][-1]["content"] for r in done}
         self.counts = Counter((r["extra_info"]["template"], r["extra_info"]["split"]) for r in done)
         self.rejections: dict[str, Counter] = defaultdict(Counter)
+        self.tool_rejections: dict[tuple[str, str], Counter] = defaultdict(Counter)
+        """Why drafts calling each (server, tool) did not verify (the report's true reasons)."""
         self.dropped: dict[str, str] = {}
         self.verified: dict[str, Verified] = {}
         """This run's verified drafts by task id (what the writer rewrites)."""
@@ -177,11 +159,17 @@ class Generator:
         if unsafe is not None:
             self.rejections[template.name][f"not called: {unsafe}"] += 1
             return None
+        named = names_identifier(draft.request, sorted({n for s in draft.servers for n in self.identifiers.get(s, ())}))
+        if named is not None:
+            self.rejections[template.name][f"the request names the identifier {named!r}"] += 1
+            return None
         self.questions.add(draft.request)
         try:
             verified = await self.runner.verify(draft)
         except DraftRejected as exc:
             self.rejections[template.name][str(exc)[:160]] += 1
+            for call in draft.calls:
+                self.tool_rejections[(call.server, call.tool)][str(exc)[:160]] += 1
             return None
         if isinstance(verified.answer, str) and len(verified.answer) > 2 and f'"{verified.answer}"' in draft.request:
             self.rejections[template.name]["the answer is written in the request"] += 1
@@ -199,15 +187,17 @@ async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | N
                          seed: int = 0, allow: Sequence[str] = (), novel_fraction: float = 0.2, eval_tasks: int = 40,
                          novel_tasks: int = 40, examples: int = 2, timeout: float | None = None,
                          progress: Path | None = None, digits: int = 2, writer: TaskWriter | None = None,
-                         writer_tasks: int = 0, writer_rewrites: int = 0) -> Outcome:
+                         writer_tasks: int = 0, writer_rewrites: int = 0,
+                         later: SharedToolManager | None = None) -> Outcome:
     """Training records (`num`), held-out ones (`eval_tasks` of trained multi-call templates,
     `novel_tasks` of held-out templates) and the report, for `servers` (default: all). Records
-    already in `progress` count as made (resume); new ones are appended to it."""
+    already in `progress` count as made (resume); new ones are appended to it. `later`: the same
+    servers with their clock ahead (`later_tools`), where every draft runs a second time."""
     wanted = sorted(servers or {s.server for s in tools.tool_specs()})
     done = _read_progress(progress)
-    arithmetic = await build_catalog(tools, wanted, timeout=timeout, allow=allow)
-    chain_servers = sorted({p.spec.server for p in arithmetic})
-    plans = [await plan_server(tools, server, allow, max_steps, timeout) for server in wanted
+    chain_servers = [s for s in wanted if bundled_chain_server(tools.config.servers.get(s))]
+    arithmetic = await build_catalog(tools, chain_servers, timeout=timeout, allow=allow) if chain_servers else []
+    plans = [await plan_server(tools, server, allow, max_steps, timeout, seed) for server in wanted
              if server not in chain_servers]
     records: list[dict] = []
     if chain_servers:
@@ -222,7 +212,7 @@ async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | N
             plans.append(Plan(",".join(chain_servers), "arithmetic", [], {}, str(exc)))
     templates = [t for p in plans for t in p.templates]
     novel = split_templates(templates, novel_fraction, seed)
-    generator = Generator(tools, plans, seed, timeout, progress, done)
+    generator = Generator(tools, plans, seed, timeout, progress, done, later)
     share = max(0, len(plans)) and len(plans) / len(wanted)
     need = Counter(r["extra_info"]["split"] for r in done)
     trained = [t for t in templates if t.name not in novel]
@@ -238,61 +228,19 @@ async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | N
     return Outcome(records, build_report(tools, wanted, plans, records, generator, arithmetic), generator.rejections)
 
 
+def later_tools(config: ToolsConfig) -> ToolsConfig | None:
+    """The same servers with their clock LATER ahead (where every draft runs a second time), or
+    None where libfaketime is not installed or a server's clock cannot be moved (an HTTP server:
+    its clock is its host's)."""
+    if libfaketime() is None or any(s.transport == "http" for s in config.servers.values() if s.enabled):
+        return None
+    return config.model_copy(update={"clock_offset": LATER})
+
+
 def _read_progress(progress: Path | None) -> list[dict]:
     if progress is None or not progress.is_file():
         return []
     return [json.loads(line) for line in progress.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def build_report(tools: SharedToolManager, servers: Sequence[str], plans: list[Plan], records: list[dict],
-                 generator: Generator, arithmetic: Sequence[Any]) -> dict[str, Any]:
-    """Every tool used (in how many tasks' calls, and in how many end-state checks), every tool
-    left out with the reason, each server that contributed nothing, and per server: family,
-    templates, tasks, share of multi-call tasks."""
-    used: Counter = Counter()
-    checking: Counter = Counter()
-    per_server: dict[str, list[dict]] = defaultdict(list)
-    for record in records:
-        for step in record["reward_spec"]["ground_truth"]["tool_sequence"]:
-            used[(step["server"], step["tool"])] += 1
-        for check in record["reward_spec"]["ground_truth"]["success"].get("checks", []):
-            checking[(check["server"], check["tool"])] += 1
-        for server in {s["server"] for s in record["reward_spec"]["ground_truth"]["tool_sequence"]}:
-            per_server[server].append(record)
-    plan_of = {p.server: p for p in plans}
-    left_out = [{"server": r.server, "tool": r.tool, "reason": r.reason} for r in tools.refused_tools()
-                if r.server in servers]
-    for spec in tools.tool_specs():
-        if spec.server not in servers or used[(spec.server, spec.tool)] or checking[(spec.server, spec.tool)]:
-            continue
-        plan = plan_of.get(spec.server)
-        verdict = plan.verdicts.get(spec.tool) if plan else None
-        if verdict is not None and not verdict.callable:
-            reason = verdict.reason
-        elif plan is not None and plan.explore_error:
-            reason = plan.explore_error
-        else:
-            reason = "no template of its server's family uses it" if plan else "not part of any arithmetic chain"
-        left_out.append({"server": spec.server, "tool": spec.tool, "reason": reason})
-    summary = {}
-    for server in servers:
-        tasks = per_server.get(server, [])
-        plan = plan_of.get(server)
-        summary[server] = {
-            "family": plan.family if plan else "arithmetic",
-            "templates": len(plan.templates) if plan else len({r["extra_info"]["template"] for r in tasks}),
-            "tasks": len(tasks),
-            "multi_call_share": round(sum(r["extra_info"]["chain_length"] > 1 for r in tasks) / len(tasks), 3)
-            if tasks else 0.0,
-            "templates_dropped": {t: why for t, why in generator.dropped.items() if t.startswith(f"{server}/")},
-            **({"problem": plan.explore_error} if plan and plan.explore_error else {}),
-        }
-    return {"servers": summary,
-            "tools_used": [{"server": s, "tool": t, "tasks": used[(s, t)], "checks": checking[(s, t)]}
-                           for s, t in sorted(set(used) | set(checking))],
-            "tools_left_out": sorted(left_out, key=lambda x: (x["server"], x["tool"])),
-            "servers_without_tasks": [s for s in servers if not per_server.get(s)],
-            "rejections": {t: dict(c.most_common(8)) for t, c in sorted(generator.rejections.items())}}
 
 
 async def with_writer(generator: Generator, writer: TaskWriter, tools: SharedToolManager, plans: list[Plan],

@@ -35,30 +35,57 @@ def same_kind(arg: str, key: str) -> bool:
     return bool(a and k) and a[-1] == k[-1]
 
 
-def schema_value(name: str, schema: dict, rng: random.Random, pool: dict[str, list[Any]], fresh: bool = False) -> Any:
+MAX_DEPTH = 6
+"""Nesting of objects and arrays a value is made for (a deeper schema gets no value)."""
+
+
+def _bound(schema: dict, key: str, default: float) -> float:
+    value = schema.get(key, default)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def schema_value(name: str, schema: dict, rng: random.Random, pool: dict[str, list[Any]], fresh: bool = False,
+                 depth: int = 0) -> Any:
     """A value for argument `name` (see the module doc); `fresh` prefers a new value over one the
-    state holds (for names a write creates)."""
+    state holds (for names a write creates). ValueError when the schema allows no value this can
+    make (an empty enum, a type that is only null, nesting past MAX_DEPTH)."""
     schema = schema if isinstance(schema, dict) else {}
-    if schema.get("enum"):
-        return rng.choice(schema["enum"])
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{name}: nested past {MAX_DEPTH} levels")
+    if "enum" in schema:
+        choices = [v for v in schema["enum"] if v is not None] if isinstance(schema["enum"], list) else []
+        if not choices:
+            raise ValueError(f"{name}: its enum offers no value")
+        return rng.choice(choices)
     if schema.get("default") is not None:
         return schema["default"]
-    if schema.get("examples"):
+    if isinstance(schema.get("examples"), list) and schema["examples"]:
         return rng.choice(schema["examples"])
     kind = schema.get("type")
     if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), None)
-    if kind is None and (schema.get("anyOf") or schema.get("oneOf")):
-        option = next(o for o in schema.get("anyOf") or schema.get("oneOf") if o.get("type") != "null")
-        return schema_value(name, option, rng, pool, fresh)
+        kind = next((k for k in kind if k != "null"), "null")
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if kind is None and isinstance(options, list):
+        option = next((o for o in options if isinstance(o, dict) and o.get("type") != "null"), None)
+        if option is None:
+            raise ValueError(f"{name}: none of its anyOf/oneOf options takes a value")
+        return schema_value(name, option, rng, pool, fresh, depth + 1)
+    if kind == "null":
+        raise ValueError(f"{name}: its type is only null")
     if kind == "array":
-        return [schema_value(name, schema.get("items") or {}, rng, pool, fresh)]
+        return [schema_value(name, schema.get("items") or {}, rng, pool, fresh, depth + 1)]
     if kind == "object":
-        properties = schema.get("properties") or {}
-        return {key: schema_value(key, prop, rng, pool, fresh and same_kind(key, "name"))
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        return {key: schema_value(key, prop, rng, pool, fresh and same_kind(key, "name"), depth + 1)
                 for key, prop in properties.items()}
     if kind in ("integer", "number"):
-        low, high = schema.get("minimum", 1), schema.get("maximum", 20)
+        known = [v for key, values in pool.items() if same_kind(name, key) for v in values
+                 if isinstance(v, int) and not isinstance(v, bool)]
+        low, high = _bound(schema, "minimum", 1), _bound(schema, "maximum", 20)
+        low, high = min(low, high), max(low, high)
+        known = [v for v in known if low <= v <= high or "minimum" not in schema and "maximum" not in schema]
+        if known and not fresh:
+            return rng.choice(sorted(set(known)))
         return rng.randint(int(low), int(high)) if kind == "integer" else round(rng.uniform(low, high), 1)
     if kind == "boolean":
         return rng.choice((True, False))
@@ -100,10 +127,12 @@ def leaves(data: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def add_to_pool(pool: dict[str, list[Any]], data: Any) -> None:
-    """Every scalar of a result under its field name (`entities.0.name` -> pool["name"])."""
+    """Every short text and every integer of a result under its field name
+    (`entities.0.name` -> pool["name"], `tasks.3.id` -> pool["id"])."""
     for path, value in leaves(data):
         key = next((p for p in reversed(path.split(".")) if not p.isdigit()), None)
-        if key is not None and isinstance(value, str) and 0 < len(value) <= 80 and value not in pool.setdefault(key, []):
+        wanted = (isinstance(value, str) and 0 < len(value) <= 80) or (isinstance(value, int) and not isinstance(value, bool))
+        if key is not None and wanted and value not in pool.setdefault(key, []):
             pool[key].append(value)
 
 

@@ -32,6 +32,7 @@ from environments.taskgen.drafts import (
     Verified,
     parse_result,
 )
+from environments.taskgen.observe import reads_as_error
 from environments.taskgen.volatile import Unstable, differing_fields, differing_patterns
 from environments.tasks.picks import put
 from environments.tasks.success import AnswerFrom
@@ -91,6 +92,9 @@ class Runner:
                     what: str, must_work: bool = True) -> ToolResult:
         result = await tools.call_tool(self.name_of(call.server, call.tool), args, timeout=self.timeout,
                                        episode_id=episode)
+        if must_work and not result.is_error and reads_as_error(result.text):
+            raise DraftRejected(f"{what} {call.server}.{call.tool}({json.dumps(args)[:200]}) says it failed: "
+                                f"{result.text[:300]}")
         if result.is_error and must_work:
             raise DraftRejected(f"{what} {call.server}.{call.tool}({json.dumps(args)[:200]}) failed: "
                                 f"{result.text[:300]}")

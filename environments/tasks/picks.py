@@ -19,11 +19,12 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from environments.tasks.success import Selection, Strict
 from environments.tasks.text_records import text_records
@@ -52,6 +53,9 @@ class Picked(Strict):
     format: str | None = None
     """The argument as text around the value, which replaces each `{}`; null: the value itself
     (a number stays a number)."""
+    number: bool = False
+    """The value is a number where the argument takes one (`"3.5"` -> 3.5, `"12"` -> 12): some
+    servers write numbers as text in their results. Not together with `format`."""
 
     @field_validator("pattern")
     @classmethod
@@ -69,6 +73,12 @@ class Picked(Strict):
         if fmt is not None and PLACEHOLDER not in fmt:
             raise ValueError(f"{fmt!r} has no {PLACEHOLDER} where the picked value goes")
         return fmt
+
+    @model_validator(mode="after")
+    def _number_or_format(self) -> Picked:
+        if self.number and self.format is not None:
+            raise ValueError("give `number` or `format`, not both")
+        return self
 
 
 def parse_result(text: str) -> Any:
@@ -94,8 +104,10 @@ def _json_like(value: Any) -> Any:
 
 
 def dig(data: Any, path: str | None) -> Any:
-    """The value at a dotted path (`target.datetime`, `0.name`, `entities.2.name`); PickError
-    naming the part where it stopped."""
+    """The value at a dotted path (`target.datetime`, `0.name`, `entities.2.name`); digits index
+    lists, and the fields of an object in their order where it has no such key (`0.0`: the first
+    value of a result's first row, whether the server writes rows as objects or as tuples);
+    PickError naming the part where it stopped."""
     if not path:
         return data
     for part in path.split("."):
@@ -103,6 +115,8 @@ def dig(data: Any, path: str | None) -> Any:
             data = data[int(part)]
         elif isinstance(data, dict) and part in data:
             data = data[part]
+        elif isinstance(data, dict) and part.isdigit() and int(part) < len(data):
+            data = list(data.values())[int(part)]
         else:
             raise PickError(f"the result has no {path!r} (stopped at {part!r})")
     return data
@@ -150,7 +164,21 @@ def read_result(text: str, select: Selection | None = None, field: str | None = 
 def pick_value(picked: Picked, text: str) -> Any:
     """The argument `picked` takes from a result `text` (PickError when it is not there)."""
     value = read_result(text, picked.select, picked.field, picked.pattern)
+    if picked.number:
+        return _number(value)
     return picked.format.replace(PLACEHOLDER, _as_text(value)) if picked.format is not None else value
+
+
+def _number(value: Any) -> int | float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        raise PickError(f"{str(value)[:40]!r} is no number") from None
+    if not math.isfinite(number):
+        raise PickError(f"{str(value)[:40]!r} is no finite number")
+    return int(number) if number.is_integer() and "." not in str(value) and "e" not in str(value).lower() else number
 
 
 def put(args: Any, dotted: str, value: Any) -> None:

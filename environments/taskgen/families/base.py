@@ -3,6 +3,7 @@ environments/taskgen/families/__init__.py)."""
 
 from __future__ import annotations
 
+import json
 import random
 import uuid
 from collections.abc import Callable, Sequence
@@ -10,16 +11,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from environments.taskgen.drafts import Draft, DraftRejected
+from environments.taskgen.observe import changed_paths, reads_as_error, snapshot
+from environments.taskgen.safety import Effect
 
 if TYPE_CHECKING:
-    from environments.taskgen.safety import Verdict
+    from environments.taskgen.observe import Exploration
     from tools.manager import SharedToolManager
-
 
 @dataclass(frozen=True)
 class Template:
     name: str
-    """`<family>:<shape>`, e.g. `git:log>show`; the split holds whole templates out."""
+    """`<family>:<shape>`, e.g. `vcs:log>show`; the split holds whole templates out."""
     calls: int
     make: Callable[[random.Random], Draft | None]
     """A seeded draft; None when this draw does not fit the state (another draw may)."""
@@ -29,47 +31,95 @@ class Template:
 
 
 class Explorer:
-    """Read-only calls on one server while a family learns its initial state."""
+    """Calls on one server while a family learns its initial state and what its tools are for:
+    reads in one exploring episode, writes only where exploration found them callable (on a
+    disposable copy), each probe in an episode of its own."""
 
-    def __init__(self, tools: SharedToolManager, server: str, verdicts: dict[str, Verdict],
-                 timeout: float | None = None):
+    def __init__(self, tools: SharedToolManager, server: str, found: Exploration, timeout: float | None = None):
         self.tools, self.server, self.timeout = tools, server, timeout
         self.specs = {s.tool: s for s in tools.tool_specs() if s.server == server}
-        self.verdicts = verdicts
+        self.found = found
+        self.effects = found.effects
         self.calls = 0
         self.episode = f"taskgen-explore-{server}-{uuid.uuid4().hex[:8]}"
-        """One episode for all of exploring: on a server with per-episode state its own copy,
-        given back by `close`."""
+        """One episode for all of exploring's reads: on a server with per-episode state its own
+        copy, given back by `close`."""
 
     async def close(self) -> None:
         await self.tools.end_episode(self.episode)
 
     def usable(self, tool: str) -> bool:
-        """The tool is offered and generation may call it (read-only, allowed, or disposable state)."""
-        return tool in self.specs and self.verdicts[tool].callable
+        """The tool is offered and generation may call it."""
+        return tool in self.specs and self.effects[tool].callable
+
+    def probeable(self, tool: str) -> bool:
+        """A probe may call it: it is callable, or its effect is unknown on a server whose state
+        is disposable and confined (where no call can do harm, and a probe with better arguments
+        than exploring had shows what it does)."""
+        return tool in self.specs and (self.effects[tool].callable
+                                       or self.found.observable and self.effects[tool].kind == "unknown")
+
+    def learn(self, tool: str, writes: bool, how: str) -> None:
+        """What a family's probe showed the tool does (it overrides exploring's classification)."""
+        self.effects[tool] = Effect("write" if writes else "read", f"observed: {how}", True, writes)
+
+    def reads(self) -> list[str]:
+        """The tools found to only read, by name."""
+        return sorted(t for t in self.specs if self.usable(t) and not self.effects[t].writes)
+
+    def writes(self) -> list[str]:
+        return sorted(t for t in self.specs if self.usable(t) and self.effects[t].writes)
+
+    def _refuse(self, tool: str) -> None:
+        if tool not in self.specs:
+            raise DraftRejected(f"{self.server}.{tool} is not offered")
+        if not self.probeable(tool):
+            raise DraftRejected(f"{self.server}.{tool} is not called while exploring: {self.effects[tool].reason}")
+
+    async def _call(self, tool: str, args: dict[str, Any], episode: str) -> str:
+        self.calls += 1
+        result = await self.tools.call_tool(self.specs[tool].name, args, timeout=self.timeout, episode_id=episode)
+        text = result.text.strip()
+        if result.is_error or reads_as_error(text):
+            raise DraftRejected(f"{self.server}.{tool}({json.dumps(args, default=str)[:160]}) failed: {text[:200]}")
+        return text
 
     async def call(self, tool: str, args: dict[str, Any]) -> str:
-        """The result text of a call the safety policy allows (read-only, allowed by the user, or
-        on the exploring episode's disposable copy); DraftRejected when it does not, or the call
-        fails. Families call reading tools here; a tool without annotations on a disposable copy
-        is allowed because whatever it did is thrown away with the copy."""
-        spec = self.specs.get(tool)
-        if spec is None or not self.verdicts[tool].callable:
-            raise DraftRejected(f"{self.server}.{tool} is not called while exploring: "
-                                + (self.verdicts[tool].reason if spec is not None else "not offered"))
-        self.calls += 1
-        result = await self.tools.call_tool(spec.name, args, timeout=self.timeout, episode_id=self.episode)
-        if result.is_error:
-            raise DraftRejected(f"{self.server}.{tool}({args}) failed: {result.text[:200]}")
-        return result.text.strip()
+        """The result text of a read (a tool found to only read) in the exploring episode;
+        DraftRejected when the tool may write, or the call fails (also when its text says so)."""
+        self._refuse(tool)
+        if self.effects[tool].writes or not self.effects[tool].callable:
+            raise DraftRejected(f"{self.server}.{tool} may write: probe it in an episode of its own (`probe`)")
+        return await self._call(tool, args, self.episode)
+
+    async def probe(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> tuple[list[str | None], list[str]]:
+        """Run `calls` in order in a fresh episode (writes included, where they are callable) and
+        give back (each result text, None where it failed; the paths of the copy they changed)."""
+        for tool, _ in calls:
+            self._refuse(tool)
+        episode = f"taskgen-probe-{self.server}-{uuid.uuid4().hex[:8]}"
+        texts: list[str | None] = []
+        try:
+            await self.tools.start_episode(episode, [self.server])
+            copy = self.tools.episode_state_dir(self.server, episode)
+            before = snapshot(copy)
+            for tool, args in calls:
+                try:
+                    texts.append(await self._call(tool, args, episode))
+                except DraftRejected:
+                    texts.append(None)
+            return texts, changed_paths(before, snapshot(copy))
+        finally:
+            await self.tools.end_episode(episode)
 
 
 class Family(Protocol):
     name: str
 
-    def claims(self, tools: Sequence[str]) -> bool: ...
-
-    async def explore(self, explorer: Explorer) -> None: ...
+    async def attach(self, found: Exploration, explorer: Explorer) -> set[str]:
+        """Recognise the server's kind by what its tools take, say and do (never by a server's or a
+        tool's name), learn its initial state, and return the tools this family makes tasks
+        with (empty: not this kind of server)."""
+        ...
 
     def templates(self) -> list[Template]: ...
-

@@ -58,6 +58,12 @@ class ClockFamily:
         self.server = server
         self.zones: list[tuple[str, str]] = []
 
+    async def attach(self, found, explorer: Explorer) -> set[str]:
+        if not self.claims(list(explorer.specs)):
+            return set()
+        await self.explore(explorer)
+        return set(explorer.specs)
+
     def claims(self, tools: Sequence[str]) -> bool:
         return {"get_current_time", "convert_time"} <= set(tools)
 

@@ -46,6 +46,12 @@ class FilesFamily:
         """Relative path -> text."""
         self.dirs: list[str] = []
 
+    async def attach(self, found, explorer: Explorer) -> set[str]:
+        if not self.claims(list(explorer.specs)):
+            return set()
+        await self.explore(explorer)
+        return set(explorer.specs)
+
     def claims(self, tools: Sequence[str]) -> bool:
         return {"read_text_file", "list_directory", "write_file"} <= set(tools)
 

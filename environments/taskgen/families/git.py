@@ -74,6 +74,12 @@ class GitFamily:
         self.modified: list[str] = []
         self.untracked: list[str] = []
 
+    async def attach(self, found, explorer: Explorer) -> set[str]:
+        if not self.claims(list(explorer.specs)):
+            return set()
+        await self.explore(explorer)
+        return set(explorer.specs)
+
     def claims(self, tools: Sequence[str]) -> bool:
         return {"git_log", "git_show", "git_status"} <= set(tools)
 

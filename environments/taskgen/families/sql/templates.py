@@ -1,0 +1,327 @@
+"""The SQL family's requests: look-ups, counts, sums, extremes and averages; a value looked up
+first and used next (an id by a name, a row's link to another table); inserts, updates and
+deletes checked by a query. Every request names tables, columns and values in words."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick
+from environments.taskgen.families.base import Template
+from environments.taskgen.families.sql.rows import HOLE, first_cell, picked_value, rows_of
+from environments.taskgen.families.sql.rows import sql_literal as lit
+from environments.taskgen.wording import phrase, quoted
+
+if TYPE_CHECKING:
+    from environments.taskgen.families.sql.database import SqlFamily
+
+
+def _listed(row: dict[str, Any]) -> str:
+    return ", ".join(f"{phrase(c)} {quoted(v)}" for c, v in row.items())
+
+
+def _insert(table: str, row: dict[str, Any]) -> str:
+    return f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(lit(v) for v in row.values())})"
+
+
+def _numbers(db: SqlFamily, table: str) -> list[str]:
+    return [c for c, k in db.columns[table] if k in ("integer", "real") and c != db._id_column(table)
+            and not c.endswith("_id")]
+
+
+def _texts(db: SqlFamily, table: str, but: str | None = None) -> list[str]:
+    return [c for c, k in db.columns[table] if k == "text" and c != but]
+
+
+def _unique_max(rows: list[dict], column: str, highest: bool) -> dict | None:
+    values = [r[column] for r in rows if isinstance(r.get(column), (int, float))]
+    if not values:
+        return None
+    best = max(values) if highest else min(values)
+    found = [r for r in rows if r.get(column) == best]
+    return found[0] if len(found) == 1 else None
+
+
+def sql_templates(db: SqlFamily) -> list[Template]:
+    named = sorted(t for t in db.columns if db._name_column(t) and db.rows[t])
+    if not named:
+        return []
+    links = db._links()
+    s = db.server
+    q = db._query
+    one, many = db._one, db.plural_of
+
+    def lookup(rng):
+        table = rng.choice(named)
+        name = db._name_column(table)
+        row = rng.choice(db.rows[table])
+        column = rng.choice([c for c, _ in db.columns[table] if c not in (name, db._id_column(table))] or [None])
+        if column is None:
+            return None
+        return Draft("sql", "", f"What is the {phrase(column)} of the {one(table)} {quoted(row[name])}?",
+                     [q(f"SELECT {column} FROM {table} WHERE {name} = {lit(row[name])}")], Pick(1, first_cell))
+
+    def count(rng):
+        table = rng.choice(sorted(db.rows))
+        column = rng.choice(_texts(db, table, db._name_column(table)) or [None])
+        if column is None:
+            return None
+        value = rng.choice(sorted({str(r[column]) for r in db.rows[table] if r.get(column) is not None}))
+        return Draft("sql", "", f"How many {many(table)} have the {phrase(column)} {quoted(value)}?",
+                     [q(f"SELECT COUNT(*) FROM {table} WHERE {column} = {lit(value)}")], Pick(1, first_cell))
+
+    def total_rows(rng):
+        table = rng.choice(sorted(db.rows))
+        return Draft("sql", "", f"How many {many(table)} are there in the database?",
+                     [q(f"SELECT COUNT(*) FROM {table}")], Pick(1, first_cell))
+
+    def extreme(rng):
+        table = rng.choice(sorted(db.rows))
+        numeric = _numbers(db, table)
+        if not numeric:
+            return None
+        column, (word, fn) = rng.choice(numeric), rng.choice((("highest", "MAX"), ("lowest", "MIN"), ("total", "SUM")))
+        return Draft("sql", "", f"What is the {word} {phrase(column)} across all {many(table)}?",
+                     [q(f"SELECT {fn}({column}) FROM {table}")], Pick(1, first_cell))
+
+    def average(rng):
+        table = rng.choice(sorted(db.rows))
+        numeric = _numbers(db, table)
+        if not numeric:
+            return None
+        column = rng.choice(numeric)
+        return Draft("sql", "", f"What is the average {phrase(column)} of the {many(table)}, rounded to two decimals?",
+                     [q(f"SELECT ROUND(AVG({column}), 2) FROM {table}")], Pick(1, first_cell))
+
+    def which_most(rng):
+        table = rng.choice(named)
+        numeric = _numbers(db, table)
+        if not numeric:
+            return None
+        column, highest = rng.choice(numeric), rng.random() < 0.5
+        best = _unique_max(db.rows[table], column, highest)
+        if best is None:
+            return None
+        name = db._name_column(table)
+        order = "DESC" if highest else "ASC"
+        return Draft("sql", "", f"Which {one(table)} has the {'highest' if highest else 'lowest'} {phrase(column)}?",
+                     [q(f"SELECT {name} FROM {table} ORDER BY {column} {order} LIMIT 1")], Pick(1, first_cell))
+
+    def distinct(rng):
+        table = rng.choice(sorted(db.rows))
+        column = rng.choice(_texts(db, table, db._name_column(table)) or [None])
+        if column is None:
+            return None
+        return Draft("sql", "", f"How many different values of {phrase(column)} do the {many(table)} have?",
+                     [q(f"SELECT COUNT(DISTINCT {column}) FROM {table}")], Pick(1, first_cell))
+
+    def id_then_count(rng):
+        if not links:
+            return None
+        child, column, parent = rng.choice(links)
+        pname = db._name_column(parent)
+        row = rng.choice(db.rows[parent])
+        return Draft("sql", "", f"How many {many(child)} belong to the {one(parent)} {quoted(row[pname])}?",
+                     [q(f"SELECT id FROM {parent} WHERE {pname} = {lit(row[pname])}"),
+                      Call(s, db.reader[0], {db.reader[1]: ""},
+                           {db.reader[1]: picked_value(1, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}}")})],
+                     Pick(2, first_cell))
+
+    def id_then_sum(rng):
+        if not links:
+            return None
+        child, column, parent = rng.choice(links)
+        numeric = _numbers(db, child)
+        if not numeric:
+            return None
+        pname, field = db._name_column(parent), rng.choice(numeric)
+        row = rng.choice(db.rows[parent])
+        if not any(r.get(column) == row.get("id") for r in db.rows[child]):
+            return None
+        return Draft("sql", "", f"What is the total {phrase(field)} of the {many(child)} of the {one(parent)} "
+                     f"{quoted(row[pname])}?",
+                     [q(f"SELECT id FROM {parent} WHERE {pname} = {lit(row[pname])}"),
+                      Call(s, db.reader[0], {db.reader[1]: ""},
+                           {db.reader[1]: picked_value(1, f"SELECT SUM({field}) FROM {child} WHERE {column} = {{}}")})],
+                     Pick(2, first_cell))
+
+    def follow_link(rng):
+        if not links:
+            return None
+        child, column, parent = rng.choice(links)
+        row = rng.choice([r for r in db.rows[child] if r.get("id") is not None] or [None])
+        wanted = rng.choice([c for c, _ in db.columns[parent] if c != "id"])
+        if row is None:
+            return None
+        return Draft("sql", "", f"For the {one(child)} with id {row['id']}, what is the {phrase(wanted)} of its "
+                     f"{one(parent)}?",
+                     [q(f"SELECT {column} FROM {child} WHERE id = {row['id']}"),
+                      Call(s, db.reader[0], {db.reader[1]: ""},
+                           {db.reader[1]: picked_value(1, f"SELECT {wanted} FROM {parent} WHERE id = {{}}")})],
+                     Pick(2, first_cell))
+
+    def compare(rng):
+        table = rng.choice(named)
+        numeric, name = _numbers(db, table), db._name_column(table)
+        if not numeric or len(db.rows[table]) < 2:
+            return None
+        column = rng.choice(numeric)
+        a, b = rng.sample(db.rows[table], 2)
+        if a.get(column) == b.get(column) or not all(isinstance(r.get(column), (int, float)) for r in (a, b)):
+            return None
+        higher = a if a[column] > b[column] else b
+        return Draft("sql", "", f"Which has the higher {phrase(column)}: the {one(table)} {quoted(a[name])} or the "
+                     f"{one(table)} {quoted(b[name])}? Answer with its name.",
+                     [q(f"SELECT {column} FROM {table} WHERE {name} = {lit(a[name])}"),
+                      q(f"SELECT {column} FROM {table} WHERE {name} = {lit(b[name])}")],
+                     Pick(2, lambda _t, _d, winner=higher[name]: winner))
+
+    templates = [(lookup, 1), (count, 1), (total_rows, 1), (extreme, 1), (average, 1), (which_most, 1),
+                 (distinct, 1), (id_then_count, 2), (id_then_sum, 2), (follow_link, 2), (compare, 2)]
+    if db.writer is not None:
+        templates += _write_templates(db, named, links)
+    if db.lister is not None:
+        def tables(rng):
+            return Draft("sql", "", "How many tables does the database have?", [Call(s, db.lister, {})],
+                         Pick(1, lambda t, _d: len([x for x in db.columns if x in t])))
+        templates.append((tables, 1))
+    if db.describer is not None:
+        templates.append((_describe(db), 1))
+    return [Template(f"sql:{m.__name__}", n, m) for m, n in templates]
+
+
+def _describe(db: SqlFamily):
+    tool, arg = db.describer
+
+    def columns(rng):
+        table = rng.choice(sorted(db.columns))
+        expected = len(db.columns[table])
+        return Draft("sql", "", f"How many columns does the {phrase(table)} table have?",
+                     [Call(db.server, tool, {arg: table})], Pick(1, lambda t, _d: _described(t, expected)))
+    return columns
+
+
+def _described(text: str, expected: int) -> int:
+    rows = rows_of(text)
+    if rows is None or len(rows) != expected:
+        raise DraftRejected("the description does not list one row per column")
+    return expected
+
+
+def _write_templates(db: SqlFamily, named: list[str], links: list) -> list[tuple]:
+    s, q, w = db.server, db._query, db._write
+    one, many = db._one, db.plural_of
+
+    def insert(rng):
+        table = rng.choice(named)
+        row = db.new_row(table, rng)
+        if row is None:
+            return None
+        name = db._name_column(table)
+        return Draft("sql", "", f"Add {('an' if one(table)[:1] in 'aeiou' else 'a')} {one(table)} to the database: "
+                     f"{_listed(row)}.",
+                     [w(_insert(table, row))],
+                     checks=[Check(q(f"SELECT {', '.join(row)} FROM {table} WHERE {name} = {lit(row[name])}"))])
+
+    def update(rng):
+        table = rng.choice(named)
+        name = db._name_column(table)
+        row = rng.choice(db.rows[table])
+        choices = [(c, k) for c, k in db.columns[table] if c not in (name, db._id_column(table)) and not c.endswith("_id")]
+        if not choices:
+            return None
+        column, kind = rng.choice(choices)
+        value = (round(rng.uniform(2, 200), 1) if kind == "real" else rng.randint(0, 500) if kind == "integer"
+                 else rng.choice(sorted({str(r[column]) for r in db.rows[table] if r.get(column) is not None})))
+        if row.get(column) == value:
+            return None
+        return Draft("sql", "", f"Change the {phrase(column)} of the {one(table)} {quoted(row[name])} to {quoted(value)}.",
+                     [w(f"UPDATE {table} SET {column} = {lit(value)} WHERE {name} = {lit(row[name])}")],
+                     checks=[Check(q(f"SELECT {column} FROM {table} WHERE {name} = {lit(row[name])}"))])
+
+    def delete(rng):
+        parents = {p for _, _, p in links}
+        table = rng.choice(sorted(t for t in db.rows if t not in parents and db._id_column(t)) or [None])
+        if table is None:
+            return None
+        row = rng.choice(db.rows[table])
+        return Draft("sql", "", f"Delete the {one(table)} with id {row['id']}.",
+                     [w(f"DELETE FROM {table} WHERE id = {row['id']}")],
+                     checks=[Check(q(f"SELECT COUNT(*) FROM {table} WHERE id = {row['id']}"))])
+
+    def id_then_update(rng):
+        if not links:
+            return None
+        child, column, parent = rng.choice(links)
+        status = _texts(db, child, db._name_column(child))
+        if not status:
+            return None
+        field, pname = status[0], db._name_column(parent)
+        row = rng.choice(db.rows[parent])
+        theirs = sorted({str(r[field]) for r in db.rows[child] if r.get(column) == row.get("id") and r.get(field)})
+        others = sorted({str(r[field]) for r in db.rows[child] if r.get(field)})
+        if not theirs:
+            return None
+        frm = rng.choice(theirs)
+        to = rng.choice([v for v in others if v != frm] or [None])
+        if to is None:
+            return None
+        return Draft("sql", "", f"For the {one(parent)} {quoted(row[pname])}, change the {phrase(field)} of every "
+                     f"{one(child)} that has {quoted(frm)} to {quoted(to)}.",
+                     [q(f"SELECT id FROM {parent} WHERE {pname} = {lit(row[pname])}"),
+                      w("", picked_value(1, f"UPDATE {child} SET {field} = {lit(to)} WHERE {column} = {{}} AND "
+                                            f"{field} = {lit(frm)}"))],
+                     checks=[Check(q(f"SELECT id, {field} FROM {child} ORDER BY id"))])
+
+    def insert_count(rng):
+        table = rng.choice(named)
+        row = db.new_row(table, rng)
+        column = next((c for c in _texts(db, table, db._name_column(table)) if row and c in row), None)
+        if row is None or column is None:
+            return None
+        return Draft("sql", "", f"Add {('an' if one(table)[:1] in 'aeiou' else 'a')} {one(table)} with {_listed(row)}. "
+                     f"How many {many(table)} have the {phrase(column)} {quoted(row[column])} now?",
+                     [w(_insert(table, row)), q(f"SELECT COUNT(*) FROM {table} WHERE {column} = {lit(row[column])}")],
+                     Pick(2, first_cell))
+
+    def ids_then_insert(rng):
+        by_child: dict[str, list[tuple[str, str]]] = {}
+        for child, column, parent in links:
+            by_child.setdefault(child, []).append((column, parent))
+        children = sorted(c for c, ps in by_child.items() if len(ps) >= 2)
+        if not children:
+            return None
+        child = rng.choice(children)
+        (ca, pa), (cb, pb) = sorted(by_child[child])[:2]
+        na, nb = db._name_column(pa), db._name_column(pb)
+        ra, rb = rng.choice(db.rows[pa]), rng.choice(db.rows[pb])
+        rest = {c: v for c, v in (db.new_row(child, rng) or {}).items() if c not in (ca, cb)}
+        return Draft("sql", "", f"Add {('an' if one(child)[:1] in 'aeiou' else 'a')} {one(child)} for the {one(pa)} "
+                     f"{quoted(ra[na])} and the {one(pb)} {quoted(rb[nb])}"
+                     + (f", with {_listed(rest)}" if rest else "") + ".",
+                     [q(f"SELECT id FROM {pa} WHERE {na} = {lit(ra[na])}"),
+                      q(f"SELECT id FROM {pb} WHERE {nb} = {lit(rb[nb])}"),
+                      Call(s, db.writer[0], {db.writer[1]: ""},
+                           {db.writer[1]: picked_value(2, _insert(child, {ca: ra["id"], cb: HOLE, **rest}))})],
+                     checks=[Check(q(f"SELECT {ca}, {cb}{''.join(', ' + c for c in rest)} FROM {child} "
+                                     "ORDER BY id DESC LIMIT 1"))])
+
+    def update_then_read(rng):
+        table = rng.choice(named)
+        name = db._name_column(table)
+        numbers = _numbers(db, table)
+        if not numbers:
+            return None
+        column = rng.choice(numbers)
+        row = rng.choice(db.rows[table])
+        if not isinstance(row.get(column), (int, float)):
+            return None
+        delta = rng.randint(2, 9)
+        return Draft("sql", "", f"Raise the {phrase(column)} of the {one(table)} {quoted(row[name])} by {delta}, then "
+                     f"tell me its new {phrase(column)}.",
+                     [w(f"UPDATE {table} SET {column} = {column} + {delta} WHERE {name} = {lit(row[name])}"),
+                      q(f"SELECT {column} FROM {table} WHERE {name} = {lit(row[name])}")],
+                     Pick(2, first_cell))
+
+    return [(insert, 1), (update, 1), (delete, 1), (id_then_update, 2), (insert_count, 2), (ids_then_insert, 3),
+            (update_then_read, 2)]

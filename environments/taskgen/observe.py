@@ -1,0 +1,365 @@
+"""Which of a server's tools read and which write, told by what their calls do.
+
+Most community servers declare no MCP annotations, so whether a tool only reads cannot be taken
+from the server's word. Where a server has disposable state that the OS confines (`state:` with
+the cage: tools/cage, every episode on its own copy, writes outside it refused, no network), or
+keeps its state per episode id itself, every tool may be called while exploring, and each is
+classified by what its call did:
+
+1. each tool is called (arguments from its schema and from values earlier results held) in an
+   episode whose copy is snapshotted before and after: a call that changed the copy writes; the
+   episode is then given back and the next call gets a fresh copy;
+2. the tools whose calls changed nothing in the copy are called again between the server's own
+   argument-free reads (observers, each read twice first to learn its volatile parts): a call
+   after which an observer reads differently writes too, somewhere the copy does not hold;
+3. the copy is trusted only when some write through the server did change it: a server whose
+   writes show in its reads but never in the copy keeps its data elsewhere (an absolute data
+   directory, memory), so a copy would not undo an episode's writes and the server is treated as
+   having no disposable state.
+
+On disposable state what was observed decides (an observed write overrides a `readOnlyHint`);
+declarations (`readOnlyHint`, the server's `read_only` globs, `--allow-tool`) decide only where
+nothing can be observed: without disposable, confined state only declared reads are called, and
+every other tool is left out with the exact key that would declare it. Every tool's effect comes
+with how it was classified and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from environments.end_state import without_patterns
+from environments.taskgen.safety import Effect, allowed_by_user, declared_read, left_out
+from environments.taskgen.values import add_to_pool, schema_value
+from environments.taskgen.volatile import Unstable, differing_patterns
+from environments.tasks.picks import parse_result
+
+if TYPE_CHECKING:
+    from tools.manager import SharedToolManager, ToolSpec
+
+FILLINGS = 3
+"""Argument sets tried per tool while classifying (the first that works classifies it)."""
+MAX_OBSERVERS = 6
+"""Argument-free reads compared around each call in the second pass."""
+BATCH = 16
+"""Calls made between two readings of the observers (a changed reading is narrowed down by halves)."""
+MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
+"""A copy larger than this is compared by sizes and modification times, not contents."""
+TEXT_FILE_BYTES = 64 * 1024
+"""Files of the initial copy up to this size are read as text for the families."""
+
+_ERROR_TEXT = re.compile(r"^\s*(?:\w+\s+)?(?:error|exception|traceback)\b|^\s*(?:failed|failure)(?: to\b|:)"
+                         r"|^\s*(?:not found|no such)\b", re.IGNORECASE)
+
+
+def reads_as_error(text: str) -> bool:
+    """A result that says it failed though the server did not flag it (`Database error: ...`,
+    `Error: ...`, `Task not found`): some servers answer every failure as plain text."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return bool(_ERROR_TEXT.match(first)) or (len(first) < 60 and first.lower().endswith("not found"))
+
+
+@dataclass
+class Observed:
+    """A call that worked while exploring."""
+
+    tool: str
+    args: dict[str, Any]
+    text: str
+    data: Any
+    changed: list[str] = field(default_factory=list)
+    """Paths of the copy the call changed (a write)."""
+
+
+@dataclass
+class Exploration:
+    server: str
+    effects: dict[str, Effect]
+    reads: list[Observed]
+    writes: list[Observed]
+    files: dict[str, str] = field(default_factory=dict)
+    """The initial copy's text files by path relative to the copy (empty without a copy)."""
+    dirs: list[str] = field(default_factory=list)
+    problem: str | None = None
+    """Why the server's state is not trusted as disposable, when it is not."""
+    observable: bool = False
+    """Every tool may be called on a disposable, confined copy: a family's probe may call a tool
+    whose effect exploring left unknown."""
+    pool: dict[str, list[Any]] = field(default_factory=dict)
+    """Values the results held, by field name (what later arguments are filled from)."""
+
+
+def snapshot(root: Path | None) -> dict[str, str]:
+    """Every entry under `root` by relative path: a file's size and content digest (its size and
+    modification time past MAX_SNAPSHOT_BYTES in all), a link's target, a directory's mark."""
+    if root is None or not root.is_dir():
+        return {}
+    entries: dict[str, str] = {}
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in dirnames:
+            path = Path(dirpath, name)
+            entries[str(path.relative_to(root))] = f"link:{os.readlink(path)}" if path.is_symlink() else "dir"
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                entries[rel] = f"link:{os.readlink(path)}"
+                continue
+            stat = path.stat()
+            total += stat.st_size
+            if total > MAX_SNAPSHOT_BYTES:
+                entries[rel] = f"{stat.st_size}:{stat.st_mtime_ns}"
+            else:
+                entries[rel] = f"{stat.st_size}:{hashlib.sha1(path.read_bytes()).hexdigest()}"
+    return entries
+
+
+def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+
+
+def read_files(root: Path | None) -> tuple[dict[str, str], list[str]]:
+    """The copy's small text files (relative path -> text) and its directories, for the families."""
+    files: dict[str, str] = {}
+    dirs: list[str] = []
+    if root is None or not root.is_dir():
+        return files, dirs
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            dirs.append(rel)
+        elif path.stat().st_size <= TEXT_FILE_BYTES:
+            try:
+                files[rel] = path.read_text(encoding="utf-8")
+            except (UnicodeDecodeError, OSError):
+                continue
+    return files, dirs
+
+
+def _likely_read_first(spec: ToolSpec) -> tuple[int, str]:
+    """Calls that fill the pool go first: argument-free tools, then tools with fewer required
+    arguments (the order only; what a call does classifies it)."""
+    required = (spec.input_schema or {}).get("required") or []
+    return (len(required), spec.tool)
+
+
+def fillings(spec: ToolSpec, pool: dict[str, list[Any]], rng: random.Random, count: int = FILLINGS) -> list[dict]:
+    """Distinct argument sets for `spec` from its schema and the pool (required arguments only;
+    a schema that gives no value for one is skipped)."""
+    schema = spec.input_schema or {}
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = [r for r in (schema.get("required") or []) if isinstance(r, str)]
+    found: dict[str, dict] = {}
+    for _ in range(count * 2):
+        try:
+            args = {name: schema_value(name, properties.get(name, {}), rng, pool) for name in required}
+        except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+            return list(found.values())
+        found.setdefault(json.dumps(args, sort_keys=True, default=str), args)
+        if len(found) >= count or not required:
+            break
+    return list(found.values())
+
+
+class Observer:
+    """Runs the classification of one server (see the module doc)."""
+
+    def __init__(self, tools: SharedToolManager, server: str, timeout: float | None, seed: int = 0):
+        self.tools, self.server, self.timeout = tools, server, timeout
+        self.specs = [s for s in tools.tool_specs() if s.server == server]
+        self.rng = random.Random(f"mcp-grpo|observe|{server}|{seed}")
+        self.pool: dict[str, list[Any]] = {}
+        self.calls = 0
+
+    async def _call(self, spec: ToolSpec, args: dict, episode: str) -> tuple[bool, str]:
+        self.calls += 1
+        result = await self.tools.call_tool(spec.name, args, timeout=self.timeout, episode_id=episode)
+        text = result.text.strip()
+        return not (result.is_error or reads_as_error(text)), text
+
+    def _episode(self) -> str:
+        return f"taskgen-observe-{self.server}-{uuid.uuid4().hex[:8]}"
+
+    async def _copy_of(self, episode: str) -> Path | None:
+        await self.tools.start_episode(episode, [self.server])
+        return self.tools.episode_state_dir(self.server, episode)
+
+    async def first_pass(self, specs: list[ToolSpec]) -> tuple[list[Observed], list[Observed], dict[str, str], Path | None]:
+        """Each tool called in turn; those that changed the copy are writes (a fresh copy after
+        each). Returns (reads, writes, errors by tool, the first copy's directory)."""
+        reads, writes, errors = [], [], {}
+        episode = self._episode()
+        copy = await self._copy_of(episode)
+        before = snapshot(copy)
+        try:
+            for spec in sorted(specs, key=_likely_read_first):
+                tries = fillings(spec, self.pool, self.rng)
+                if not tries:
+                    errors[spec.tool] = "its schema gives no value for a required argument"
+                for args in tries:
+                    ok, text = await self._call(spec, args, episode)
+                    if not ok:
+                        errors[spec.tool] = text[:200]
+                        continue
+                    after = snapshot(copy)
+                    data = parse_result(text)
+                    seen = Observed(spec.tool, args, text, data, changed_paths(before, after))
+                    if seen.changed:
+                        writes.append(seen)
+                        await self.tools.end_episode(episode)
+                        episode = self._episode()
+                        copy = await self._copy_of(episode)
+                        before = snapshot(copy)
+                    else:
+                        reads.append(seen)
+                        add_to_pool(self.pool, data)
+                    errors.pop(spec.tool, None)
+                    break
+        finally:
+            await self.tools.end_episode(episode)
+        return reads, writes, errors, copy
+
+    async def second_pass(self, reads: list[Observed]) -> tuple[set[str], list[str]]:
+        """(tools after whose calls an observer read differently, the observers' tool names)."""
+        observers = _observers(reads)
+        if not observers:
+            return set(), []
+        candidates = [r for r in reads if r.tool not in {o.tool for o in observers}] + observers
+        writers: set[str] = set()
+        for start in range(0, len(candidates), BATCH):
+            writers |= await self._narrow(candidates[start:start + BATCH], observers)
+        return writers, sorted({o.tool for o in observers})
+
+    async def _narrow(self, batch: list[Observed], observers: list[Observed]) -> set[str]:
+        """The calls of `batch` after which some observer reads differently, found by halves."""
+        episode = self._episode()
+        try:
+            await self.tools.start_episode(episode, [self.server])
+            first = await self._read_all(observers, episode)
+            second = await self._read_all(observers, episode)
+            for call in batch:
+                await self._call(self._spec(call.tool), call.args, episode)
+            after = await self._read_all(observers, episode)
+        finally:
+            await self.tools.end_episode(episode)
+        if all(_same(a, b, c) for a, b, c in zip(first, second, after)):
+            return set()
+        if len(batch) == 1:
+            return {batch[0].tool}
+        middle = len(batch) // 2
+        return await self._narrow(batch[:middle], observers) | await self._narrow(batch[middle:], observers)
+
+    async def _read_all(self, observers: list[Observed], episode: str) -> list[str | None]:
+        out = []
+        for read in observers:
+            ok, text = await self._call(self._spec(read.tool), read.args, episode)
+            out.append(text if ok else None)
+        return out
+
+    def _spec(self, tool: str) -> ToolSpec:
+        return next(s for s in self.specs if s.tool == tool)
+
+
+def _observers(reads: list[Observed]) -> list[Observed]:
+    """Argument-free reads, one per tool, those whose results hold the most data first."""
+    free = {}
+    for read in reads:
+        if not read.args and read.tool not in free:
+            free[read.tool] = read
+    return sorted(free.values(), key=lambda r: -len(r.text))[:MAX_OBSERVERS]
+
+
+def _same(first: str | None, second: str | None, after: str | None) -> bool:
+    """An observer reads the same after the calls as before: equal, or differing only where two
+    readings with nothing in between already differed (its volatile parts)."""
+    if after == first:
+        return True
+    if first is None or second is None or after is None or first == second:
+        return False
+    try:
+        patterns = differing_patterns(first, second)
+    except Unstable:
+        return False
+    return without_patterns(after, patterns) == without_patterns(first, patterns)
+
+
+def _files_text(paths: list[str]) -> str:
+    shown = ", ".join(paths[:3])
+    return shown + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
+async def explore(tools: SharedToolManager, server: str, allow: Sequence[str] = (), timeout: float | None = None,
+                  seed: int = 0) -> Exploration:
+    """Classify every tool of `server` and collect what its reads return (see the module doc)."""
+    containment = tools.containment(server)
+    config = tools.config.servers.get(server)
+    globs = list(getattr(config, "read_only", []) or [])
+    reset = config.state.reset if config is not None and config.state is not None else None
+    observer = Observer(tools, server, timeout, seed)
+    specs = observer.specs
+    declared = {s.tool: declared_read(s, globs) for s in specs}
+    user = {s.tool for s in specs if allowed_by_user(s, allow)}
+    observable = containment.disposable and (containment.confined or containment.level == "episode_id")
+    if not observable:
+        readers = [s for s in specs if declared[s.tool]]
+        reads, _, errors, _ = await observer.first_pass(readers)
+        effects = {}
+        for spec in specs:
+            if declared[spec.tool]:
+                failed = f"; every exploring call failed: {errors[spec.tool]}" if spec.tool in errors else ""
+                effects[spec.tool] = Effect("read", declared[spec.tool] + failed, True)
+            elif spec.tool in user:
+                effects[spec.tool] = Effect("write", "allowed by the user (--allow-tool): it may write, on the "
+                                                     "server's real state", True)
+            else:
+                effects[spec.tool] = Effect("unknown", left_out(spec, containment.level), False)
+        return Exploration(server, effects, reads, [], pool=observer.pool)
+    reads, writes, errors, copy = await observer.first_pass(specs)
+    outside, observers = await observer.second_pass(reads)
+    files, dirs = read_files(copy)
+    in_copy = {w.tool for w in writes}
+    problem = None
+    if containment.level != "episode_id" and not in_copy and outside:
+        problem = (f"its data does not move with {{state_dir}}: calls of {', '.join(sorted(outside))} changed what "
+                   f"{', '.join(observers)} return{'s' if len(observers) == 1 else ''} and nothing in the copy, so a copy "
+                   f"would not undo an episode's writes; point the server's data path at {{state_dir}} "
+                   f"(tools.servers.{server}.args or .env)")
+    effects = {}
+    for spec in specs:
+        tool, hint = spec.tool, " (it declares readOnlyHint: what it did decides)" if declared[spec.tool] else ""
+        if tool in in_copy:
+            changed = next(w.changed for w in writes if w.tool == tool)
+            effects[tool] = Effect("write", f"observed: its call changed {_files_text(changed)} in the copy{hint}",
+                                   problem is None, True)
+        elif tool in outside:
+            reason = f"observed: after its call {', '.join(observers)} read differently, and the copy did not change"
+            if problem is not None:
+                effects[tool] = Effect("write", f"{reason}; not called: {problem}", False)
+            elif containment.level == "episode_id" or reset == "restart":
+                effects[tool] = Effect("write", reason + " (its server keeps the change elsewhere; a fresh episode "
+                                                "starts without it)", True)
+            else:
+                effects[tool] = Effect("write", f"{reason}: the server keeps this change outside the copy (in "
+                                                f"memory), and state.reset: copy would let it outlive the episode; "
+                                                f"use tools.servers.{server}.state.reset: restart", False)
+        elif tool in errors:
+            failed = f"every exploring call failed: {errors[tool]}"
+            effects[tool] = (Effect("read", f"{declared[tool]}; {failed}", True) if declared[tool]
+                             else Effect("unknown", failed, False))
+        else:
+            effects[tool] = Effect("read", "observed: its calls changed nothing in the copy"
+                                   + (f" nor in what {', '.join(observers)} return" if observers else ""), True)
+    return Exploration(server, effects, reads, writes, files, dirs, problem, observer.pool, problem is None)

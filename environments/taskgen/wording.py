@@ -1,0 +1,83 @@
+"""Words for requests: what a person calls a table, a field or a thing, from the identifiers and
+descriptions a server gives (`order_items` -> "order items", `dueDate` -> "due date").
+
+Requests say what the user wants in words, never the identifiers of the tools and parameters
+that answer them: `is_identifier` says what counts as one (a name holding `_`, `-`, a digit or an
+inner capital), and `names_identifier` finds any of a server's identifiers in a request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+_IRREGULAR = {"people": "person", "children": "child", "men": "man", "women": "woman", "data": "data",
+              "series": "series", "species": "species", "news": "news", "status": "status", "address": "address"}
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[_-][A-Za-z0-9]+)+|[a-z]+[A-Z][A-Za-z0-9]*|[A-Za-z]+\d+[A-Za-z0-9]*")
+
+
+def phrase(identifier: str) -> str:
+    """An identifier in words, lower case: `order_items` -> "order items", `entityType` ->
+    "entity type", `due-date` -> "due date", `HTTPCode` -> "http code"."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", identifier)
+    spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", spaced)
+    return " ".join(spaced.replace("_", " ").replace("-", " ").replace(".", " ").lower().split())
+
+
+def singular(noun: str) -> str:
+    """The singular of a noun phrase's last word: "order items" -> "order item", "categories" ->
+    "category", "boxes" -> "box", "people" -> "person"."""
+    head, _, last = noun.rpartition(" ")
+    lower = last.lower()
+    if lower in _IRREGULAR:
+        one = _IRREGULAR[lower]
+    elif lower.endswith("ies") and len(lower) > 4:
+        one = last[:-3] + "y"
+    elif lower.endswith(("ches", "shes", "xes", "sses", "zes")):
+        one = last[:-2]
+    elif lower.endswith("s") and not lower.endswith(("ss", "us", "is")) and len(lower) > 3:
+        one = last[:-1]
+    else:
+        one = last
+    return f"{head} {one}".strip()
+
+
+def plural(noun: str) -> str:
+    """The plural of a noun phrase's last word ("order item" -> "order items", "entry" -> "entries")."""
+    head, _, last = noun.rpartition(" ")
+    lower = last.lower()
+    reverse = {v: k for k, v in _IRREGULAR.items() if k != v}
+    if lower in reverse:
+        many = reverse[lower]
+    elif lower.endswith("y") and lower[-2:-1] not in "aeiou":
+        many = last[:-1] + "ies"
+    elif lower.endswith(("ch", "sh", "x", "ss", "z")):
+        many = last + "es"
+    elif lower.endswith("s"):
+        many = last
+    else:
+        many = last + "s"
+    return f"{head} {many}".strip()
+
+
+def article(noun: str) -> str:
+    return "an" if noun[:1].lower() in "aeiou" else "a"
+
+
+def quoted(value: object) -> str:
+    """A value as a request writes it: text in double quotes, numbers as they are."""
+    return f'"{value}"' if isinstance(value, str) else str(value)
+
+
+def is_identifier(word: str) -> bool:
+    """A tool's or parameter's name as code writes it: `_`, `-`, a digit or an inner capital."""
+    return bool(_IDENTIFIER.fullmatch(word))
+
+
+def names_identifier(request: str, identifiers: Iterable[str]) -> str | None:
+    """The first of `identifiers` (the names of a server's tools and parameters) that reads as an
+    identifier and appears in `request` as a word of its own, or None."""
+    for name in identifiers:
+        if is_identifier(name) and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", request):
+            return name
+    return None
