@@ -15,7 +15,7 @@ from environments.taskgen.catalog import build_catalog
 from environments.taskgen.run import generate_tasks
 from environments.taskgen.safety import judge
 from tools.annotations import ToolAnnotations
-from tools.config import MCPServerConfig, StateConfig, ToolsConfig
+from tools.config import MCPServerConfig, ToolsConfig
 from tools.manager import SharedToolManager, ToolSpec
 
 WRITERS = {"add_item", "delete_item", "reset", "multiply", "lookup", "fetch_price"}
@@ -26,18 +26,25 @@ def _spec(tool: str, annotations: ToolAnnotations | None = None, episode_scoped:
     return ToolSpec(tool, server, tool, "", {"type": "object", "properties": {}}, annotations, episode_scoped)
 
 
-def test_the_policy_calls_read_only_allowed_or_disposable_tools_only(tmp_path):
+def test_declarations_decide_where_nothing_can_be_observed(tmp_path):
     plain = ToolsConfig(servers={"s": MCPServerConfig(command="x")})
-    stateful = ToolsConfig(servers={"s": MCPServerConfig(command="x", state=StateConfig(fixture=str(tmp_path)))})
+    declared = ToolsConfig(servers={"s": MCPServerConfig(command="x", read_only=["list_*", "get"])})
     read_only, writes = ToolAnnotations(read_only=True), ToolAnnotations(read_only=False, destructive=False)
-    assert judge(_spec("get", read_only), plain) .callable and not judge(_spec("get", read_only), plain).writes
-    # destructiveHint false still writes: not called without a disposable state
+    assert judge(_spec("get", read_only), plain).callable and not judge(_spec("get", read_only), plain).writes
+    # destructiveHint false still writes: not called without a disposable state; the reason names
+    # the key that declares a read and the flag that opts a write in.
     for spec in (_spec("commit", writes), _spec("bare")):
-        verdict = judge(spec, plain)
-        assert not verdict.callable and "opt in with --allow-tool s." + spec.tool in verdict.reason
-        assert judge(spec, stateful).callable and judge(spec, stateful).writes
-        assert judge(spec, plain, allow=["s.*"]).callable
-    assert judge(_spec("put", episode_scoped=True), plain).callable  # state kept per episode id
+        effect = judge(spec, plain)
+        assert not effect.callable and effect.kind == "unknown"
+        assert f'`tools.servers.s.read_only: ["{spec.tool}"]`' in effect.reason
+        assert f"opt in with --allow-tool s.{spec.tool}" in effect.reason
+        assert judge(spec, plain, allow=["s.*"]).callable and judge(spec, plain, allow=["s.*"]).writes
+        assert judge(spec, plain, level="episode_id").callable  # state kept per episode id: disposable
+    # The server's read_only globs declare reads for servers without annotations.
+    assert judge(_spec("list_items"), declared).callable and judge(_spec("get"), declared).kind == "read"
+    assert judge(_spec("list_items"), declared).reason == "declared read-only (tools.servers.s.read_only: 'list_*')"
+    assert not judge(_spec("delete"), declared).callable
+    assert judge(_spec("put", episode_scoped=True), plain).callable
     web = _spec("fetch", ToolAnnotations(read_only=True, open_world=True))
     assert not judge(web, plain).callable and "open-world" in judge(web, plain).reason
     assert judge(web, plain, allow=["fetch"]).callable
@@ -73,8 +80,9 @@ def test_generation_never_calls_a_tool_that_may_write(loop, recorder):
     used = {step["tool"] for r in outcome.records for step in r["reward_spec"]["ground_truth"]["tool_sequence"]}
     assert outcome.records and used <= {"list_items", "get_item"}
     reasons = {t["tool"]: t["reason"] for t in outcome.report["tools_left_out"]}
-    assert set(reasons) == WRITERS
+    assert WRITERS <= set(reasons) <= WRITERS | {"get_item"}  # a read a small run did not need may be left out
     assert all("may write" in reasons[t] for t in WRITERS - {"fetch_price"}) and "open-world" in reasons["fetch_price"]
+    assert "may write" not in reasons.get("get_item", "")
 
 
 def test_the_arithmetic_classifier_probes_no_tool_that_may_write(loop, recorder):

@@ -33,12 +33,12 @@ import random
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from environments.end_state import without_patterns
-from environments.taskgen.safety import Effect, allowed_by_user, declared_read, left_out
+from environments.taskgen.safety import Effect, declared_read, judge
 from environments.taskgen.values import add_to_pool, schema_value
 from environments.taskgen.volatile import Unstable, differing_patterns
 from environments.tasks.picks import parse_result
@@ -55,6 +55,8 @@ BATCH = 16
 MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
 """A copy larger than this is compared by sizes and modification times, not contents."""
 TEXT_FILE_BYTES = 64 * 1024
+REFUSED = ("Permission denied", "Read-only file system", "Operation not permitted")
+"""What a call's error says when the cage refused it a write outside the copy."""
 """Files of the initial copy up to this size are read as text for the families."""
 
 _ERROR_TEXT = re.compile(r"^\s*(?:\w+\s+)?(?:error|exception|traceback)\b|^\s*(?:failed|failure)(?: to\b|:)"
@@ -232,19 +234,30 @@ class Observer:
             await self.tools.end_episode(episode)
         return reads, writes, errors, copy
 
-    async def second_pass(self, reads: list[Observed]) -> tuple[set[str], list[str]]:
-        """(tools after whose calls an observer read differently, the observers' tool names)."""
-        observers = _observers(reads)
+    async def second_pass(self, reads: list[Observed]) -> tuple[dict[str, list[str]], list[str]]:
+        """(tools after whose calls some observers read differently, with those observers; the
+        observers' tool names)."""
+        observers, writers = await self._pure_observers(_observers(reads))
         if not observers:
-            return set(), []
-        candidates = [r for r in reads if r.tool not in {o.tool for o in observers}] + observers
-        writers: set[str] = set()
+            return writers, []
+        candidates = [r for r in reads if r.tool not in {o.tool for o in observers} | set(writers)]
         for start in range(0, len(candidates), BATCH):
-            writers |= await self._narrow(candidates[start:start + BATCH], observers)
+            writers.update(await self._narrow(candidates[start:start + BATCH], observers))
         return writers, sorted({o.tool for o in observers})
 
-    async def _narrow(self, batch: list[Observed], observers: list[Observed]) -> set[str]:
-        """The calls of `batch` after which some observer reads differently, found by halves."""
+    async def _pure_observers(self, candidates: list[Observed]) -> tuple[list[Observed], dict[str, list[str]]]:
+        """The candidates that change nothing the others read (each called between two readings of
+        the others), and those that do (a tool with no arguments that counts its own calls)."""
+        writers: dict[str, list[str]] = {}
+        for candidate in candidates if len(candidates) > 1 else []:
+            others = [o for o in candidates if o is not candidate and o.tool not in writers]
+            if others:
+                writers.update(await self._narrow([candidate], others))
+        return [o for o in candidates if o.tool not in writers], writers
+
+    async def _narrow(self, batch: list[Observed], observers: list[Observed]) -> dict[str, list[str]]:
+        """The calls of `batch` after which some observers read differently (with those observers),
+        found by halves."""
         episode = self._episode()
         try:
             await self.tools.start_episode(episode, [self.server])
@@ -255,12 +268,13 @@ class Observer:
             after = await self._read_all(observers, episode)
         finally:
             await self.tools.end_episode(episode)
-        if all(_same(a, b, c) for a, b, c in zip(first, second, after)):
-            return set()
+        changed = [o.tool for o, a, b, c in zip(observers, first, second, after) if not _same(a, b, c)]
+        if not changed:
+            return {}
         if len(batch) == 1:
-            return {batch[0].tool}
+            return {batch[0].tool: changed}
         middle = len(batch) // 2
-        return await self._narrow(batch[:middle], observers) | await self._narrow(batch[middle:], observers)
+        return {**await self._narrow(batch[:middle], observers), **await self._narrow(batch[middle:], observers)}
 
     async def _read_all(self, observers: list[Observed], episode: str) -> list[str | None]:
         out = []
@@ -311,30 +325,31 @@ async def explore(tools: SharedToolManager, server: str, allow: Sequence[str] = 
     observer = Observer(tools, server, timeout, seed)
     specs = observer.specs
     declared = {s.tool: declared_read(s, globs) for s in specs}
-    user = {s.tool for s in specs if allowed_by_user(s, allow)}
     observable = containment.disposable and (containment.confined or containment.level == "episode_id")
     if not observable:
         readers = [s for s in specs if declared[s.tool]]
         reads, _, errors, _ = await observer.first_pass(readers)
         effects = {}
         for spec in specs:
-            if declared[spec.tool]:
-                failed = f"; every exploring call failed: {errors[spec.tool]}" if spec.tool in errors else ""
-                effects[spec.tool] = Effect("read", declared[spec.tool] + failed, True)
-            elif spec.tool in user:
-                effects[spec.tool] = Effect("write", "allowed by the user (--allow-tool): it may write, on the "
-                                                     "server's real state", True)
-            else:
-                effects[spec.tool] = Effect("unknown", left_out(spec, containment.level), False)
+            effect = judge(spec, tools.config, allow, containment.level)
+            if spec.tool in errors:
+                effect = replace(effect, reason=f"{effect.reason}; every exploring call failed: {errors[spec.tool]}")
+            effects[spec.tool] = effect
         return Exploration(server, effects, reads, [], pool=observer.pool)
     reads, writes, errors, copy = await observer.first_pass(specs)
     outside, observers = await observer.second_pass(reads)
     files, dirs = read_files(copy)
     in_copy = {w.tool for w in writes}
     problem = None
-    if containment.level != "episode_id" and not in_copy and outside:
+    refused = sorted(t for t, e in errors.items() if any(w in e for w in REFUSED))
+    if containment.confined and not in_copy and refused:
+        problem = (f"its data does not seem to live in {{state_dir}}: calls of {', '.join(refused)} were refused "
+                   "writing outside the copy; point the server's data path at {state_dir} "
+                   f"(tools.servers.{server}.args or .env)")
+    elif containment.level != "episode_id" and not in_copy and outside:
+        seen = sorted({o for changed in outside.values() for o in changed})
         problem = (f"its data does not move with {{state_dir}}: calls of {', '.join(sorted(outside))} changed what "
-                   f"{', '.join(observers)} return{'s' if len(observers) == 1 else ''} and nothing in the copy, so a copy "
+                   f"{', '.join(seen)} return{'s' if len(seen) == 1 else ''} and nothing in the copy, so a copy "
                    f"would not undo an episode's writes; point the server's data path at {{state_dir}} "
                    f"(tools.servers.{server}.args or .env)")
     effects = {}
@@ -345,7 +360,7 @@ async def explore(tools: SharedToolManager, server: str, allow: Sequence[str] = 
             effects[tool] = Effect("write", f"observed: its call changed {_files_text(changed)} in the copy{hint}",
                                    problem is None, True)
         elif tool in outside:
-            reason = f"observed: after its call {', '.join(observers)} read differently, and the copy did not change"
+            reason = f"observed: after its call {', '.join(outside[tool])} read differently, and the copy did not change"
             if problem is not None:
                 effects[tool] = Effect("write", f"{reason}; not called: {problem}", False)
             elif containment.level == "episode_id" or reset == "restart":
@@ -362,4 +377,5 @@ async def explore(tools: SharedToolManager, server: str, allow: Sequence[str] = 
         else:
             effects[tool] = Effect("read", "observed: its calls changed nothing in the copy"
                                    + (f" nor in what {', '.join(observers)} return" if observers else ""), True)
-    return Exploration(server, effects, reads, writes, files, dirs, problem, observer.pool, problem is None)
+    return Exploration(server, effects, reads, writes, files, dirs, problem, observable=problem is None,
+                       pool=observer.pool)

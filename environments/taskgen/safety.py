@@ -80,7 +80,7 @@ def judge(spec: ToolSpec, config: ToolsConfig, allow: Sequence[str] = (), level:
     if why is not None:
         return Effect("read", why, True)
     if allowed_by_user(spec, allow):
-        return Effect("write", "allowed by the user (--allow-tool): it may write, on the server's real state"
+        return Effect("write", "allowed by the user (--allow-tool), on the server's real state"
                       if level == "none" else "allowed by the user (--allow-tool)", True)
     if getattr(spec, "episode_scoped", False) or level == "episode_id":
         return Effect("write", "runs on a disposable copy of the state (its server keeps state per episode id)", True)

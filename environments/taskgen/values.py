@@ -132,7 +132,7 @@ def add_to_pool(pool: dict[str, list[Any]], data: Any) -> None:
     for path, value in leaves(data):
         key = next((p for p in reversed(path.split(".")) if not p.isdigit()), None)
         wanted = (isinstance(value, str) and 0 < len(value) <= 80) or (isinstance(value, int) and not isinstance(value, bool))
-        if key is not None and wanted and value not in pool.setdefault(key, []):
+        if key and wanted and value not in pool.setdefault(key, []):
             pool[key].append(value)
 
 

@@ -61,7 +61,8 @@ class GenericFamily:
         self.write_tools: list[Write] = []
         self.searches: list[tuple[str, str]] = []
         self.pool: dict[str, list[Any]] = {}
-        self._by_ref: dict[tuple[str, str, str], dict] = {}
+        self._by_ref: dict[tuple[str, str, str], tuple[str, dict]] = {}
+        """(read tool, parameter, reference) -> (where the one thing sits in its result, the thing)."""
         self._search_hits: dict[tuple[str, str], list[tuple[str, tuple[Collection, dict]]]] = {}
         self._readers: dict[int, list[tuple[str, str, str]]] = {}
         self.observed_writes: list[Observed] = []
@@ -106,8 +107,9 @@ class GenericFamily:
                         except DraftRejected:
                             continue
                         data = parse_result(text)
-                        singles = [items[0] for _, items in records(data) if len(items) == 1]
-                        one = singles[0] if singles else data if isinstance(data, dict) else None
+                        singles = [(f"{path}.0" if path else "0", items[0]) for path, items in records(data)
+                                   if len(items) == 1]
+                        one = singles[0] if singles else ("", data) if isinstance(data, dict) else None
                         if one is not None:
                             self._by_ref[(tool, param, str(value))] = one
                             seen += 1
@@ -118,7 +120,8 @@ class GenericFamily:
     def readers_of(self, collection: Collection) -> list[tuple[str, str, str]]:
         return self._readers.get(self.collections.index(collection), [])
 
-    def read_result(self, tool: str, param: str, value: Any) -> dict | None:
+    def read_result(self, tool: str, param: str, value: Any) -> tuple[str, dict] | None:
+        """(where the thing sits in the result, the thing) that a read by reference returned."""
         return self._by_ref.get((tool, param, str(value)))
 
     def ref_call(self, tool: str, param: str, pick: Pick) -> Call:

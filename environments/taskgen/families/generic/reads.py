@@ -124,9 +124,10 @@ def read_templates(family: GenericFamily) -> list[Template]:
         for tool, param, ref_field in family.readers_of(collection):
             def by_ref(rng, c=collection, tool=tool, param=param, ref_field=ref_field):
                 item = rng.choice(c.named)
-                seen = family.read_result(tool, param, item[ref_field])
-                if seen is None:
+                found = family.read_result(tool, param, item[ref_field])
+                if found is None:
                     return None
+                where, seen = found
                 fields = [k for k, v in seen.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
                           and k not in c.ref_fields and v not in ("", None)]
                 if not fields:
@@ -134,7 +135,7 @@ def read_templates(family: GenericFamily) -> list[Template]:
                 field = rng.choice(fields)
                 second = family.ref_call(tool, param, Pick.of(select(c, 1, item, ref_field).spec))
                 return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c), second],
-                             Pick.of(Picked(step=2, field=field), f"the {field}"))
+                             Pick.of(Picked(step=2, field=f"{where}.{field}" if where else field), f"the {field}"))
             templates.append(Template(f"generic:lookup_by_ref:{tag}>{tool}", 2, by_ref))
 
     for tool, param in family.searches:
