@@ -128,6 +128,9 @@ class MCPServerConfig(_Section):
     tool names (`read_*`, `get_file_info`). A glob that matches no tool is a start-up warning."""
     deny: list[str] = Field(default_factory=list)
     """Tools never listed nor called, even when `allow` matches them (globs, as `allow`)."""
+    read_only: list[str] = Field(default_factory=list)
+    """Tools of this server that only read (globs, as `allow`): the user's word for a server that
+    declares no MCP annotations, as `readOnlyHint` would say it. `["*"]` for a stateless server."""
     state: StateConfig | None = None
     """Per-episode state: a pool of instances, each on a fresh copy of a fixture for every
     episode (see StateConfig). Null: one shared server (which may isolate episodes itself by
