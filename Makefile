@@ -33,6 +33,22 @@ SERVERS ?= .servers
 TIME_SERVER ?= mcp-server-time==2026.10.19
 GIT_SERVER ?= mcp-server-git==2026.10.19
 SQLITE_SERVER ?= mcp-server-sqlite==2025.4.25 "mcp==1.30.0"
+# Community servers (configs/community_servers.yaml), none of which declares tool annotations.
+# Most declare `mcp>=1` yet break under mcp 2 (old server decorators, mcp.server.fastmcp): their
+# venvs pin mcp 1.30.0. mcp-kb-sqlite is written for mcp 2.
+DUCKDB_SERVER ?= mcp-server-duckdb==1.1.0 duckdb==2.0.1 "mcp==1.30.0"
+TODO_SERVER ?= mcp-todo==0.0.4 "mcp==1.30.0"
+CALC_SERVER ?= mcp-server-calculator==0.2.1 "mcp==1.30.0"
+MATH_SERVER ?= mcp-server-math==0.1.0 "mcp[cli]==1.30.0"
+KB_SERVER ?= mcp-kb-sqlite==0.2.1 "mcp[cli]==2.3.0"
+GNOSIS_SERVER ?= gnosis-mcp==0.17.5 "mcp==1.30.0"
+UNITS_SERVER ?= unit-converter-mcp==0.1.2 fastmcp==2.14.7 "mcp==1.30.0"
+# Each Python server's directory under $(SERVERS) and the variable holding its pins.
+PYTHON_SERVERS := time:TIME_SERVER git:GIT_SERVER sqlite:SQLITE_SERVER duckdb:DUCKDB_SERVER todo:TODO_SERVER \
+	calc:CALC_SERVER math:MATH_SERVER kb:KB_SERVER gnosis:GNOSIS_SERVER units:UNITS_SERVER
+PYTHON_SERVER_DIRS := $(foreach s,$(PYTHON_SERVERS),$(firstword $(subst :, ,$(s))))
+# $(call pins,DIR): the pins of the Python server in $(SERVERS)/DIR.
+pins = $($(lastword $(subst :, ,$(filter $(1):%,$(PYTHON_SERVERS)))))
 NODE_MAJOR_MIN := 20
 ARGS ?=
 export PYTHONUNBUFFERED := 1
@@ -83,23 +99,12 @@ $(VENV)/.installed-gpu: pyproject.toml
 # Idempotent: a stamp per part; a part is redone when the Makefile (its pins), the lockfile or a
 # fixture source changes.
 servers: servers-python servers-node
-servers-python: $(SERVERS)/time/.installed $(SERVERS)/git/.installed $(SERVERS)/sqlite/.installed \
-	$(SERVERS)/fixtures/.built
+servers-python: $(PYTHON_SERVER_DIRS:%=$(SERVERS)/%/.installed) $(SERVERS)/fixtures/.built
 servers-node: $(SERVERS)/node/.installed
 
-$(SERVERS)/time/.installed: Makefile
-	$(PYTHON) -m venv $(SERVERS)/time
-	$(SERVERS)/time/bin/python -m pip install -q $(TIME_SERVER)
-	touch $@
-
-$(SERVERS)/git/.installed: Makefile
-	$(PYTHON) -m venv $(SERVERS)/git
-	$(SERVERS)/git/bin/python -m pip install -q $(GIT_SERVER)
-	touch $@
-
-$(SERVERS)/sqlite/.installed: Makefile
-	$(PYTHON) -m venv $(SERVERS)/sqlite
-	$(SERVERS)/sqlite/bin/python -m pip install -q $(SQLITE_SERVER)
+$(PYTHON_SERVER_DIRS:%=$(SERVERS)/%/.installed): $(SERVERS)/%/.installed: Makefile
+	$(PYTHON) -m venv $(SERVERS)/$*
+	$(SERVERS)/$*/bin/python -m pip install -q $(call pins,$*)
 	touch $@
 
 # npm ci installs exactly the lockfile; node >= 20 is checked first, with a clear error.
@@ -125,9 +130,11 @@ faketime:
 		|| { echo "make faketime: apt-get install faketime failed (above: why)" >&2; exit 1; }; \
 	$(PYTHON) -c '$(FAKETIME_FOUND)' || { echo "make faketime: installed, but tools/clock.py finds no libfaketime.so.1" >&2; exit 1; }
 
-$(SERVERS)/fixtures/.built: launch/build_fixtures.py $(wildcard configs/mcp_fixtures/*) \
-		$(shell find configs/mcp_fixtures/files -type f 2>/dev/null) | $(VENV)/.installed
-	$(PY) -m launch.build_fixtures --out $(SERVERS)/fixtures
+# Some states are built with a server's own code (its venv): a reinstalled server rebuilds them.
+$(SERVERS)/fixtures/.built: launch/build_fixtures.py \
+		$(shell find configs/mcp_fixtures configs/community_fixtures -type f 2>/dev/null) \
+		$(SERVERS)/duckdb/.installed $(SERVERS)/kb/.installed $(SERVERS)/gnosis/.installed | $(VENV)/.installed
+	$(PY) -m launch.build_fixtures --out $(SERVERS)/fixtures --servers $(SERVERS)
 	touch $@
 
 test: install

@@ -36,7 +36,7 @@ def tools(loop, tmp_path_factory):
     if not servers:
         pytest.skip(_missing("time"))
     fixtures = tmp_path_factory.mktemp("fixtures")
-    build(fixtures)
+    build(fixtures, ["files", "git", "sql", "memory"])
     manager = SharedToolManager(_config(fixtures, servers))
     loop.run_until_complete(manager.start())
     yield manager

@@ -49,7 +49,7 @@ def _config(fixtures: Path, servers: list[str]) -> ToolsConfig:
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("fixtures")
-    build(out)
+    build(out, ["files", "git", "sql", "memory"])
     return out
 
 
