@@ -7,6 +7,7 @@ import pytest
 
 from environments.tasks.picks import Picked, Selection, parse_result, pick_value
 from environments.tasks.text_records import cell_value, text_records
+from environments.tasks.truncated import complete_part, python_values
 
 GIT_LOG = """Commit log:
 Commit: 1f2e3d
@@ -70,3 +71,17 @@ def test_what_is_not_certainly_records_stays_text(text):
                                              (" Ana ", "Ana"), ("+4", "+4")])
 def test_cells_are_numbers_only_where_they_read_back_the_same(cell, value):
     assert cell_value(cell) == value and type(cell_value(cell)) is type(value)
+
+
+def test_a_cut_json_result_keeps_the_items_that_arrived_whole():
+    cut = '{"entities": [{"name": "A", "x": [1, 2]}, {"name": "B"}, {"name": "C", "obs": ["lo…[truncated 1234 chars]'
+    assert parse_result(cut) == {"entities": [{"name": "A", "x": [1, 2]}, {"name": "B"}]}
+    assert parse_result("[1, 2, 3…[truncated 9 chars]") == [1, 2]
+    assert parse_result("not json…[truncated 9 chars]") == "not json…[truncated 9 chars]"
+    assert complete_part('{"a": 1}') is None  # nothing was cut
+
+
+def test_python_reprs_of_dates_and_decimals_read_as_their_values():
+    rows = "[(1, 'Ana', datetime.date(2024, 3, 1), Decimal('2.50'), datetime.datetime(2024, 3, 1, 9, 5))]"
+    assert parse_result(rows) == [[1, "Ana", "2024-03-01", 2.5, "2024-03-01T09:05:00"]]
+    assert python_values("no reprs here") == "no reprs here"

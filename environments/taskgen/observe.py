@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import sqlite3
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from environments.end_state import without_patterns
 from environments.taskgen.safety import Effect, declared_read, judge
-from environments.taskgen.values import add_to_pool, schema_value
+from environments.taskgen.values import add_to_pool, schema_value, words
 from environments.taskgen.volatile import Unstable, differing_patterns
 from environments.tasks.picks import parse_result
 
@@ -100,12 +101,42 @@ class Exploration:
     """Values the results held, by field name (what later arguments are filled from)."""
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+"""Files SQLite keeps beside a database: their bytes change when the database is only read (the
+shared-memory index, the write-ahead log's checkpoints); the database's rows say what changed."""
+
+
+def _sqlite_rows(path: Path) -> str | None:
+    """A digest of every row of every table of a SQLite database, read-only (the rows, not the
+    bytes, say whether a call changed it); None where it cannot be read."""
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
+    except sqlite3.Error:
+        return None
+    digest = hashlib.sha1()
+    try:
+        tables = [r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        for table in tables:
+            digest.update(table.encode() + b"\0")
+            quoted = '"' + table.replace('"', '""') + '"'
+            for row in sorted(repr(r) for r in connection.execute(f"SELECT * FROM {quoted}")):
+                digest.update(row.encode() + b"\0")
+    except sqlite3.Error:
+        return None
+    finally:
+        connection.close()
+    return f"rows:{digest.hexdigest()}"
+
+
 def snapshot(root: Path | None) -> dict[str, str]:
     """Every entry under `root` by relative path: a file's size and content digest (its size and
-    modification time past MAX_SNAPSHOT_BYTES in all), a link's target, a directory's mark."""
+    modification time past MAX_SNAPSHOT_BYTES in all; a SQLite database's rows, its side files
+    left out), a link's target, a directory's mark."""
     if root is None or not root.is_dir():
         return {}
     entries: dict[str, str] = {}
+    databases: set[str] = set()
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -120,11 +151,18 @@ def snapshot(root: Path | None) -> dict[str, str]:
                 continue
             stat = path.stat()
             total += stat.st_size
-            if total > MAX_SNAPSHOT_BYTES:
+            with path.open("rb") as head:
+                sqlite = head.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+            rows = _sqlite_rows(path) if sqlite else None
+            if rows is not None:
+                entries[rel] = rows
+                databases.add(rel)
+            elif total > MAX_SNAPSHOT_BYTES:
                 entries[rel] = f"{stat.st_size}:{stat.st_mtime_ns}"
             else:
                 entries[rel] = f"{stat.st_size}:{hashlib.sha1(path.read_bytes()).hexdigest()}"
-    return entries
+    return {rel: mark for rel, mark in entries.items()
+            if not any(rel == db + side for db in databases for side in SQLITE_SIDE_FILES)}
 
 
 def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
@@ -158,22 +196,61 @@ def _likely_read_first(spec: ToolSpec) -> tuple[int, str]:
     return (len(required), spec.tool)
 
 
+NAMING_WORDS = ("name", "title", "label", "key", "path")
+LIMIT_WORDS = ("limit", "max", "size", "top", "count", "n", "page")
+"""Last words of an optional integer argument that caps how many things a read returns."""
+FULL = 100
+"""What such an argument is set to when its schema gives no maximum: reads return everything."""
+
+
+def _optional_simple(props: dict, required: list[str]) -> tuple[list[str], list[str]]:
+    """(optional integer arguments that cap a read, other optional arguments of one simple value)."""
+    limits, simple = [], []
+    for name, prop in props.items():
+        if name in required or not isinstance(prop, dict):
+            continue
+        options = [prop, *[o for o in prop.get("anyOf") or prop.get("oneOf") or [] if isinstance(o, dict)]]
+        kinds = {o.get("type") for o in options} - {None, "null"}
+        if kinds == {"integer"} and (words(name) or [""])[-1] in LIMIT_WORDS:
+            limits.append(name)
+        elif kinds and kinds <= {"string", "integer", "number", "boolean"}:
+            simple.append(name)
+    return limits, simple
+
+
 def fillings(spec: ToolSpec, pool: dict[str, list[Any]], rng: random.Random, count: int = FILLINGS) -> list[dict]:
-    """Distinct argument sets for `spec` from its schema and the pool (required arguments only;
-    a schema that gives no value for one is skipped)."""
+    """Distinct argument sets for `spec` from its schema and the pool: the required arguments, and
+    a read's cap on what it returns at its maximum (so a list shows everything); after the first,
+    one optional argument more each (a write given only what it needs may change nothing)."""
     schema = spec.input_schema or {}
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     required = [r for r in (schema.get("required") or []) if isinstance(r, str)]
+    limits, simple = _optional_simple(properties, required)
     found: dict[str, dict] = {}
-    for _ in range(count * 2):
+    for attempt in range(count * 2):
         try:
-            args = {name: schema_value(name, properties.get(name, {}), rng, pool) for name in required}
+            # After the first, names are new ones: creating a thing that exists may change nothing.
+            args = {name: schema_value(name, properties.get(name, {}), rng, pool,
+                                       fresh=bool(attempt) and ((words(name) or [""])[-1] in NAMING_WORDS
+                                                                or (properties.get(name) or {}).get("type") == "array"))
+                    for name in required}
+            for name in limits:
+                args[name] = int(_bound_of(properties[name], "maximum", FULL))
+            if attempt and simple:
+                name = simple[(attempt - 1) % len(simple)]
+                args[name] = schema_value(name, properties[name], rng, pool, fresh=True)
         except (ValueError, TypeError, KeyError, IndexError, RecursionError):
             return list(found.values())
         found.setdefault(json.dumps(args, sort_keys=True, default=str), args)
-        if len(found) >= count or not required:
+        if len(found) >= count or not (required or simple):
             break
     return list(found.values())
+
+
+def _bound_of(prop: dict, key: str, default: float) -> float:
+    values = [o.get(key) for o in [prop, *(prop.get("anyOf") or [])] if isinstance(o, dict)]
+    found = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return min(found[0], 1000) if found else default
 
 
 class Observer:
@@ -199,40 +276,49 @@ class Observer:
         await self.tools.start_episode(episode, [self.server])
         return self.tools.episode_state_dir(self.server, episode)
 
-    async def first_pass(self, specs: list[ToolSpec]) -> tuple[list[Observed], list[Observed], dict[str, str], Path | None]:
-        """Each tool called in turn; those that changed the copy are writes (a fresh copy after
-        each). Returns (reads, writes, errors by tool, the first copy's directory)."""
+    async def first_pass(self, specs: list[ToolSpec], thorough: bool = True) -> tuple[
+            list[Observed], list[Observed], dict[str, str], tuple[dict[str, str], list[str]]]:
+        """Each tool called in turn; a call that changed the copy makes its tool a write (and the
+        next call gets a fresh copy). `thorough`: every filling is tried, since a write may do
+        nothing with one (deleting a thing that is not there) and something with another.
+        Returns (reads, writes, errors by tool, the initial copy's text files and directories)."""
         reads, writes, errors = [], [], {}
         episode = self._episode()
         copy = await self._copy_of(episode)
+        initial = read_files(copy)
         before = snapshot(copy)
         try:
             for spec in sorted(specs, key=_likely_read_first):
                 tries = fillings(spec, self.pool, self.rng)
                 if not tries:
                     errors[spec.tool] = "its schema gives no value for a required argument"
+                seen_read = None
                 for args in tries:
                     ok, text = await self._call(spec, args, episode)
                     if not ok:
-                        errors[spec.tool] = text[:200]
+                        errors.setdefault(spec.tool, text[:200])
                         continue
-                    after = snapshot(copy)
                     data = parse_result(text)
-                    seen = Observed(spec.tool, args, text, data, changed_paths(before, after))
+                    seen = Observed(spec.tool, args, text, data, changed_paths(before, snapshot(copy)))
                     if seen.changed:
                         writes.append(seen)
                         await self.tools.end_episode(episode)
                         episode = self._episode()
                         copy = await self._copy_of(episode)
                         before = snapshot(copy)
-                    else:
-                        reads.append(seen)
-                        add_to_pool(self.pool, data)
+                        seen_read = None
+                        break
+                    seen_read = seen_read or seen
+                    if not thorough:
+                        break
+                if seen_read is not None:
+                    reads.append(seen_read)
+                    add_to_pool(self.pool, seen_read.data)
+                if seen_read is not None or any(w.tool == spec.tool for w in writes):
                     errors.pop(spec.tool, None)
-                    break
         finally:
             await self.tools.end_episode(episode)
-        return reads, writes, errors, copy
+        return reads, writes, errors, initial
 
     async def second_pass(self, reads: list[Observed]) -> tuple[dict[str, list[str]], list[str]]:
         """(tools after whose calls some observers read differently, with those observers; the
@@ -328,7 +414,7 @@ async def explore(tools: SharedToolManager, server: str, allow: Sequence[str] = 
     observable = containment.disposable and (containment.confined or containment.level == "episode_id")
     if not observable:
         readers = [s for s in specs if declared[s.tool]]
-        reads, _, errors, _ = await observer.first_pass(readers)
+        reads, _, errors, _ = await observer.first_pass(readers, thorough=False)
         effects = {}
         for spec in specs:
             effect = judge(spec, tools.config, allow, containment.level)
@@ -336,9 +422,8 @@ async def explore(tools: SharedToolManager, server: str, allow: Sequence[str] = 
                 effect = replace(effect, reason=f"{effect.reason}; every exploring call failed: {errors[spec.tool]}")
             effects[spec.tool] = effect
         return Exploration(server, effects, reads, [], pool=observer.pool)
-    reads, writes, errors, copy = await observer.first_pass(specs)
+    reads, writes, errors, (files, dirs) = await observer.first_pass(specs)
     outside, observers = await observer.second_pass(reads)
-    files, dirs = read_files(copy)
     in_copy = {w.tool for w in writes}
     problem = None
     refused = sorted(t for t, e in errors.items() if any(w in e for w in REFUSED))

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 LATER = "+25h"
 """How far ahead the second run's clock reads: another day and another hour of it."""
+REL_TOLERANCE = 1e-6
+"""Of a fractional answer: it is copied from a tool's result, which may print one digit more."""
 GIVE_UP_AFTER = 40
 """Draws in a row without a new verified task after which a template leaves the rotation."""
 
@@ -61,6 +63,8 @@ def to_record(verified: Verified, template: Template, task_id: str, split: str) 
         success["answer_from"] = verified.answer_from.model_dump(exclude_none=True)
     elif verified.answer is not None:
         success["answer"] = verified.answer
+        if isinstance(verified.answer, float) and not verified.answer.is_integer():
+            success["rel_tolerance"] = REL_TOLERANCE
     if verified.checks:
         success["checks"] = verified.checks
     n = len(draft.calls)
@@ -144,6 +148,9 @@ class Generator:
             draft = template.make(self.rng)
         except (IndexError, ValueError, KeyError) as exc:  # the state has nothing this draw needs
             self.rejections[template.name][f"no draft: {type(exc).__name__}"] += 1
+            return None
+        except Exception as exc:  # noqa: BLE001  (a template's bug or a server's odd state: counted, the rest goes on)
+            self.rejections[template.name][f"no draft: {type(exc).__name__}: {str(exc)[:120]}"] += 1
             return None
         if draft is None:
             self.rejections[template.name]["no draft for this draw"] += 1

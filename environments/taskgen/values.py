@@ -16,6 +16,10 @@ from typing import Any
 
 FRESH_NAMES = ("Iris Vega", "Leo Grant", "Mina Soto", "Nils Berg", "Ola Reyes", "Pia Lund", "Ravi Das", "Sara Holm",
                "Theo Marsh", "Uma Patel", "Vera Cruz", "Wes Moreno")
+SEARCH_WORDS = {"query", "search", "keyword", "term", "q", "text", "pattern", "phrase"}
+"""Words of an argument's name that say it takes words to look for: a word the state holds."""
+DATE_WORDS = {"date", "due", "deadline", "day", "birthday"}
+"""Words of an argument's name that say it takes a date (a schema may say only "string")."""
 FRESH_TEXTS = ("plays the cello", "prefers email", "joined in 2024", "speaks Finnish", "owns a red bicycle",
                "is allergic to nuts", "runs marathons", "collects stamps", "works remotely", "likes jazz")
 
@@ -93,12 +97,31 @@ def schema_value(name: str, schema: dict, rng: random.Random, pool: dict[str, li
                "uri": "https://example.com/item/7"}
     if schema.get("format") in formats:
         return formats[schema["format"]]
+    if set(words(name)) & DATE_WORDS:
+        return f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
     known = [v for key, values in pool.items() if same_kind(name, key) for v in values if isinstance(v, str)]
     if known and not fresh:
         return rng.choice(sorted(set(known)))
-    if words(name) and words(name)[-1] in ("name", "title", "label", "from", "to"):
+    last = words(name)[-1] if words(name) else ""
+    if last in SEARCH_WORDS:
+        found = sorted({w for values in pool.values() for v in values if isinstance(v, str)
+                        for w in re.findall(r"[A-Za-z]{5,}", v)})
+        if found:
+            return rng.choice(found)
+    if last in ("path", "file", "filename") and known:
+        return fresh_path(sorted(set(known)), rng)
+    if last in ("name", "title", "label", "from", "to"):
         return rng.choice(FRESH_NAMES)
     return rng.choice(FRESH_TEXTS)
+
+
+def fresh_path(examples: list[str], rng: random.Random) -> str:
+    """A new path shaped like the state's own (`notes/2025-01-meeting.md` -> `notes/<new name>.md`)."""
+    model = rng.choice(examples)
+    folder, _, leaf = model.rpartition("/")
+    suffix = "." + leaf.rsplit(".", 1)[1] if "." in leaf else ""
+    stem = rng.choice(FRESH_TEXTS).replace(" ", "-")
+    return f"{folder}/{stem}{suffix}" if folder else f"{stem}{suffix}"
 
 
 def records(data: Any, path: str = "") -> Iterator[tuple[str, list[dict]]]:

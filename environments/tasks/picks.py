@@ -28,6 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from environments.tasks.success import Selection, Strict
 from environments.tasks.text_records import text_records
+from environments.tasks.truncated import complete_part, python_values
 
 PLACEHOLDER = "{}"
 """Where a `format` puts the picked value."""
@@ -83,14 +84,21 @@ class Picked(Strict):
 
 def parse_result(text: str) -> Any:
     """A result text as data: JSON, else a Python literal (servers that print `repr`s; tuples
-    read as lists), else the records a table or `Key: value` lines lay out
-    (environments/tasks/text_records.py), else the stripped text."""
+    read as lists, dates and decimals as their values: environments/tasks/truncated.py), else the
+    whole items of a JSON result the tool manager cut short, else the records a table or
+    `Key: value` lines lay out (environments/tasks/text_records.py), else the stripped text."""
     text = text.strip()
-    for parse in (json.loads, ast.literal_eval):
-        try:
-            return _json_like(parse(text))
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return _json_like(ast.literal_eval(python_values(text)))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    part = complete_part(text)
+    if part is not None:
+        return part
     records = text_records(text)
     return text if records is None else records
 

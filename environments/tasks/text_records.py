@@ -39,7 +39,7 @@ def text_records(text: str) -> list[dict] | dict | None:
     lines = [line.rstrip() for line in text.strip().splitlines()]
     if len(lines) < 2:
         return _line_record(lines[0]) if lines else None
-    return _table(lines) or _box_table(lines) or _line_records(lines) or _blocks(lines)
+    return _table(lines) or _box_table(lines) or _line_records(lines) or _bar_rows(lines) or _blocks(lines)
 
 
 def _cells(line: str, bar: str = "|") -> list[str]:
@@ -139,6 +139,36 @@ def _line_record(line: str) -> dict | None:
     if len(parts) < 2 or not all(fields) or len({f[1] for f in fields}) != len(fields):
         return None
     return {f[1]: cell_value(f[2]) for f in fields}
+
+
+_ASSIGNED = re.compile(r"^([A-Za-z][A-Za-z0-9_]{0,30})\s*[=:]\s*(.+)$")
+
+
+def _bar_rows(lines: list[str]) -> list[dict] | None:
+    """Rows of cells between ` | ` without a header (`id=15 | clinic/staff/ana | Ana | 2025-01-27`),
+    a title or a footer line (`(18 total)`) aside: a cell `key=value` or `key: value` gives its
+    key, any other cell its position (`#2`, `#3`, ...)."""
+    body = [line.strip() for line in lines if line.strip()]
+    if body and " | " not in body[-1]:
+        body = body[:-1]  # a footer
+    if body and " | " not in body[0]:
+        body = body[1:]  # a title
+    rows = [re.split(r"\s+\|\s+", line) for line in body]
+    if len(rows) < 2 or len({len(r) for r in rows}) != 1 or len(rows[0]) < 2:
+        return None
+    records = []
+    for cells in rows:
+        record: dict[str, Any] = {}
+        for position, cell in enumerate(cells, start=1):
+            assigned = _ASSIGNED.match(cell)
+            key, value = (assigned[1], assigned[2]) if assigned and " " not in assigned[1] else (f"#{position}", cell)
+            if key in record:
+                return None
+            record[key] = cell_value(value)
+        records.append(record)
+    if len({tuple(r) for r in records}) != 1:  # every row the same fields
+        return None
+    return records
 
 
 def _line_records(lines: list[str]) -> list[dict] | None:

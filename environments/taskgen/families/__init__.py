@@ -10,13 +10,13 @@ other family claimed. Adding a family is one module and one line in `FAMILIES`.
 
 from __future__ import annotations
 
-from environments.taskgen.families import arithmetic, clock, files, generic, git, sql
+from environments.taskgen.families import arithmetic, clock, conversion, files, generic, git, sql
 from environments.taskgen.families.base import Explorer, Family, Template
 from environments.taskgen.observe import Exploration
 
 __all__ = ["FAMILIES", "Explorer", "Family", "Template", "attach_families"]
 
-FAMILIES = (sql.family, arithmetic.family, files.family, git.family, clock.family)
+FAMILIES = (sql.family, arithmetic.family, conversion.family, files.family, git.family, clock.family)
 """Families that know a kind of server; `generic` takes the tools none of them claims."""
 
 

@@ -28,9 +28,10 @@ from environments.taskgen.families.arithmetic.requests import arithmetic_templat
 from environments.taskgen.families.base import Explorer, Template
 from environments.taskgen.observe import Exploration
 
-PROBES = {"list": ((7, 3), (2, 4, 9), (50, 200), (12, 5)), "two": ((7, 3), (50, 200), (12, 5)),
-          "one": ((16,), (2.25,), (5,))}
-"""Inputs a number tool is called on, by the shape of its arguments."""
+PROBES = {"list": ((7, 3), (50, 200), (12, 5), (2, 4, 9), (16,), (2.25,), (-5,)),
+          "two": ((7, 3), (50, 200), (12, 5)), "one": ((16,), (2.25,), (-5,))}
+"""Inputs a number tool is called on, by the shape of its arguments (a list tool: pairs, a triple
+and single numbers, since it may compute on two numbers, on any number of them, or on one)."""
 
 
 @dataclass
@@ -108,12 +109,31 @@ class ArithmeticFamily:
         for operands in PROBES[shape]:
             results[operands], text = await self._answer(explorer, tool, make(operands))
             sample = sample or text
-        if any(v is None for v in results.values()):
-            return
-        matches = [op for op in OPERATIONS if all(fits(op, operands, got) for operands, got in results.items())]
-        if len(matches) == 1:
-            self.tools.append(Tool(tool, matches[0], make, None, sample))
-            explorer.learn(tool, False, f"it computes the {matches[0].name} of its numbers and its calls changed nothing")
+        matches = [op for op in OPERATIONS if _matches(op, results)]
+        # On two numbers a sum is an addition: the operation that also fits a list is the one.
+        lists = [op for op in matches if op.arity == 0]
+        if len(lists) == 1 or len(matches) == 1:
+            operation = lists[0] if len(lists) == 1 else matches[0]
+            self.tools.append(Tool(tool, operation, make, None, sample))
+            explorer.learn(tool, False, f"it computes the {operation.name} of its numbers and its calls changed nothing")
 
     def templates(self) -> list[Template]:
         return arithmetic_templates(self)
+
+
+def _matches(operation: Operation, results: dict[tuple, float | None]) -> bool:
+    """`operation` gives every answer the tool gave on operands of its arity where it is defined
+    (for a list operation: on every list of two or more; no square root of -5), the tool answered
+    each of those, and there were at least two."""
+    checked = 0
+    for operands, got in results.items():
+        if len(operands) < 2 if operation.arity == 0 else len(operands) != operation.arity:
+            continue
+        try:
+            want = operation.compute(*operands)
+        except (ValueError, ZeroDivisionError, OverflowError, TypeError):
+            continue
+        if not close(got, want):
+            return False
+        checked += 1
+    return checked >= 2

@@ -103,10 +103,9 @@ def number_pick(text: str, step: int) -> Picked:
     """How an episode reads the number out of call `step`'s result, for a result shaped like
     `text`: the whole result, its numeric field, or the number in its text."""
     data = parse_result(text)
-    if isinstance(data, dict):
-        key = "result" if as_number(data.get("result")) is not None else \
-            next(k for k, v in data.items() if as_number(v) is not None)
-        return Picked(step=step, field=key)
+    keys = [k for k, v in data.items() if as_number(v) is not None] if isinstance(data, dict) else []
+    if keys:
+        return Picked(step=step, field="result" if "result" in keys else keys[0])
     if as_number(data) is not None:
         return Picked(step=step)
     return Picked(step=step, pattern=NUMBER.pattern)

@@ -10,10 +10,11 @@ MAX_RESULT.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from environments.taskgen.drafts import Call, Draft, Pick
-from environments.taskgen.families.arithmetic.operations import Operation, number_pick
+from environments.taskgen.families.arithmetic.operations import OPERATIONS, Operation, number_pick
 from environments.taskgen.families.base import Template
 from environments.tasks.picks import Picked
 
@@ -94,7 +95,7 @@ def _then_call(server: str, tool: Tool, step: int, source: Tool, b: Any) -> Call
 
 
 def _answer(tool: Tool, step: int) -> Pick:
-    return Pick.of(number_pick(tool.sample, step), "the result")
+    return Pick.of(number_pick(tool.sample, step).model_copy(update={"number": True}), "the result")
 
 
 def _second_operand(operation: Operation, it: float, rng: random.Random) -> Any:
@@ -112,6 +113,18 @@ def _second_operand(operation: Operation, it: float, rng: random.Random) -> Any:
 
 CHAINABLE = {"add", "subtract", "multiply", "divide", "remainder", "floor_divide", "power", "sqrt", "abs"}
 """Operations that take the result so far as their first operand (a chain's later steps)."""
+AS_PAIR = {"sum": "add", "product": "multiply", "maximum": None, "minimum": None}
+"""The two-number operation a list operation is on the result so far and one more number."""
+
+
+def _chain_step(tool: Tool) -> Tool | None:
+    """`tool` as a chain's later step: its own operation, or a list operation's on two numbers."""
+    if tool.operation.name in CHAINABLE and tool.operation.then:
+        return tool
+    pair = AS_PAIR.get(tool.operation.name)
+    if pair is None:
+        return None
+    return replace(tool, operation=next(op for op in OPERATIONS if op.name == pair))
 
 
 def arithmetic_templates(family: ArithmeticFamily) -> list[Template]:
@@ -129,7 +142,7 @@ def arithmetic_templates(family: ArithmeticFamily) -> list[Template]:
             return Draft("arithmetic", "", request, [_call(server, tool, values)], _answer(tool, 1))
         templates.append(Template(f"arithmetic:{tool.operation.name}", 1, single))
     firsts = [t for t in tools if t.operation.name in DOES]
-    thens = [t for t in tools if t.operation.name in CHAINABLE and t.operation.then]
+    thens = [step for t in tools if (step := _chain_step(t)) is not None]
     for first in firsts:
         for then in thens:
             templates.append(Template(f"arithmetic:{first.operation.name}>{then.operation.name}", 2,

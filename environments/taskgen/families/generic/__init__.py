@@ -33,7 +33,7 @@ from environments.taskgen.families.generic.writes import (
     write_templates,
 )
 from environments.taskgen.observe import Exploration, Observed
-from environments.taskgen.values import records
+from environments.taskgen.values import records, same_kind
 from environments.taskgen.wording import phrase
 from environments.tasks.picks import parse_result, put
 
@@ -66,6 +66,9 @@ class GenericFamily:
         self._search_hits: dict[tuple[str, str], list[tuple[str, tuple[Collection, dict]]]] = {}
         self._readers: dict[int, list[tuple[str, str, str]]] = {}
         self.observed_writes: list[Observed] = []
+        self._filters: dict[int, dict[str, dict[Any, int]]] = {}
+        self._search_paths: dict[tuple[str, int], str] = {}
+        self._search_counts: dict[tuple[str, str], dict[str, tuple[Collection, int]]] = {}
 
     async def attach(self, found: Exploration, explorer: Explorer, owned: set[str] = frozenset()) -> set[str]:
         self.specs = {t: s for t, s in explorer.specs.items() if t not in owned}
@@ -77,6 +80,7 @@ class GenericFamily:
         self.collections = find_collections(self.reads, descriptions)
         await self._find_readers(explorer)
         await self._find_searches(explorer)
+        await self._find_filters(explorer)
         self._find_writes(explorer)
         used = {c.read.tool for c in self.collections} | {t for t, _ in self.searches}
         used |= {t for v in self._readers.values() for t, _, _ in v} | {w.tool for w in self.write_tools}
@@ -89,7 +93,9 @@ class GenericFamily:
         """Reads whose one required parameter takes a thing's reference, called for the things."""
         for index, c in enumerate(self.collections):
             self._readers[index] = []
-            for tool in explorer.reads():
+            # A write may answer with the thing too (a read that also logs the access): on a
+            # disposable copy its result serves a question as well as a read's.
+            for tool in sorted(set(explorer.reads()) | set(explorer.writes())):
                 if tool not in self.specs or tool == c.read.tool:
                     continue
                 required = _required(self.specs[tool])
@@ -102,10 +108,16 @@ class GenericFamily:
                     seen = 0
                     for item in c.named[:MAX_PREFETCH]:
                         value = item[field]
-                        try:
-                            text = await explorer.call(tool, {param: [value] if prop.get("type") == "array" else value})
-                        except DraftRejected:
-                            continue
+                        args = {param: [value] if prop.get("type") == "array" else value}
+                        if explorer.effects[tool].writes:  # in an episode of its own, on a fresh copy
+                            (text,), _ = await explorer.probe([(tool, args)])
+                            if text is None:
+                                continue
+                        else:
+                            try:
+                                text = await explorer.call(tool, args)
+                            except DraftRejected:
+                                continue
                         data = parse_result(text)
                         singles = [(f"{path}.0" if path else "0", items[0]) for path, items in records(data)
                                    if len(items) == 1]
@@ -119,6 +131,26 @@ class GenericFamily:
 
     def readers_of(self, collection: Collection) -> list[tuple[str, str, str]]:
         return self._readers.get(self.collections.index(collection), [])
+
+    def reader_fields(self, tool: str, param: str, c: Collection, ref_field: str) -> list[str]:
+        """The short scalar fields a read by reference answers with (what requests may ask of it)."""
+        fields: dict[str, None] = {}
+        for item in c.named:
+            found = self.read_result(tool, param, item.get(ref_field))
+            for key, value in (found[1].items() if found else ()):
+                if isinstance(value, (str, int, float)) and not isinstance(value, bool) and value not in ("", None) \
+                        and len(str(value)) <= 80 and key not in c.ref_fields and not key.startswith("#"):
+                    fields.setdefault(key)
+        return list(fields)[:8]
+
+    def search_counts(self, tool: str, param: str) -> dict[str, tuple[Collection, int]]:
+        """Words a search was tried with: the collection it finds and how many things it found."""
+        return self._search_counts.get((tool, param), {})
+
+    def search_collection(self, tool: str, c: Collection) -> Collection:
+        """`c` as a search tool's result holds its things (where they sit in that result)."""
+        path = self._search_paths.get((tool, self.collections.index(c)), c.path)
+        return Collection(c.read, path, c.items, c.noun, c.name_field, c.ref_fields)
 
     def read_result(self, tool: str, param: str, value: Any) -> tuple[str, dict] | None:
         """(where the thing sits in the result, the thing) that a read by reference returned."""
@@ -151,12 +183,43 @@ class GenericFamily:
                         data = parse_result(await explorer.call(tool, {param: words[0]}))
                     except DraftRejected:
                         continue
-                    found = [i for _, items in records(data) for i in items if c.name_field in i]
-                    if len(found) == 1 and found[0][c.name_field] == item[c.name_field]:
+                    found = [(path, i) for path, items in records(data) for i in items if c.name_field in i]
+                    self._search_counts.setdefault((tool, param), {})[words[0]] = (c, len(found))
+                    if len(found) == 1 and found[0][1][c.name_field] == item[c.name_field]:
                         hits.append((words[0], (c, item)))
+                        self._search_paths[(tool, self.collections.index(c))] = found[0][0]
             if hits:
                 self.searches.append((tool, param))
                 self._search_hits[(tool, param)] = hits
+
+    async def _find_filters(self, explorer: Explorer) -> None:
+        """Optional choices of a collection's read that filter what it returns, with how many
+        things each choice gives (each choice called once)."""
+        for index, c in enumerate(self.collections):
+            props = _props(self.specs[c.read.tool])
+            found: dict[str, dict[Any, int]] = {}
+            for param, prop in props.items():
+                choices = [v for o in [prop, *(prop.get("anyOf") or [])] if isinstance(o, dict)
+                           for v in o.get("enum") or [] if isinstance(v, str)]
+                if param in c.read.args or param in _required(self.specs[c.read.tool]) or len(choices) < 2:
+                    continue
+                counts = {}
+                for value in choices[:12]:
+                    try:
+                        data = parse_result(await explorer.call(c.read.tool, {**c.read.args, param: value}))
+                    except DraftRejected:
+                        continue
+                    items = dict(records(data)).get(c.path)
+                    if items is None and isinstance(data, list) and not data:
+                        items = []
+                    if items is not None:
+                        counts[value] = len(items)
+                if len(set(counts.values())) > 1:  # a choice that filters nothing is no filter
+                    found[param] = counts
+            self._filters[index] = found
+
+    def filters_of(self, collection: Collection) -> dict[str, dict[Any, int]]:
+        return self._filters.get(self.collections.index(collection), {})
 
     def search_word(self, tool: str, param: str, rng: random.Random) -> tuple[str | None, Any]:
         hits = self._search_hits.get((tool, param)) or []
@@ -170,7 +233,12 @@ class GenericFamily:
             verb_create = verb_of(tool, spec.description or "", CREATE_VERBS)
             verb_act = verb_of(tool, spec.description or "", ACT_VERBS)
             target = self._reference(spec)
-            if target is not None and not (verb_create and not verb_act):
+            # An argument named as the field itself under a creating verb is the new thing's own
+            # name (`entities.0.name`); one that qualifies it (`entityName`, `task_id`) points at
+            # an existing thing: the write acts on that thing.
+            own = target is not None and phrase(next(p for p in reversed(target[2].split(".")) if not p.isdigit())) \
+                == phrase(target[1])
+            if target is not None and not (verb_create and own and not verb_act):
                 c, field, path = target
                 optional = [p for p in _props(spec) if p not in _required(spec) and p not in ("episode_id",)]
                 self.write_tools.append(Write(tool, False, path, c, field, optional))
@@ -199,12 +267,24 @@ class GenericFamily:
 
     # -- what the templates use ----------------------------------------------------------------------
 
+    def checks_of(self, name: str | None) -> list[Call]:
+        """End-state checks after a write about the thing called `name`: the reads that show every
+        thing, and a read by reference of that thing where one takes its name."""
+        calls = self.check_reads()
+        for index, c in enumerate(self.collections):
+            for tool, param, field in self._readers.get(index, []):
+                if name is not None and field == c.name_field:
+                    array = _props(self.specs[tool]).get(param, {}).get("type") == "array"
+                    calls.append(Call(self.server, tool, {param: [name] if array else name}))
+        return calls
+
     def check_reads(self) -> list[Call]:
-        """Argument-free reads that show every thing (a write's effect reads back through them)."""
+        """Reads that need no argument and show every thing (with what caps a list at its
+        maximum): a write's effect reads back through them."""
         chosen, seen = [], set()
         for c in self.collections:
-            if not c.read.args and c.read.tool not in seen:
-                chosen.append(Call(self.server, c.read.tool, {}))
+            if not _required(self.specs[c.read.tool]) and c.read.tool not in seen:
+                chosen.append(Call(self.server, c.read.tool, dict(c.read.args)))
                 seen.add(c.read.tool)
         return chosen[:2]
 
@@ -218,10 +298,17 @@ class GenericFamily:
     def create_args(self, tool: str, rng: random.Random) -> dict[str, Any] | None:
         spec = self.specs[tool]
         props = _props(spec)
+        refs = {f for c in self.collections for f in c.ref_fields}
         try:
             args = {p: fill(p, props.get(p, {}), rng, self.pool, fresh=True) for p in _required(spec)}
-            simple = [p for p in props if p not in args and _simple(props[p])]
-            for p in rng.sample(simple, min(len(simple), rng.randint(0, 2))):
+            # Optional details a request can give; never an existing thing's reference (that would
+            # change it instead), and what names the new thing always.
+            simple = [p for p in props if p not in args and _simple(props[p]) and p not in refs
+                      and not any(same_kind(p, r) for r in refs if (phrase(r).split() or [""])[-1] == "id")]
+            naming = [p for p in simple if (phrase(p).split() or [""])[-1] in ("name", "title", "key", "label")]
+            chosen = naming + rng.sample([p for p in simple if p not in naming], min(len(simple) - len(naming),
+                                                                                     rng.randint(0, 3)))
+            for p in chosen:
                 args[p] = fill(p, props[p], rng, self.pool, fresh=True)
         except (ValueError, TypeError, KeyError, IndexError):
             return None
@@ -250,27 +337,31 @@ class GenericFamily:
         """Exploring's call of `tool` returned a text naming an id (`... with ID: 21`)."""
         return any(w.tool == tool and re.search(r"(?i)\bid\b\D{0,4}\d+", w.text) for w in self.observed_writes)
 
-    def act_call(self, write: Write, rng: random.Random, pick: Pick | None,
-                 value: Any = "") -> tuple[Call | None, tuple[str, Any] | None]:
-        """The call of an act-by-reference write (its reference picked, or given as `value`) and
-        the (argument, value) it changes, where it changes one optional field."""
+    def changes(self, write: Write) -> list[str]:
+        """The optional fields an act-by-reference write can change one at a time (where it needs
+        nothing but the thing's reference)."""
+        spec = self.specs[write.tool]
+        if any(p for p in _required(spec) if p != write.ref_path.split(".")[0]):
+            return []
+        props = _props(spec)
+        return [p for p in write.optional if _simple(props.get(p, {}))]
+
+    def act_call(self, write: Write, rng: random.Random, pick: Pick | None, value: Any = "",
+                 param: str | None = None) -> tuple[Call | None, tuple[str, Any] | None]:
+        """The call of an act-by-reference write (its reference picked, or given as `value`),
+        changing the optional field `param` where one is given, and the (field, value) it sets."""
         spec = self.specs[write.tool]
         props = _props(spec)
         args: dict[str, Any] = {}
+        change = None
         try:
             for p in _required(spec):
                 args[p] = fill(p, props.get(p, {}), rng, self.pool)
+            if param is not None:
+                args[param] = fill(param, props[param], rng, self.pool, fresh=rng.random() < 0.5)
+                change = (param, args[param])
         except (ValueError, TypeError, KeyError, IndexError):
             return None, None
-        change = None
-        if write.optional and not any(p for p in _required(spec) if p != write.ref_path.split(".")[0]):
-            param = rng.choice([p for p in write.optional if _simple(props.get(p, {}))] or [None])
-            if param is not None:
-                try:
-                    args[param] = fill(param, props[param], rng, self.pool, fresh=rng.random() < 0.5)
-                except (ValueError, TypeError, KeyError, IndexError):
-                    return None, None
-                change = (param, args[param])
         try:
             put(args, write.ref_path, value if pick is None else 0)
         except (KeyError, IndexError, TypeError):
@@ -292,6 +383,10 @@ class GenericFamily:
         if items is None:
             raise DraftRejected(f"the result holds no {c.noun} list")
         return len(items)
+
+    def says_write(self, tool: str) -> bool:
+        """The tool's description or name says it changes things ("Delete ...", `add_note`)."""
+        return verb_of(tool, self.specs[tool].description or "", CREATE_VERBS + ACT_VERBS) is not None
 
     def describes(self, tool: str) -> bool:
         return bool((self.specs[tool].description or "").strip())

@@ -25,6 +25,9 @@ GENERIC_WORDS = {"list", "get", "all", "search", "find", "show", "read", "query"
                  "lookup", "look", "up", "retrieve", "browse", "display", "the", "a", "an", "by", "of", "for",
                  "tool", "info", "details", "detail", "nodes", "data"}
 """Words of a tool's name that say how it reads, not what it returns."""
+VERBS = {"create", "add", "new", "insert", "upsert", "save", "register", "record", "put", "store", "write", "make",
+         "delete", "remove", "update", "set", "edit", "mark", "complete", "change", "rename", "move", "append"}
+"""Words of a tool's name that say what it does to a thing (the thing is the other words)."""
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([T ][\d:.]+(Z|[+-]\d{2}:?\d{2})?)?$")
 _OPAQUE = re.compile(r"^[0-9a-f]{16,}$|^[0-9a-f]{8}-[0-9a-f]{4}-", re.IGNORECASE)
 
@@ -58,8 +61,9 @@ class Collection:
         return [i for i in self.items if reads_as_name(i.get(self.name_field))] if self.name_field else []
 
     def fields(self, but: tuple[str, ...] = ()) -> list[str]:
-        """Scalar fields every item has, the naming field and `but` left out."""
-        keys = [k for k in self.items[0] if k != self.name_field and k not in but]
+        """Scalar fields every item has and a request can name (not a column known only by its
+        position, `#3`), the naming field and `but` left out."""
+        keys = [k for k in self.items[0] if k != self.name_field and k not in but and not k.startswith("#")]
         return [k for k in keys if all(isinstance(i.get(k), (str, int, float)) and not isinstance(i.get(k), bool)
                                        for i in self.items)]
 
@@ -68,7 +72,7 @@ def noun_of_tool(tool: str, description: str = "") -> str:
     """What a tool returns, from its name's words without the words of how it reads (`task_list`
     -> "task", `search_docs` -> "doc"), else from its description ("List entries (id, ...)" ->
     "entry"), else "item"."""
-    words = [w for w in phrase(tool).split() if w not in GENERIC_WORDS]
+    words = [w for w in phrase(tool).split() if w not in GENERIC_WORDS and w not in VERBS]
     if words:
         return singular(" ".join(words[-2:]))
     sentence = re.sub(r"[^A-Za-z ]", " ", description.split(".")[0]).lower().split()
@@ -108,9 +112,10 @@ def find_collections(reads: list[Observed], descriptions: dict[str, str]) -> lis
     for read in reads:
         for path, items in records(read.data):
             items = [i for i in items if isinstance(i, dict) and i]
-            keys = set(items[0]) if items else set()
-            if len(items) < 2 or not all(set(i) >= keys for i in items):
+            if len(items) < 2 or len(set.intersection(*(set(i) for i in items))) < 2:
                 continue
+            common = set.intersection(*(set(i) for i in items))
+            items = [{k: v for k, v in i.items() if k in common} for i in items]  # the fields every item has
             last = next((p for p in reversed(path.split(".")) if p and not p.isdigit()), "")
             noun = singular(phrase(last)) if last else noun_of_tool(read.tool, descriptions.get(read.tool, ""))
             name = _naming_field(items)

@@ -29,6 +29,11 @@ MAX_TEXT_ANSWER = 120
 """The longest single-line text result a request asks for whole."""
 
 
+def named(collection: Collection) -> str:
+    """What the naming field is called in a request ("title"; a column without a name: "name")."""
+    return "name" if collection.name_field.startswith("#") else phrase(collection.name_field)
+
+
 def ref(collection: Collection, item: dict) -> str:
     return f"the {collection.noun} {quoted(item[collection.name_field])}"
 
@@ -69,10 +74,12 @@ def text_answer(data: Any, args: dict[str, Any]) -> tuple[str, Any] | None:
 
 
 def read_templates(family: GenericFamily) -> list[Template]:
+    """One template per question and field (a lookup of the due date and one of the priority are
+    two shapes of request), per collection."""
     server = family.server
-    named = [c for c in family.collections if c.name_field and len(c.named) >= 2]
+    collections = [c for c in family.collections if c.name_field and len(c.named) >= 2]
     templates: list[Template] = []
-    for collection in named:
+    for collection in collections:
         fields = collection.fields(but=tuple(collection.ref_fields))
         numeric = [f for f in fields if all(isinstance(i.get(f), (int, float)) for i in collection.items)]
         texts = [f for f in fields if f not in numeric and all(isinstance(i.get(f), str) for i in collection.items)]
@@ -80,63 +87,54 @@ def read_templates(family: GenericFamily) -> list[Template]:
                     and all(len(str(i[f])) <= 40 for i in collection.items)]
         dates = [f for f in texts if all(is_date(i[f]) for i in collection.items)]
         tag = f"{collection.read.tool}:{collection.noun}"
-
-        def lookup(rng, c=collection, fields=fields):
-            if not fields:
-                return None
-            item, field = rng.choice(c.named), rng.choice(fields)
-            return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c)],
-                         select(c, 1, item, field))
-        templates.append(Template(f"generic:lookup:{tag}", 1, lookup))
-
-        if repeated and not collection.read.args:
-            def count(rng, c=collection, repeated=repeated):
-                field = rng.choice(repeated)
+        for field in fields:
+            def lookup(rng, c=collection, field=field):
+                item = rng.choice(c.named)
+                if item.get(field) in ("", None):
+                    return None
+                return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c)],
+                             select(c, 1, item, field))
+            templates.append(Template(f"generic:lookup:{tag}:{field}", 1, lookup))
+        for field in repeated if not _required(family, collection.read.tool) else []:
+            def count(rng, c=collection, field=field):
                 value = rng.choice(sorted({i[field] for i in c.items}))
                 return Draft("generic", "", f"How many {plural(c.noun)} have the {phrase(field)} {quoted(value)}?",
                              [read_call(server, c)], Pick(1, _counter(c, field, value)))
-            templates.append(Template(f"generic:count:{tag}", 1, count))
-
-        if numeric or dates:
-            def extreme(rng, c=collection, numeric=numeric, dates=dates):
-                field = rng.choice(numeric + dates)
+            templates.append(Template(f"generic:count:{tag}:{field}", 1, count))
+        for field in numeric + dates:
+            def extreme(rng, c=collection, field=field, is_date=field in dates):
                 high = rng.random() < 0.5
                 values = [i[field] for i in c.named]
                 best = max(values) if high else min(values)
                 if values.count(best) != 1:
                     return None
                 item = next(i for i in c.named if i[field] == best)
-                word = ("latest" if high else "earliest") if field in dates else ("highest" if high else "lowest")
+                word = ("latest" if high else "earliest") if is_date else ("highest" if high else "lowest")
                 return Draft("generic", "", f"Which {c.noun} has the {word} {phrase(field)}? Answer with its "
-                             f"{phrase(c.name_field)}.", [read_call(server, c)],
+                             f"{named(c)}.", [read_call(server, c)],
                              Pick(1, lambda _t, _d, name=item[c.name_field]: name))
-            templates.append(Template(f"generic:extreme:{tag}", 1, extreme))
-
-        if numeric:
-            def total(rng, c=collection, numeric=numeric):
-                field = rng.choice(numeric)
+            templates.append(Template(f"generic:extreme:{tag}:{field}", 1, extreme))
+        for field in numeric:
+            def total(rng, c=collection, field=field):
                 a, b = rng.sample(c.named, 2)
                 return Draft("generic", "", f"What is the {phrase(field)} of {ref(c, a)} and {ref(c, b)} added "
                              "together?", [read_call(server, c)],
                              Pick(1, lambda _t, _d, s=a[field] + b[field]: s))
-            templates.append(Template(f"generic:total:{tag}", 1, total))
+            templates.append(Template(f"generic:total:{tag}:{field}", 1, total))
+        templates += _filtered_counts(family, collection)
 
         for tool, param, ref_field in family.readers_of(collection):
-            def by_ref(rng, c=collection, tool=tool, param=param, ref_field=ref_field):
-                item = rng.choice(c.named)
-                found = family.read_result(tool, param, item[ref_field])
-                if found is None:
-                    return None
-                where, seen = found
-                fields = [k for k, v in seen.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
-                          and k not in c.ref_fields and v not in ("", None)]
-                if not fields:
-                    return None
-                field = rng.choice(fields)
-                second = family.ref_call(tool, param, Pick.of(select(c, 1, item, ref_field).spec))
-                return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c), second],
-                             Pick.of(Picked(step=2, field=f"{where}.{field}" if where else field), f"the {field}"))
-            templates.append(Template(f"generic:lookup_by_ref:{tag}>{tool}", 2, by_ref))
+            for field in family.reader_fields(tool, param, collection, ref_field):
+                def by_ref(rng, c=collection, tool=tool, param=param, ref_field=ref_field, field=field):
+                    item = rng.choice(c.named)
+                    found = family.read_result(tool, param, item[ref_field])
+                    if found is None or found[1].get(field) in ("", None):
+                        return None
+                    where = found[0]
+                    second = family.ref_call(tool, param, Pick.of(select(c, 1, item, ref_field).spec))
+                    return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c), second],
+                                 Pick.of(Picked(step=2, field=f"{where}.{field}" if where else field), f"the {field}"))
+                templates.append(Template(f"generic:lookup_by_ref:{tag}>{tool}:{field}", 2, by_ref))
 
     for tool, param in family.searches:
         def search(rng, tool=tool, param=param):
@@ -144,12 +142,44 @@ def read_templates(family: GenericFamily) -> list[Template]:
             if word is None:
                 return None
             c, item = expected
-            return Draft("generic", "", f"Which {c.noun} mentions {quoted(word)}? Answer with its {phrase(c.name_field)}.",
+            return Draft("generic", "", f"Which {c.noun} mentions {quoted(word)}? Answer with its {named(c)}.",
                          [Call(server, tool, {param: word})], Pick(1, lambda _t, _d, name=item[c.name_field]: name))
         templates.append(Template(f"generic:search:{tool}", 1, search))
 
+        def search_then_read(rng, tool=tool, param=param):
+            word, expected = family.search_word(tool, param, rng)
+            if word is None:
+                return None
+            c, item = expected
+            readers = [(t, p, f) for t, p, f in family.readers_of(c) if family.read_result(t, p, item.get(f))]
+            if not readers:
+                return None
+            reader, reader_param, ref_field = rng.choice(readers)
+            where, seen = family.read_result(reader, reader_param, item[ref_field])
+            fields = [k for k, v in seen.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                      and k not in c.ref_fields and v not in ("", None) and len(str(v)) <= 80]
+            if not fields:
+                return None
+            field = rng.choice(fields)
+            search_c = family.search_collection(tool, c)
+            second = family.ref_call(reader, reader_param, Pick.of(select(search_c, 1, item, ref_field).spec))
+            return Draft("generic", "", f"Find the {c.noun} that mentions {quoted(word)}: what is its {phrase(field)}?",
+                         [Call(server, tool, {param: word}), second],
+                         Pick.of(Picked(step=2, field=f"{where}.{field}" if where else field), f"the {field}"))
+        templates.append(Template(f"generic:search>read:{tool}", 2, search_then_read))
+
+        def search_count(rng, tool=tool, param=param):
+            counts = family.search_counts(tool, param)
+            if not counts:
+                return None
+            word = rng.choice(sorted(counts))
+            c = family.search_collection(tool, counts[word][0])
+            return Draft("generic", "", f"How many {plural(c.noun)} mention {quoted(word)}?",
+                         [Call(server, tool, {param: word})], Pick(1, lambda _t, data, c=c: family.count_items(data, c)))
+        templates.append(Template(f"generic:search_count:{tool}", 1, search_count))
+
     texts = [(r, asked) for r in family.reads if (asked := text_answer(r.data, r.args)) is not None
-             and family.describes(r.tool)]
+             and family.describes(r.tool) and not family.says_write(r.tool)]
     if texts:
         def text(rng):
             read, (question, _) = rng.choice(texts)
@@ -159,6 +189,25 @@ def read_templates(family: GenericFamily) -> list[Template]:
             return Draft("generic", "", f"{said} {question}", [Call(server, read.tool, dict(read.args))],
                          Pick(1, lambda _t, data, args=read.args, q=question: _text(data, args, q)))
         templates.append(Template("generic:text", 1, text))
+    return templates
+
+
+def _required(family: GenericFamily, tool: str) -> list[str]:
+    return [r for r in (family.specs[tool].input_schema or {}).get("required") or [] if isinstance(r, str)]
+
+
+def _filtered_counts(family: GenericFamily, c: Collection) -> list[Template]:
+    """How many things a read returns when one of its optional choices filters them ("How many
+    tasks have the priority high?", the read called with that choice): a count the read's own
+    filter answers, for each choice exploring saw give a list."""
+    templates = []
+    for param, counts in family.filters_of(c).items():
+        def count(rng, param=param, counts=counts):
+            value = rng.choice(sorted(counts))
+            return Draft("generic", "", f"How many {plural(c.noun)} have the {phrase(param)} {quoted(value)}?",
+                         [Call(family.server, c.read.tool, {**c.read.args, param: value})],
+                         Pick(1, lambda _t, data, c=c: family.count_items(data, c)))
+        templates.append(Template(f"generic:filter:{c.read.tool}:{param}", 1, count))
     return templates
 
 

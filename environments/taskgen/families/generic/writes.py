@@ -64,12 +64,16 @@ def verb_of(tool: str, description: str, choices: tuple[str, ...]) -> str | None
 
 
 def fill(name: str, schema: dict, rng: random.Random, pool: dict, fresh: bool = False) -> Any:
-    """A value for a write's argument: a new title for a name-like text, else from its schema."""
+    """A value for a write's argument: for a new thing's name, a new one shaped like the names the
+    state holds (people's names, or titles of a few words), else from its schema (values the state
+    holds for other details)."""
     last = (words(name) or [""])[-1]
     kind = schema.get("type") if isinstance(schema, dict) else None
     if fresh and kind == "string" and last in ("name", "title", "label", "subject", "summary"):
-        return rng.choice(NEW_TITLES + FRESH_NAMES)
-    return schema_value(name, schema, rng, pool, fresh=fresh)
+        seen = [v for key, values in pool.items() if words(key)[-1:] == [last] for v in values if isinstance(v, str)]
+        people = sum(bool(re.fullmatch(r"[A-Z][a-z]+ [A-Z][a-z]+", v)) for v in seen)
+        return rng.choice(FRESH_NAMES if seen and people > len(seen) / 2 else NEW_TITLES)
+    return schema_value(name, schema, rng, pool, fresh=fresh and last in ("name", "title", "label", "key", "path"))
 
 
 def _said(args: dict[str, Any], but: tuple[str, ...] = ()) -> str:
@@ -94,7 +98,6 @@ def write_templates(family: GenericFamily) -> list[Template]:
         spec = family.specs[write.tool]
         props = spec.input_schema.get("properties") or {}
         required = [r for r in spec.input_schema.get("required") or [] if isinstance(r, str)]
-        description = spec.description or ""
         if write.creates:
             noun = family.noun_for(write.tool)
 
@@ -108,7 +111,8 @@ def write_templates(family: GenericFamily) -> list[Template]:
                 said = _said(family.flat_args(args), but=(name[0],) if name else ())
                 what = f"{article(noun)} {noun}" + (f" {quoted(name[1])}" if name else "")
                 return Draft("generic", "", f"{verb} {what}" + (f" with {said}" if said else "") + ".",
-                             [Call(server, write.tool, args)], checks=[Check(c) for c in checks])
+                             [Call(server, write.tool, args)],
+                             checks=[Check(c) for c in family.checks_of(name[1] if name else None)])
             templates.append(Template(f"generic:create:{write.tool}", 1, create))
             for act in family.write_tools:
                 if act.creates or act.collection is None or act.ref_field is None:
@@ -130,14 +134,18 @@ def write_templates(family: GenericFamily) -> list[Template]:
             continue
         c = write.collection
 
-        def act(rng, write=write, c=c, description=description):
-            item = rng.choice(c.named)
-            call, change = family.act_call(write, rng, Pick.of(select(c, 1, item, write.ref_field).spec))
-            if call is None:
-                return None
-            return Draft("generic", "", family.act_request(write, ref(c, item), change, rng),
-                         [read_call(server, c), call], checks=[Check(x) for x in checks])
-        templates.append(Template(f"generic:act:{c.read.tool}>{write.tool}", 2, act))
+        for param in [None, *family.changes(write)]:
+            def act(rng, write=write, c=c, param=param):
+                item = rng.choice(c.named)
+                call, change = family.act_call(write, rng, Pick.of(select(c, 1, item, write.ref_field).spec),
+                                               param=param)
+                if call is None:
+                    return None
+                return Draft("generic", "", family.act_request(write, ref(c, item), change, rng),
+                             [read_call(server, c), call],
+                             checks=[Check(x) for x in family.checks_of(item.get(c.name_field))])
+            templates.append(Template(f"generic:act:{c.read.tool}>{write.tool}" + (f":{param}" if param else ""), 2,
+                                      act))
 
         def act_count(rng, write=write, c=c):
             if c.read.args or verb_of(write.tool, family.specs[write.tool].description, ACT_VERBS) not in ("delete",

@@ -203,7 +203,7 @@ class SqlFamily:
         return sql_templates(self) if self.reader else []
 
     def new_row(self, table: str, rng: random.Random) -> dict[str, Any] | None:
-        """Values for every column but the id: a new name, values seen in the table (an existing
+        """Values for every column: the next id, a new name, values seen in the table (an existing
         row's) for the rest, a date for date columns."""
         name = self._name_column(table)
         if name is None:
@@ -218,6 +218,8 @@ class SqlFamily:
         row: dict[str, Any] = {}
         for column, kind in self.columns[table]:
             if column == self._id_column(table):
+                # The next id, given: an engine may have no default for it (DuckDB without a sequence).
+                row[column] = max((r[column] for r in self.rows[table] if isinstance(r.get(column), int)), default=0) + 1
                 continue
             if column == name:
                 row[column] = rng.choice(names)

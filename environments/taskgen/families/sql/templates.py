@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 def _listed(row: dict[str, Any]) -> str:
-    return ", ".join(f"{phrase(c)} {quoted(v)}" for c, v in row.items())
+    """A new row's values as a request gives them (its id is the database's business)."""
+    return ", ".join(f"{phrase(c)} {quoted(v)}" for c, v in row.items() if c != "id")
 
 
 def _insert(table: str, row: dict[str, Any]) -> str:
@@ -176,8 +177,78 @@ def sql_templates(db: SqlFamily) -> list[Template]:
                       q(f"SELECT {column} FROM {table} WHERE {name} = {lit(b[name])}")],
                      Pick(2, lambda _t, _d, winner=higher[name]: winner))
 
+    def filtered(rng):
+        table = rng.choice(sorted(db.rows))
+        numeric, texts = _numbers(db, table), _texts(db, table, db._name_column(table))
+        if not numeric or not texts:
+            return None
+        column, by = rng.choice(numeric), rng.choice(texts)
+        value = rng.choice(sorted({str(r[by]) for r in db.rows[table] if r.get(by) is not None}))
+        word, fn = rng.choice((("total", "SUM"), ("highest", "MAX"), ("lowest", "MIN")))
+        return Draft("sql", "", f"What is the {word} {phrase(column)} of the {many(table)} with the {phrase(by)} "
+                     f"{quoted(value)}?", [q(f"SELECT {fn}({column}) FROM {table} WHERE {by} = {lit(value)}")],
+                     Pick(1, first_cell))
+
+    def latest(rng):
+        table = rng.choice(named)
+        dates = [c for c, k in db.columns[table] if k == "date"]
+        if not dates:
+            return None
+        column, newest = rng.choice(dates), rng.random() < 0.5
+        values = [str(r[column]) for r in db.rows[table] if r.get(column) is not None]
+        if not values or values.count(max(values) if newest else min(values)) != 1:
+            return None
+        name = db._name_column(table)
+        return Draft("sql", "", f"Which {one(table)} has the {'most recent' if newest else 'earliest'} "
+                     f"{phrase(column)}?",
+                     [q(f"SELECT {name} FROM {table} WHERE {column} IS NOT NULL ORDER BY {column} "
+                        f"{'DESC' if newest else 'ASC'} LIMIT 1")], Pick(1, first_cell))
+
+    def before_date(rng):
+        table = rng.choice(sorted(db.rows))
+        dates = [c for c, k in db.columns[table] if k == "date"]
+        if not dates:
+            return None
+        column = rng.choice(dates)
+        values = sorted(str(r[column])[:10] for r in db.rows[table] if r.get(column) is not None)
+        if len(values) < 3:
+            return None
+        cut = rng.choice(values[1:-1])
+        return Draft("sql", "", f"How many {many(table)} have a {phrase(column)} before {cut}?",
+                     [q(f"SELECT COUNT(*) FROM {table} WHERE {column} < {lit(cut)}")], Pick(1, first_cell))
+
+    def average_where(rng):
+        table = rng.choice(sorted(db.rows))
+        numeric, texts = _numbers(db, table), _texts(db, table, db._name_column(table))
+        if not numeric or not texts:
+            return None
+        column, by = rng.choice(numeric), rng.choice(texts)
+        value = rng.choice(sorted({str(r[by]) for r in db.rows[table] if r.get(by) is not None}))
+        return Draft("sql", "", f"What is the average {phrase(column)} of the {many(table)} with the {phrase(by)} "
+                     f"{quoted(value)}, rounded to two decimals?",
+                     [q(f"SELECT ROUND(AVG({column}), 2) FROM {table} WHERE {by} = {lit(value)}")], Pick(1, first_cell))
+
+    def link_then_list_count(rng):
+        if not links:
+            return None
+        child, column, parent = rng.choice(links)
+        texts = _texts(db, child, db._name_column(child))
+        if not texts:
+            return None
+        by, pname = rng.choice(texts), db._name_column(parent)
+        row = rng.choice(db.rows[parent])
+        value = rng.choice(sorted({str(r[by]) for r in db.rows[child] if r.get(by) is not None}))
+        return Draft("sql", "", f"How many {many(child)} of the {one(parent)} {quoted(row[pname])} have the "
+                     f"{phrase(by)} {quoted(value)}?",
+                     [q(f"SELECT id FROM {parent} WHERE {pname} = {lit(row[pname])}"),
+                      Call(s, db.reader[0], {db.reader[1]: ""},
+                           {db.reader[1]: picked_value(1, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}} AND "
+                                                          f"{by} = {lit(value)}")})],
+                     Pick(2, first_cell))
+
     templates = [(lookup, 1), (count, 1), (total_rows, 1), (extreme, 1), (average, 1), (which_most, 1),
-                 (distinct, 1), (id_then_count, 2), (id_then_sum, 2), (follow_link, 2), (compare, 2)]
+                 (distinct, 1), (id_then_count, 2), (id_then_sum, 2), (follow_link, 2), (compare, 2),
+                 (filtered, 1), (latest, 1), (before_date, 1), (average_where, 1), (link_then_list_count, 2)]
     if db.writer is not None:
         templates += _write_templates(db, named, links)
     if db.lister is not None:
