@@ -1,12 +1,17 @@
 """Evaluate a model or checkpoint on held-out tasks: success rate, mean reward, pass@k.
 
     python -m launch.evaluate --config configs/cpu.yaml [--model DIR | --checkpoint DIR] [--k 4]
+    python -m launch.evaluate --config configs/community_servers.yaml --task-file tasks.jsonl --gold
 
 `--model` is an HF directory (e.g. a run's `final_model/`); `--checkpoint` a training checkpoint
 (`outputs/RUN/checkpoints/step-000010`); neither: the config's model as it is. Writes per-task
 transcripts to `<run_dir>/eval/<name>.jsonl` and prints the metrics as JSON. A setup problem (the
 model, the dataset, a server, a task naming a tool no server offers) is one line, exit status 1;
 so is a run in which every task was excluded (each group had an episode that failed).
+`--task-file` evaluates a task file instead of the config's held-out tasks; `--gold` needs no model:
+it replays every task's gold chain on fresh state and scores it with the task's own reward, prints
+each task whose gold fails with the reason, and exits 1 when any does (a task file checked at any
+time, e.g. a day later under `tools.clock_offset=+1d`).
 
 BFCL multi-turn (the Berkeley Function Calling Leaderboard, scored by its official checker):
 
@@ -41,7 +46,8 @@ from pathlib import Path
 
 from environments.bfcl.data import BFCLUnavailable, load_bfcl_tasks
 from environments.bfcl.scoring import summarize as summarize_bfcl
-from environments.tasks.loading import train_validation_split
+from environments.tasks.loading import load_file, train_validation_split
+from environments.tasks.schema import TaskDataError
 from environments.tasks.tool_references import check_tool_references
 from environments.tau2.data import load_tau2_tasks
 from environments.tau2.gold import server_config as tau2_server_config
@@ -50,9 +56,11 @@ from grpo.collect.collector import TrajectoryCollector
 from grpo.config import ConfigError, RunConfig, load_config
 from grpo.models.devices import resolve_device
 from grpo.models.policy import PolicyWithValueHead
+from grpo.models.source import load_tokenizer
 from grpo.rollout.registry import choose_engine, make_engine
 from grpo.train.checkpoint import load_checkpoint
 from grpo.train.evaluation import evaluate, summarize, transcript_records
+from grpo.train.gold import GoldVerdict, replay_gold
 from launch.interrupt import stops_cleanly_on_interrupt
 from launch.validate_setup import setup_problem
 from tools.config import MCPServerConfig
@@ -140,6 +148,31 @@ async def evaluate_config(config: RunConfig, *, checkpoint: str | None, k: int, 
     return metrics
 
 
+GOLD_TOKENS = 1 << 17
+"""A gold replay's token budget: room for any task's prompt, examples and results."""
+
+
+async def check_gold(config: RunConfig, tasks: list) -> list[GoldVerdict]:
+    """Every task's gold chain replayed on fresh state on the config's servers and scored with the
+    task's own reward (no model: the gold turns are scripted, tokenized with the config's model's
+    tokenizer)."""
+    tokenizer = load_tokenizer(config.model.name_or_path, config.model.cache_dir)
+    # No model reads these episodes: a model's prompt budget does not apply to them.
+    rollout = config.rollout.model_copy(update={"max_total_tokens": max(config.rollout.max_total_tokens, GOLD_TOKENS)})
+    async with SharedToolManager(config.tools) as tools:
+        check_tool_references(tasks, tools.tool_specs(), config.tools, config.environment)
+        return await replay_gold(tasks, tools, tokenizer, config.environment, rollout)
+
+
+def print_gold(verdicts: list[GoldVerdict], path: str) -> int:
+    """One line per task whose gold does not hold, then the count; status 1 when any failed."""
+    failed = [v for v in verdicts if not v.success]
+    for verdict in failed:
+        print(f"gold fails: task {verdict.task_id}: {verdict.reason}")
+    print(f"{len(verdicts) - len(failed)} of {len(verdicts)} gold chains in {path} pass their own checks")
+    return 1 if failed else 0
+
+
 @contextmanager
 def _collector_messages_on_stderr():
     """The collector says how tools reach the model (tool prompt and call format, and why) and
@@ -167,6 +200,11 @@ def main(argv=None) -> int:
     parser.add_argument("--temperature", type=float, default=None,
                         help="sampling temperature (default: rollout.eval_temperature, or 1.0 when k > 1)")
     parser.add_argument("--tasks", type=int, default=None, help="evaluate only the first N held-out tasks")
+    parser.add_argument("--task-file", default=None,
+                        help="a task file (.jsonl, .json, .parquet) to evaluate instead of the config's held-out tasks")
+    parser.add_argument("--gold", action="store_true",
+                        help="no model: replay every task's gold chain on fresh state and score it with the task's "
+                             "own reward (exit 1 when any fails)")
     parser.add_argument("--name", default="evaluate", help="name of the transcripts file")
     parser.add_argument("--env", choices=["config", "bfcl", "tau2"], default="config",
                         help="bfcl: BFCL multi-turn tasks; tau2: τ²-bench tasks (instead of the config's held-out tasks)")
@@ -190,13 +228,28 @@ def main(argv=None) -> int:
         temperature = config.rollout.eval_temperature if args.k == 1 else 1.0
     tasks, benchmark = None, (None if args.env == "config" else args.env)
     try:
+        if args.task_file:
+            tasks = load_file(args.task_file, config.environment.env_class)[:args.tasks or None]
+        elif args.gold:
+            _, tasks = train_validation_split(config.data, config.environment.env_class)
+            tasks = tasks[:args.tasks or None]
+        if args.gold:
+            with _collector_messages_on_stderr():
+                verdicts = asyncio.run(check_gold(config, tasks))
+            return print_gold(verdicts, args.task_file or "the config's held-out tasks")
         if args.env == "bfcl":
             tasks = bfcl_setup(config, args.category, args.split, args.tasks)
         elif args.env == "tau2":
             tasks = tau2_setup(config, args.domain, args.split, args.tasks)
-    except (BFCLUnavailable, Tau2Unavailable, ValueError, FileNotFoundError) as exc:
+    except (BFCLUnavailable, Tau2Unavailable, ValueError, FileNotFoundError, TaskDataError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a setup problem (a server, the tokenizer) is one line; a bug is re-raised
+        problem = setup_problem(exc)
+        if problem is None:
+            raise
+        print(f"evaluate: {problem}", file=sys.stderr)
+        return 1
     try:
         with _collector_messages_on_stderr():
             metrics = asyncio.run(evaluate_config(config, checkpoint=args.checkpoint, k=args.k, temperature=temperature,

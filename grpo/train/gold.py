@@ -13,6 +13,7 @@ episode's own calls have returned so far (environments/tasks/picks.py), and `Gol
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from environments.base import Environment, resolve
@@ -20,7 +21,9 @@ from environments.end_state import answer_from_calls
 from environments.process_reward import calls_tool
 from environments.tasks.picks import PickError, picked_arguments
 from environments.toolcalls import format_tool_call
+from grpo.collect.collector import TrajectoryCollector
 from grpo.rollout.base import GenerationRequest
+from grpo.rollout.scripted import ScriptedEngine
 
 CHECKS_ONLY_ANSWER = "Done."
 """The final turn of a task scored on its end state alone (it has no answer to give)."""
@@ -107,3 +110,43 @@ class GoldPlayer:
             # One episode's problem: an engine error would fail every episode of the batch.
             self.failures[request.session] = f"task {request.task_id!r} turn {request.turn + 1}: {exc}"
             return "<answer></answer>"
+
+
+@dataclass
+class GoldVerdict:
+    """One task's gold chain replayed on fresh state and scored with the task's own reward."""
+
+    task_id: str
+    success: bool
+    reason: str = ""
+    """Why it failed: the turn that could not be written, or the criteria that did not hold."""
+
+
+async def replay_gold(tasks: Sequence[Any], tools: Any, tokenizer: Any, env_config: Any,
+                      rollout_config: Any) -> list[GoldVerdict]:
+    """Play every task's gold chain (each turn written from the episode's own results) through the
+    collector on the configured servers, one fresh episode per task, and score it with the task's
+    own reward: the check that a task file still holds (`mcp-grpo evaluate --gold`)."""
+    player = GoldPlayer()
+    collector = TrajectoryCollector(ScriptedEngine(tokenizer, player), tokenizer, tools, env_config, rollout_config)
+    collector.env_factory = player.env_factory(tools, collector)
+    result = await collector.collect(list(tasks), 1, temperature=0.0, step=-1)
+    played = {t.task_id: t for t in result.trajectories}
+    failures = {env.task.task_id: why for episode, why in player.failures.items()
+                if (env := player.envs.get(episode)) is not None}
+    verdicts = []
+    for task in tasks:
+        trajectory = played.get(task.task_id)
+        if trajectory is None:
+            own = [e for e in result.errors if e.startswith(f"task {task.task_id}:") or
+                   e.startswith(f"task {task.task_id} ")]
+            verdicts.append(GoldVerdict(task.task_id, False, "the episode failed: " + ("; ".join(own)[:400] or
+                                                                                     "no reason was recorded")))
+        elif task.task_id in failures:
+            verdicts.append(GoldVerdict(task.task_id, False, failures[task.task_id]))
+        else:
+            held = (trajectory.metadata.get("info") or {}).get("checks") or {}
+            missed = sorted(name for name, ok in held.items() if not ok)
+            reason = "" if trajectory.success else f"did not hold: {', '.join(missed) or 'the reward'}"
+            verdicts.append(GoldVerdict(task.task_id, trajectory.success, reason))
+    return verdicts
