@@ -138,8 +138,7 @@ async def replay_gold(tasks: Sequence[Any], tools: Any, tokenizer: Any, env_conf
     for task in tasks:
         trajectory = played.get(task.task_id)
         if trajectory is None:
-            own = [e for e in result.errors if e.startswith(f"task {task.task_id}:") or
-                   e.startswith(f"task {task.task_id} ")]
+            own = [e for e in result.errors if e.startswith((f"task {task.task_id}:", f"task {task.task_id} "))]
             verdicts.append(GoldVerdict(task.task_id, False, "the episode failed: " + ("; ".join(own)[:400] or
                                                                                      "no reason was recorded")))
         elif task.task_id in failures:
