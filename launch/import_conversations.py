@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 from environments.taskgen.conversations import import_conversations
+from environments.taskgen.run import later_tools
 from grpo.config import ConfigError, load_config
 from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
@@ -47,8 +49,10 @@ def read_chats(path: Path) -> list:
 async def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
     items = read_chats(Path(args.chats))
-    async with SharedToolManager(config.tools) as tools:
-        kept, rejected = await import_conversations(tools, items, allow=args.allow_tool)
+    later_config = later_tools(config.tools)
+    async with SharedToolManager(config.tools) as tools, \
+            (SharedToolManager(later_config) if later_config else contextlib.nullcontext()) as later:
+        kept, rejected = await import_conversations(tools, items, allow=args.allow_tool, later=later)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")

@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 from environments.end_state import without_patterns
 from environments.taskgen.safety import Effect, declared_read, judge
-from environments.taskgen.values import add_to_pool, schema_value, words
+from environments.taskgen.values import add_to_pool, leaves, schema_value, words
 from environments.taskgen.volatile import Unstable, differing_patterns
 from environments.tasks.picks import parse_result
+from tools.secrets import mask_secrets
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
@@ -69,6 +70,20 @@ def reads_as_error(text: str) -> bool:
     `Error: ...`, `Task not found`): some servers answer every failure as plain text."""
     first = text.strip().splitlines()[0] if text.strip() else ""
     return bool(_ERROR_TEXT.match(first)) or (len(first) < 60 and first.lower().endswith("not found"))
+
+
+def echoes_environment(data: Any) -> bool:
+    """A result that repeats this machine's environment (two or more variables with their values,
+    as a debugging tool prints them): host details, and where a key sits among them, a secret."""
+    echoed = sum(1 for path, value in leaves(data)
+                 if isinstance(value, str) and os.environ.get(path.rsplit(".", 1)[-1]) == value)
+    return echoed >= 2
+
+
+def holds_secrets(text: str, data: Any) -> bool:
+    """A result that holds a key or a token, or echoes the environment: nothing of it may reach a
+    task file, so no request is made from it."""
+    return mask_secrets(text)[1] > 0 or echoes_environment(data)
 
 
 @dataclass
@@ -311,7 +326,7 @@ class Observer:
                     seen_read = seen_read or seen
                     if not thorough:
                         break
-                if seen_read is not None:
+                if seen_read is not None and not holds_secrets(seen_read.text, seen_read.data):
                     reads.append(seen_read)
                     add_to_pool(self.pool, seen_read.data)
                 if seen_read is not None or any(w.tool == spec.tool for w in writes):
