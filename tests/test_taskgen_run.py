@@ -4,6 +4,7 @@ request, and the report says per server what it made (tests/servers/recorder.py:
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from conftest import REPO
@@ -53,3 +54,22 @@ def test_the_report_counts_tasks_templates_and_multi_call_share(loop, tools):
     used = {t["tool"]: t["tasks"] for t in outcome.report["tools_used"]}
     assert set(used) <= {"list_items", "get_item"} and sum(used.values()) == sum(
         r["extra_info"]["chain_length"] for r in outcome.records)
+
+
+def test_generation_considers_every_one_of_two_thousand_tools_in_linear_time(loop):
+    config = MCPServerConfig(command="python", args=[str(REPO / "tests/servers/many.py"), "--count", "2000"],
+                             startup_timeout=120)
+    manager = SharedToolManager(ToolsConfig(servers={"many": config}))
+    loop.run_until_complete(manager.start())
+    try:
+        started = time.perf_counter()
+        outcome = loop.run_until_complete(generate_tasks(manager, servers=["many"], num=10, max_steps=2, seed=0,
+                                                         eval_tasks=0, novel_tasks=0, examples=0))
+        seconds = time.perf_counter() - started
+    finally:
+        loop.run_until_complete(manager.close())
+    reported = {t["tool"] for t in outcome.report["tools_used"]} | {t["tool"] for t in outcome.report["tools_left_out"]}
+    assert len(reported) == 2000 and len(outcome.report["tools"]["many"]) == 2000  # every tool considered
+    assert len(outcome.records) == 10
+    # A pass quadratic in the tools takes several times this bound for as many.
+    assert seconds < 20, seconds

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import defaultdict
 from typing import Any
 
 from environments.taskgen.drafts import Call, DraftRejected, Pick
@@ -33,7 +34,7 @@ from environments.taskgen.families.generic.writes import (
     write_templates,
 )
 from environments.taskgen.observe import Exploration, Observed
-from environments.taskgen.values import records, same_kind
+from environments.taskgen.values import records, same_kind, words
 from environments.taskgen.wording import phrase
 from environments.tasks.picks import parse_result, put
 
@@ -91,17 +92,23 @@ class GenericFamily:
 
     async def _find_readers(self, explorer: Explorer) -> None:
         """Reads whose one required parameter takes a thing's reference, called for the things."""
+        # A write may answer with the thing too (a read that also logs the access): on a disposable
+        # copy its result serves a question as well as a read's. Tools are indexed by the last word
+        # of their one required parameter, so each collection meets only those that may take its
+        # references (linear in the tools, however many there are).
+        by_word: dict[str, list[str]] = defaultdict(list)
+        for tool in sorted(set(explorer.reads()) | set(explorer.writes())):
+            required = _required(self.specs[tool]) if tool in self.specs else []
+            if len(required) == 1:
+                by_word[(words(required[0]) or [""])[-1]].append(tool)
         for index, c in enumerate(self.collections):
             self._readers[index] = []
-            # A write may answer with the thing too (a read that also logs the access): on a
-            # disposable copy its result serves a question as well as a read's.
-            for tool in sorted(set(explorer.reads()) | set(explorer.writes())):
-                if tool not in self.specs or tool == c.read.tool:
+            candidates = sorted({t for f in c.ref_fields for t in by_word.get((words(f) or [""])[-1], [])})
+            for tool in candidates:
+                if tool == c.read.tool:
                     continue
-                required = _required(self.specs[tool])
-                if len(required) != 1:
-                    continue
-                param, prop = required[0], _props(self.specs[tool]).get(required[0], {})
+                param = _required(self.specs[tool])[0]
+                prop = _props(self.specs[tool]).get(param, {})
                 for field in c.ref_fields:
                     if not feeds(param, prop, field, c.items[0].get(field)):
                         continue
