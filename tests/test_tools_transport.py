@@ -210,7 +210,10 @@ async def test_a_server_that_stops_reading_never_blocks_a_call_past_its_timeout(
     config = ToolsConfig(servers={"faulty": faulty_server()}, call_timeout=2)
     async with SharedToolManager(config) as manager:
         frozen = await manager.call_tool("freeze", {})
-        assert (frozen.error_kind, frozen.text) == ("timeout", "tool freeze timed out: no answer within 2 s")
+        # Stopped, it answers nothing after the timeout either: it is restarted at once.
+        assert (frozen.error_kind, frozen.text) == ("timeout", "tool freeze timed out: no answer within 2 s; it "
+                                                               "answered nothing more after the call timed out, so "
+                                                               "it was restarted")
         text = "x" * MB  # 16 times a pipe's buffer
         big, small = await asyncio.wait_for(
             # The big call's own clock is longer than the write's bound (the server's call_timeout).
@@ -218,8 +221,7 @@ async def test_a_server_that_stops_reading_never_blocks_a_call_past_its_timeout(
                            manager.call_tool("echo", {"text": "small"})),
             timeout=60,
         )
-        # Both on the restarted server: the write's bound ended the stuck session.
+        # Both on the restarted server.
         assert (big.error_kind, big.text[:3], small.text) == (None, "xxx", "small")
         metrics = manager.metrics()
         assert (metrics["tools/restarts"], metrics["tools/timeouts"]) == (1.0, 1.0)
-        assert metrics["tools/transport_failures"] >= 1.0

@@ -367,6 +367,22 @@ class ServerConnection:
 
     # -- calls ----------------------------------------------------------------------------------
 
+    async def responsive(self, timeout: float) -> bool:
+        """The server answers a cheap request (its tool list) within `timeout` seconds: after a
+        call timed out, a server still working on it asynchronously does; one stuck on that call's
+        work (a CPU-bound call on its event loop) answers nothing at all. (The protocol's ping is
+        gone from its current version, so the tool list stands in for it.)"""
+        client = self.client
+        if client is None:
+            return False
+        try:
+            await asyncio.wait_for(client.list_tools(), timeout)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # noqa: BLE001 - no answer, or a dead session: not responsive
+            return False
+        return True
+
     async def call(self, tool: str, arguments: dict, timeout: float) -> CallToolResult:
         """One attempt; raises CallTimeout or TransportFailure, returns the server's answer otherwise
         (protocol errors from a live server come back as an is_error result)."""

@@ -54,6 +54,9 @@ from tools.state import LeaseError, StateInstance, StatePool
 __all__ = ["Containment", "LeaseError", "RefusedTool", "SharedToolManager", "ToolAnnotations",
            "ToolNameClash", "ToolResult", "ToolServerStartError", "ToolSpec"]
 
+PING_TIMEOUT = 2.0
+"""Seconds a server has to answer its tool list after one of its calls timed out, before it is
+restarted as stuck."""
 LATENCY_WINDOW = 10_000
 """Latest latencies kept per tool for the p50/p99 metrics."""
 
@@ -252,6 +255,11 @@ class SharedToolManager:
         except CallTimeout as exc:
             breaker.release()
             self._counts["tools/timeouts"] += 1
+            if not await connection.responsive(min(PING_TIMEOUT, timeout)):
+                # A server whose event loop is stuck (a CPU-bound call) still takes requests into
+                # its pipe and answers none: every later call would time out too. Restart it.
+                cause = await self._recover(connection, generation, "it answered nothing more after the call timed out")
+                return _error(f"tool {spec.name} timed out: {exc}; {cause}, so it was restarted", "timeout")
             return _error(f"tool {spec.name} timed out: {exc}", "timeout")
         except RequestNotSent as exc:
             breaker.release()  # the server never saw it: no sign of its health either way
