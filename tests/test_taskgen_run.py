@@ -73,3 +73,21 @@ def test_generation_considers_every_one_of_two_thousand_tools_in_linear_time(loo
     assert len(outcome.records) == 10
     # A pass quadratic in the tools takes several times this bound for as many.
     assert seconds < 20, seconds
+
+
+def test_broken_schemas_are_reported_and_the_rest_goes_on(loop):
+    config = MCPServerConfig(command="python", args=[str(REPO / "tests/servers/odd_schemas.py")])
+    manager = SharedToolManager(ToolsConfig(servers={"odd": config}))
+    loop.run_until_complete(manager.start())
+    try:
+        outcome = loop.run_until_complete(generate_tasks(manager, servers=["odd"], num=3, max_steps=2, seed=0,
+                                                         eval_tasks=0, novel_tasks=0, examples=0))
+    finally:
+        loop.run_until_complete(manager.close())
+    tools = outcome.report["tools"]["odd"]
+    assert set(tools) == {"backwards", "nothing", "choices", "worded", "deep", "fine"}
+    # No traceback: what no value can be made for is reported; the rest made tasks.
+    for broken in ("nothing", "choices", "deep"):
+        assert "its schema gives no value for a required argument" in tools[broken]["how"], tools[broken]
+    assert outcome.records and {s["tool"] for r in outcome.records
+                                for s in r["reward_spec"]["ground_truth"]["tool_sequence"]} <= set(tools)
