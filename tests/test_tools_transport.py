@@ -211,9 +211,9 @@ async def test_a_server_that_stops_reading_never_blocks_a_call_past_its_timeout(
     async with SharedToolManager(config) as manager:
         frozen = await manager.call_tool("freeze", {})
         # Stopped, it answers nothing after the timeout either: it is restarted at once.
-        assert (frozen.error_kind, frozen.text) == ("timeout", "tool freeze timed out: no answer within 2 s; it "
-                                                               "answered nothing more after the call timed out, so "
-                                                               "it was restarted")
+        restarted = ("tool freeze timed out: no answer within 2 s; it answered nothing more after the call "
+                     "timed out, so it was restarted")
+        assert (frozen.error_kind, frozen.text) == ("timeout", restarted)
         text = "x" * MB  # 16 times a pipe's buffer
         big, small = await asyncio.wait_for(
             # The big call's own clock is longer than the write's bound (the server's call_timeout).
