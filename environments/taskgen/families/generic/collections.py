@@ -61,11 +61,12 @@ class Collection:
         return [i for i in self.items if reads_as_name(i.get(self.name_field))] if self.name_field else []
 
     def fields(self, but: tuple[str, ...] = ()) -> list[str]:
-        """Scalar fields every item has and a request can name (not a column known only by its
-        position, `#3`), the naming field and `but` left out."""
+        """Scalar fields every item has, that differ between items and that a request can name
+        (not a column known only by its position, `#3`), the naming field and `but` left out."""
         keys = [k for k in self.items[0] if k != self.name_field and k not in but and not k.startswith("#")]
+        # A field with one value for every thing (a record's kind) tells nothing about any one.
         return [k for k in keys if all(isinstance(i.get(k), (str, int, float)) and not isinstance(i.get(k), bool)
-                                       for i in self.items)]
+                                       for i in self.items) and len({str(i[k]) for i in self.items}) > 1]
 
 
 def noun_of_tool(tool: str, description: str = "") -> str:
