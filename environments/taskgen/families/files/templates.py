@@ -37,6 +37,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
     roles = fs.roles
     one_line, unique = fs.one_line(), fs.unique_names()
     nested_unique = [p for p in unique if "/" in p]
+    readable_nested = [p for p in nested_unique if p in one_line]
 
     def draft(request: str, calls, answer=None, checks=()) -> Draft:
         return Draft("files", "", request, calls, answer, checks=[c for c in checks if c is not None])
@@ -105,12 +106,14 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         return draft(rng.choice(((f"Which file in the folder {folder} is the largest? Read it and tell me its first "
                                  "line."),
                                  (f"Find the biggest file (in bytes) directly inside {folder} and give me the first "
-                                 "line of its text."))),
+                                 "line of its text."),
+                                 (f"List {folder} with the sizes of its files. What is the first line of the largest "
+                                  "one?"))),
                      [fs.sized(folder), fs.read("", fs.found_in_sized(1, folder, name))],
                      Pick(2, lambda text, _d: text.strip().splitlines()[0].strip()))
 
     def search_read(rng):
-        path = rng.choice([p for p in nested_unique if p in one_line])
+        path = rng.choice(readable_nested)
         name, folder = posixpath.basename(path), path.split("/")[0]
         return draft(rng.choice(((f"Somewhere under the folder {folder} there is a file named {name}. Find it with a "
                                  "search, then tell me what it says."),
@@ -139,7 +142,10 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         folder = rng.choice(with_lone)
         ext = posixpath.splitext(rng.choice(lone(folder)))[1]
         return draft(rng.choice((f"List the folder {folder}; it holds exactly one {ext} file. What does that file say?",
-                                 f"There is a single {ext} file in the folder {folder}. Find it and tell me its text.")),
+                                 f"There is a single {ext} file in the folder {folder}. Find it and tell me its text.",
+                                 f"Look in {folder} for its only {ext} file and read it to me.",
+                                 (f"I don't remember the name of the {ext} file in {folder}, there is just one. What "
+                                  "does it say?"))),
                      [fs.listing(folder), fs.read("", fs.found_in_listing(1, folder, ext))], Pick.field(2, None))
 
     def list_size(rng):
@@ -196,7 +202,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
                      checks=[fs.read_check(path)])
 
     def search_edit(rng):
-        path = rng.choice([p for p in nested_unique if p in one_line])
+        path = rng.choice(readable_nested)
         name, top = posixpath.basename(path), path.split("/")[0]
         words = [w for w in re.findall(r"[A-Za-z]{4,}", fs.files[path]) if fs.files[path].count(w) == 1]
         if not words:
@@ -248,7 +254,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
                      checks=[fs.entry_check(folder, name) or fs.read_check(f"{folder}/{name}")])
 
     def search_copy(rng):
-        path = rng.choice([p for p in nested_unique if p in one_line])
+        path = rng.choice(readable_nested)
         name, top = posixpath.basename(path), path.split("/")[0]
         target = fs.new_path(rng)
         return draft(rng.choice(((f"Search under {top} for the file named {name}, read it, and save an exact copy of "
@@ -268,20 +274,20 @@ def file_templates(fs: FilesFamily) -> list[Template]:
                      [fs.mkdir(folder), fs.move(path, f"{folder}/{name}")],
                      checks=[fs.entry_check(folder, name) or fs.read_check(f"{folder}/{name}")])
 
-    needs = {"read": (read, 1, [one_line]), "count": (count, 1, [roles.listing]),
-             "size": (size, 1, [roles.info]), "tree_count": (tree_count, 1, [roles.tree]),
-             "which_mentions": (which_mentions, 1, [roles.many]), "largest_read": (largest_read, 2, [roles.sized]),
-             "search_read": (search_read, 2, [roles.search, [p for p in nested_unique if p in one_line]]),
-             "search_size": (search_size, 2, [roles.search, roles.info, nested_unique]),
-             "list_read": (list_read, 2, [roles.listing, with_lone]),
-             "list_size": (list_size, 2, [roles.listing, roles.info, with_lone]),
-             "search_edit": (search_edit, 2, [roles.search, roles.edit, [p for p in nested_unique if p in one_line]]), "write": (write, 1, [roles.write]),
+    # The first ones are what a small run draws first (templates take turns in this order).
+    needs = {"read": (read, 1, [one_line]), "count": (count, 1, [roles.listing]), "size": (size, 1, [roles.info]),
+             "search_read": (search_read, 2, [roles.search, readable_nested]),
+             "list_read": (list_read, 2, [roles.listing, with_lone]), "write": (write, 1, [roles.write]),
              "mkdir": (mkdir, 1, [roles.mkdir, roles.listing and roles.listing.dir_line]),
              "rename": (rename, 1, [roles.move]), "edit": (edit, 1, [roles.edit, one_line]),
-             "edit_read": (edit_read, 2, [roles.edit, one_line]), "copy": (copy, 2, [roles.write, one_line]),
-             "mkdir_write": (mkdir_write, 2, [roles.mkdir, roles.write]),
-             "mkdir_copy": (mkdir_copy, 3, [roles.mkdir, roles.write, one_line]),
+             "copy": (copy, 2, [roles.write, one_line]), "mkdir_write": (mkdir_write, 2, [roles.mkdir, roles.write]),
              "search_move": (search_move, 2, [roles.search, roles.move, nested_unique, len(fs.dirs) > 1]),
-             "search_copy": (search_copy, 3, [roles.search, roles.write, [p for p in nested_unique if p in one_line]]),
-             "mkdir_move": (mkdir_move, 2, [roles.mkdir, roles.move])}
+             "search_copy": (search_copy, 3, [roles.search, roles.write, readable_nested]),
+             "mkdir_move": (mkdir_move, 2, [roles.mkdir, roles.move]), "tree_count": (tree_count, 1, [roles.tree]),
+             "which_mentions": (which_mentions, 1, [roles.many]), "largest_read": (largest_read, 2, [roles.sized]),
+             "search_size": (search_size, 2, [roles.search, roles.info, nested_unique]),
+             "list_size": (list_size, 2, [roles.listing, roles.info, with_lone]),
+             "search_edit": (search_edit, 2, [roles.search, roles.edit, readable_nested]),
+             "edit_read": (edit_read, 2, [roles.edit, one_line]),
+             "mkdir_copy": (mkdir_copy, 3, [roles.mkdir, roles.write, one_line])}
     return [Template(f"files:{name}", calls, make) for name, (make, calls, wants) in needs.items() if all(wants)]
