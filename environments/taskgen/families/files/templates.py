@@ -164,6 +164,16 @@ def file_templates(fs: FilesFamily) -> list[Template]:
                                  f"Please save a note as {path} that says: {text}")),
                      [fs.write(path, text)], checks=[fs.read_check(path)])
 
+    def write_count(rng):
+        path, text = fs.new_path(rng), rng.choice(TEXTS)
+        folder = posixpath.dirname(path)
+        return draft(rng.choice(((f"Save a new file {path} that says: {text} Then list {folder}: how many files does it "
+                                 "hold directly now?"),
+                                 (f'Write "{text}" into a new file {path}, and tell me how many files sit directly in '
+                                 f"{folder} afterwards."))),
+                     [fs.write(path, text), fs.listing(folder)], Pick(2, lambda t, _d: len(roles.listing.names(t))),
+                     checks=[fs.read_check(path)])
+
     def mkdir(rng):
         parent, new, path = new_folder(rng)
         if path is None:
@@ -289,5 +299,6 @@ def file_templates(fs: FilesFamily) -> list[Template]:
              "list_size": (list_size, 2, [roles.listing, roles.info, with_lone]),
              "search_edit": (search_edit, 2, [roles.search, roles.edit, readable_nested]),
              "edit_read": (edit_read, 2, [roles.edit, one_line]),
-             "mkdir_copy": (mkdir_copy, 3, [roles.mkdir, roles.write, one_line])}
+             "mkdir_copy": (mkdir_copy, 3, [roles.mkdir, roles.write, one_line]),
+             "write_count": (write_count, 2, [roles.write, roles.listing])}
     return [Template(f"files:{name}", calls, make) for name, (make, calls, wants) in needs.items() if all(wants)]
