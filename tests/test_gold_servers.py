@@ -88,10 +88,10 @@ def test_picked_arguments_come_from_the_episodes_own_results_not_the_recorded_on
     servers = {s.server for s in tools.tool_specs()}
     chosen = []
     if "time" in servers:
-        clock = next(t for t in tasks if t.extra_info["template"] == "time/now_convert")
+        clock = next(t for t in tasks if t.extra_info["template"] == "time/clock:now_convert")
         chosen.append((_stale(clock, "convert_time", "time", "99:99"), "convert_time", "time"))
     if "git" in servers:
-        log_show = next(t for t in tasks if t.extra_info["template"] in ("git/log_show_file", "git/log_show_email"))
+        log_show = next(t for t in tasks if t.extra_info["template"] in ("git/git:log_show_file", "git/git:log_show_email"))
         chosen.append((_stale(log_show, "git_show", "revision", "0" * 40), "git_show", "revision"))
     if not chosen:
         pytest.skip(_missing("git"))
@@ -110,8 +110,8 @@ def test_picked_arguments_come_from_the_episodes_own_results_not_the_recorded_on
 
 
 def test_gold_episodes_in_flight_together_each_write_their_own_copy(loop, tools, tasks, tokenizer):
-    writes = [t for t in tasks if t.extra_info["template"] in ("sqlite/insert_count", "filesystem/write",
-                                                               "filesystem/mkdir_write", "git/stage_commit")]
+    writes = [t for t in tasks if t.extra_info["template"] in ("sqlite/sql:insert_count", "filesystem/files:write",
+                                                               "filesystem/files:mkdir_write", "git/git:stage_commit")]
     if not writes:
         pytest.skip(_missing("sqlite"))
     twins = []

@@ -70,11 +70,13 @@ def _server_records(outcome, server: str) -> list[dict]:
     return [r for r in outcome.records if r["data_source"] == f"taskgen/{server}"]
 
 
-@pytest.mark.parametrize("server", ["time", "git", "sqlite", "filesystem"])
-def test_each_server_gives_verified_single_and_multi_call_tasks(four, server):
+@pytest.mark.parametrize(("server", "family"), [("time", "clock"), ("git", "git"), ("sqlite", "sql"),
+                                                ("filesystem", "files")])
+def test_each_server_gives_verified_single_and_multi_call_tasks(four, server, family):
     servers, outcome = four
     if server not in servers:
         pytest.skip(_missing(server))
+    assert outcome.report["servers"][server]["family"].split("+")[0] == family  # known by what its tools do
     records = _server_records(outcome, server)
     lengths = {r["extra_info"]["chain_length"] for r in records}
     assert len(records) >= 8 and 1 in lengths and lengths & {2, 3} and lengths <= {1, 2, 3}
@@ -123,7 +125,7 @@ def test_file_answers_and_write_checks_match_the_fixture(four, fixtures):
     for record in _server_records(outcome, "filesystem"):
         gt = record["reward_spec"]["ground_truth"]
         last = gt["tool_sequence"][-1]
-        if last["tool"] == "read_text_file" and "answer" in gt["success"]:
+        if record["extra_info"]["template"] in ("filesystem/files:read", "filesystem/files:search_read"):
             assert gt["success"]["answer"] == (root / last["params"]["path"]).read_text().strip()
             assert not Path(last["params"]["path"]).is_absolute()  # relative to the state root
             seen.add("read")
