@@ -26,12 +26,10 @@ with how it was classified and why.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import re
-import sqlite3
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from environments.end_state import without_patterns
+from environments.taskgen.copies import changed_paths, read_files, snapshot
 from environments.taskgen.safety import Effect, declared_read, judge
 from environments.taskgen.values import add_to_pool, leaves, schema_value, words
 from environments.taskgen.volatile import Unstable, differing_patterns
@@ -54,12 +53,8 @@ MAX_OBSERVERS = 6
 """Argument-free reads compared around each call in the second pass."""
 BATCH = 16
 """Calls made between two readings of the observers (a changed reading is narrowed down by halves)."""
-MAX_SNAPSHOT_BYTES = 64 * 1024 * 1024
-"""A copy larger than this is compared by sizes and modification times, not contents."""
-TEXT_FILE_BYTES = 64 * 1024
 REFUSED = ("Permission denied", "Read-only file system", "Operation not permitted")
 """What a call's error says when the cage refused it a write outside the copy."""
-"""Files of the initial copy up to this size are read as text for the families."""
 
 _ERROR_TEXT = re.compile(r"^\s*(?:\w+\s+)?(?:error|exception|traceback)\b|^\s*(?:failed|failure)(?: to\b|:)"
                          r"|^\s*(?:not found|no such)\b", re.IGNORECASE)
@@ -114,94 +109,6 @@ class Exploration:
     whose effect exploring left unknown."""
     pool: dict[str, list[Any]] = field(default_factory=dict)
     """Values the results held, by field name (what later arguments are filled from)."""
-
-
-SQLITE_HEADER = b"SQLite format 3\x00"
-SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
-"""Files SQLite keeps beside a database: their bytes change when the database is only read (the
-shared-memory index, the write-ahead log's checkpoints); the database's rows say what changed."""
-
-
-def _sqlite_rows(path: Path) -> str | None:
-    """A digest of every row of every table of a SQLite database, read-only (the rows, not the
-    bytes, say whether a call changed it); None where it cannot be read."""
-    try:
-        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
-    except sqlite3.Error:
-        return None
-    digest = hashlib.sha1()
-    try:
-        tables = [r[0] for r in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        for table in tables:
-            digest.update(table.encode() + b"\0")
-            quoted = '"' + table.replace('"', '""') + '"'
-            for row in sorted(repr(r) for r in connection.execute(f"SELECT * FROM {quoted}")):
-                digest.update(row.encode() + b"\0")
-    except sqlite3.Error:
-        return None
-    finally:
-        connection.close()
-    return f"rows:{digest.hexdigest()}"
-
-
-def snapshot(root: Path | None) -> dict[str, str]:
-    """Every entry under `root` by relative path: a file's size and content digest (its size and
-    modification time past MAX_SNAPSHOT_BYTES in all; a SQLite database's rows, its side files
-    left out), a link's target, a directory's mark."""
-    if root is None or not root.is_dir():
-        return {}
-    entries: dict[str, str] = {}
-    databases: set[str] = set()
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in dirnames:
-            path = Path(dirpath, name)
-            entries[str(path.relative_to(root))] = f"link:{os.readlink(path)}" if path.is_symlink() else "dir"
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            rel = str(path.relative_to(root))
-            if path.is_symlink():
-                entries[rel] = f"link:{os.readlink(path)}"
-                continue
-            stat = path.stat()
-            total += stat.st_size
-            with path.open("rb") as head:
-                sqlite = head.read(len(SQLITE_HEADER)) == SQLITE_HEADER
-            rows = _sqlite_rows(path) if sqlite else None
-            if rows is not None:
-                entries[rel] = rows
-                databases.add(rel)
-            elif total > MAX_SNAPSHOT_BYTES:
-                entries[rel] = f"{stat.st_size}:{stat.st_mtime_ns}"
-            else:
-                entries[rel] = f"{stat.st_size}:{hashlib.sha1(path.read_bytes()).hexdigest()}"
-    return {rel: mark for rel, mark in entries.items()
-            if not any(rel == db + side for db in databases for side in SQLITE_SIDE_FILES)}
-
-
-def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
-
-
-def read_files(root: Path | None) -> tuple[dict[str, str], list[str]]:
-    """The copy's small text files (relative path -> text) and its directories, for the families."""
-    files: dict[str, str] = {}
-    dirs: list[str] = []
-    if root is None or not root.is_dir():
-        return files, dirs
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            continue
-        if path.is_dir():
-            dirs.append(rel)
-        elif path.stat().st_size <= TEXT_FILE_BYTES:
-            try:
-                files[rel] = path.read_text(encoding="utf-8")
-            except (UnicodeDecodeError, OSError):
-                continue
-    return files, dirs
 
 
 def _likely_read_first(spec: ToolSpec) -> tuple[int, str]:

@@ -145,7 +145,7 @@ _ASSIGNED = re.compile(r"^([A-Za-z][A-Za-z0-9_]{0,30})\s*[=:]\s*(.+)$")
 
 
 def _bar_rows(lines: list[str]) -> list[dict] | None:
-    """Rows of cells between ` | ` without a header (`id=15 | clinic/staff/ana | Ana | 2025-01-27`),
+    """Rows of cells between ` | ` without a header (`id=15 | clinic/staff/ana | Ana Lima | senior`),
     a title or a footer line (`(18 total)`) aside: a cell `key=value` or `key: value` gives its
     key, any other cell its position (`#2`, `#3`, ...)."""
     body = [line.strip() for line in lines if line.strip()]

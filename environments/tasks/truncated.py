@@ -1,6 +1,6 @@
 """Results as the model sees them, where they are not plain JSON: a long result the tool manager
 cut at `tools.max_output_chars` (its JSON ends mid-way, then `…[truncated N chars]`), and Python
-reprs holding dates and decimals (`datetime.date(2024, 3, 1)`, `Decimal('2.50')`), as servers
+reprs holding dates and decimals (`datetime.date(...)`, `Decimal('2.50')`), as servers
 that print their database's rows write them.
 
 `complete_part` keeps the items of a cut JSON that arrived whole, so a later call can still pick
@@ -67,7 +67,7 @@ _DECIMAL = re.compile(r"Decimal\('(-?[\d.]+(?:E[-+]?\d+)?)'\)")
 
 def python_values(text: str) -> str:
     """`text` with Python reprs of dates, date-times and decimals written as the literals they stand
-    for (`datetime.date(2024, 3, 1)` -> `'2024-03-01'`, `Decimal('2.50')` -> `2.50`)."""
+    for (a `datetime.date(...)` as its ISO text, `Decimal('2.50')` -> `2.50`)."""
     if "datetime." not in text and "Decimal(" not in text:
         return text
     text = _DATE.sub(lambda m: f"'{int(m[1]):04d}-{int(m[2]):02d}-{int(m[3]):02d}'", text)

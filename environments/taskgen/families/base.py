@@ -10,8 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from environments.taskgen.copies import changed_paths, snapshot
 from environments.taskgen.drafts import Draft, DraftRejected
-from environments.taskgen.observe import changed_paths, reads_as_error, snapshot
+from environments.taskgen.observe import reads_as_error
 from environments.taskgen.safety import Effect
 
 if TYPE_CHECKING:
