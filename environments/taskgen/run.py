@@ -117,30 +117,44 @@ class Generator:
         self.rng = random.Random(f"mcp-grpo|drafts|{seed}|{len(done)}")
 
     async def fill(self, templates: list[Template], split: str, count: int, start: int) -> list[dict]:
-        """`count` new records of `split` over `templates`, servers taking turns."""
+        """`count` new records of `split` over `templates`: each server's share (equal, and what a
+        server cannot make goes to the others), servers taking turns, each turn the server's next
+        template."""
         by_server: dict[str, list[Template]] = defaultdict(list)
         for template in templates:
             if template.name not in self.dropped:
                 by_server[template.name.split("/")[0]].append(template)
-        rotation = [list(ts) for ts in by_server.values() if ts]
+        servers = [s for s, ts in by_server.items() if ts]
+        quota = {s: count // len(servers) + (i < count % len(servers)) for i, s in enumerate(servers)} if servers else {}
+        made: Counter = Counter()
+        drawn: Counter = Counter()
         misses: Counter = Counter()
         records: list[dict] = []
-        turn = 0
-        while len(records) < count and rotation:
-            group = rotation[turn % len(rotation)]
-            template = group[(turn // len(rotation)) % len(group)]
-            turn += 1
-            record = await self._one(template, split, f"{split}-s{self.seed}-{start + len(records):05d}")
-            if record is None:
-                misses[template.name] += 1
-                if misses[template.name] >= GIVE_UP_AFTER:
-                    self.dropped.setdefault(template.name, "no new request verified in "
-                                            f"{GIVE_UP_AFTER} draws in a row")
-                    group.remove(template)
-                    rotation = [g for g in rotation if g]
+        while len(records) < count and servers:
+            active = [s for s in servers if made[s] < quota[s]]
+            if not active:  # every server still drawing has its share: the shares of those that stopped go round
+                for server in servers:
+                    quota[server] += 1
                 continue
-            misses[template.name] = 0
-            records.append(record)
+            for server in active:
+                group = by_server[server]
+                template = group[drawn[server] % len(group)]
+                drawn[server] += 1
+                record = await self._one(template, split, f"{split}-s{self.seed}-{start + len(records):05d}")
+                if record is None:
+                    misses[template.name] += 1
+                    if misses[template.name] >= GIVE_UP_AFTER:
+                        self.dropped.setdefault(template.name, "no new request verified in "
+                                                f"{GIVE_UP_AFTER} draws in a row")
+                        group.remove(template)
+                        if not group:
+                            servers.remove(server)
+                    continue
+                misses[template.name] = 0
+                made[server] += 1
+                records.append(record)
+                if len(records) >= count:
+                    break
         return records
 
     async def _one(self, template: Template, split: str, task_id: str) -> dict | None:

@@ -25,6 +25,9 @@ from environments.tasks.picks import Picked, Selection
 if TYPE_CHECKING:
     from environments.taskgen.families.generic import GenericFamily
 
+MAX_OBJECT_FIELDS = 12
+"""A result that is one object of more scalar fields than this is a dump (a server's settings), not
+a record a person asks about."""
 MAX_TEXT_ANSWER = 120
 """The longest single-line text result a request asks for whole."""
 
@@ -178,6 +181,20 @@ def read_templates(family: GenericFamily) -> list[Template]:
                          [Call(server, tool, {param: word})], Pick(1, lambda _t, data, c=c: family.count_items(data, c)))
         templates.append(Template(f"generic:search_count:{tool}", 1, search_count))
 
+    objects = [r for r in family.reads if isinstance(r.data, dict) and not any(True for _ in records(r.data))
+               and 0 < len(_scalars(r.data)) <= MAX_OBJECT_FIELDS and family.describes(r.tool)
+               and not family.says_write(r.tool)]
+    if objects:
+        def one_object(rng):
+            read = rng.choice(objects)
+            said = family.request_for(read.tool, read.args)
+            if said is None:
+                return None
+            field = rng.choice(_scalars(read.data))
+            return Draft("generic", "", f"{said} What is its {phrase(field)}?", [Call(server, read.tool, dict(read.args))],
+                         Pick.of(Picked(step=1, field=field), f"the {field}"))
+        templates.append(Template("generic:object", 1, one_object))
+
     texts = [(r, asked) for r in family.reads if (asked := text_answer(r.data, r.args)) is not None
              and family.describes(r.tool) and not family.says_write(r.tool)]
     if texts:
@@ -209,6 +226,11 @@ def _filtered_counts(family: GenericFamily, c: Collection) -> list[Template]:
                          Pick(1, lambda _t, data, c=c: family.count_items(data, c)))
         templates.append(Template(f"generic:filter:{c.read.tool}:{param}", 1, count))
     return templates
+
+
+def _scalars(data: dict) -> list[str]:
+    return [k for k, v in data.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+            and str(v).strip() and len(str(v)) <= 80]
 
 
 def _counter(c: Collection, field: str, value: Any):
