@@ -93,6 +93,21 @@ class Explorer:
             raise DraftRejected(f"{self.server}.{tool} may write: probe it in an episode of its own (`probe`)")
         return await self._call(tool, args, self.episode)
 
+    async def quiet(self, tool: str, args: dict[str, Any], ignore: Callable[[str], bool] = lambda _path: False
+                    ) -> str | None:
+        """The result of a call that changes nothing: a read's in the exploring episode, any other
+        tool's in a probe of its own; None where it fails, may not be called, or changes the copy
+        (`ignore`: paths of the copy whose change does not count, such as a cache the tool keeps)."""
+        if self.usable(tool) and not self.effects[tool].writes:
+            try:
+                return await self.call(tool, args)
+            except DraftRejected:
+                return None
+        if not self.probeable(tool):
+            return None
+        (text,), changed = await self.probe([(tool, args)])
+        return None if [p for p in changed if not ignore(p)] else text
+
     async def probe(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> tuple[list[str | None], list[str]]:
         """Run `calls` in order in a fresh episode (writes included, where they are callable) and
         give back (each result text, None where it failed; the paths of the copy they changed)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from environments.taskgen.drafts import Call, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Explorer, Template
+from environments.taskgen.families.schema import choices
 from environments.taskgen.observe import Exploration
 from environments.taskgen.values import leaves
 from environments.taskgen.wording import phrase, plural
@@ -64,15 +65,9 @@ class Converter:
     """Where the converted number sits in a result (null: the result is the number)."""
 
 
-def _choices(prop: Any) -> list[str] | None:
-    if not isinstance(prop, dict):
-        return None
-    options = [prop, *[o for o in prop.get("anyOf") or prop.get("oneOf") or [] if isinstance(o, dict)]]
-    for option in options:
-        if isinstance(option.get("enum"), list) and len(option["enum"]) >= 2 and all(
-                isinstance(v, str) for v in option["enum"]):
-            return list(option["enum"])
-    return None
+def _unit_choices(prop: Any) -> list[str] | None:
+    offered = choices(prop)
+    return offered if len(offered) >= 2 and all(isinstance(v, str) for v in offered) else None
 
 
 def _roles(spec) -> tuple[str, str, str, list[str]] | None:
@@ -81,7 +76,7 @@ def _roles(spec) -> tuple[str, str, str, list[str]] | None:
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     required = [r for r in schema.get("required") or [] if isinstance(r, str)]
     numbers = [r for r in required if (props.get(r) or {}).get("type") in ("number", "integer")]
-    units = [(r, _choices(props.get(r))) for r in required if _choices(props.get(r))]
+    units = [(r, _unit_choices(props.get(r))) for r in required if _unit_choices(props.get(r))]
     if len(numbers) != 1 or len(units) != 2 or set(units[0][1]) != set(units[1][1]):
         return None
     (a, choices), (b, _) = units

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from environments.taskgen.drafts import Call, DraftRejected, Pick
+from environments.taskgen.drafts import Call, Pick
 from environments.taskgen.families.base import Explorer, Template
 from environments.taskgen.families.clock.templates import clock_templates
 from environments.taskgen.observe import Exploration
@@ -123,13 +123,7 @@ class ClockFamily:
 
     async def _quiet(self, explorer: Explorer, tool: str, args: dict[str, Any]) -> str | None:
         """The result of a call that changes nothing; None where it fails (or writes)."""
-        if explorer.usable(tool) and not explorer.effects[tool].writes:
-            try:
-                return await explorer.call(tool, args)
-            except DraftRejected:
-                return None
-        (text,), changed = await explorer.probe([(tool, args)])
-        return None if changed else text
+        return await explorer.quiet(tool, args)
 
     async def attach(self, found: Exploration, explorer: Explorer) -> set[str]:
         candidates = [(t, args) for t, spec in sorted(explorer.specs.items())

@@ -8,17 +8,10 @@ import posixpath
 import re
 from typing import Any
 
-from environments.taskgen.drafts import DraftRejected
 from environments.taskgen.families.base import Explorer
-from environments.taskgen.families.files.roles import (
-    Listing,
-    Roles,
-    Search,
-    lines_naming,
-    required,
-    shape,
-)
+from environments.taskgen.families.files.roles import Listing, Roles, Search, lines_naming, shape
 from environments.taskgen.families.files.writes import find_writes
+from environments.taskgen.families.schema import required
 
 SEARCH_SYNTAXES = ("**/{}", "{}", "*{}*")
 """Ways a search pattern may name a file by its name, in the order tried."""
@@ -35,16 +28,7 @@ class RoleFinder:
     async def quiet(self, tool: str, args: dict[str, Any]) -> str | None:
         """The result of a call that changes nothing (in the exploring episode where the tool is a
         known read, else in a probe of its own); None where it fails or changes the copy."""
-        explorer = self.explorer
-        if explorer.usable(tool) and not explorer.effects[tool].writes:
-            try:
-                return await explorer.call(tool, args)
-            except DraftRejected:
-                return None
-        if not explorer.probeable(tool):
-            return None
-        (text,), changed = await explorer.probe([(tool, args)])
-        return None if changed else text
+        return await self.explorer.quiet(tool, args)
 
     async def probe(self, calls: list[tuple[str, dict[str, Any]]]) -> tuple[list[str | None], list[str]]:
         if not all(self.explorer.probeable(t) for t, _ in calls):

@@ -22,26 +22,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
-
-def required(spec) -> list[str]:
-    return [r for r in (spec.input_schema or {}).get("required") or [] if isinstance(r, str)]
-
-
-def properties(spec) -> dict[str, Any]:
-    props = (spec.input_schema or {}).get("properties")
-    return props if isinstance(props, dict) else {}
-
-
-def kind(prop: Any) -> str | None:
-    """A property's JSON type (the non-null one of an `anyOf`)."""
-    if not isinstance(prop, dict):
-        return None
-    if isinstance(prop.get("type"), str):
-        return prop["type"]
-    kinds = [p.get("type") for p in prop.get("anyOf") or [] if isinstance(p, dict) and p.get("type") != "null"]
-    return kinds[0] if len(kinds) == 1 else None
+from environments.taskgen.families.schema import kind, properties, required
 
 
 def shape(spec) -> tuple[str | None, ...]:

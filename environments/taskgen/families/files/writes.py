@@ -9,7 +9,7 @@ import posixpath
 import re
 from typing import TYPE_CHECKING
 
-from environments.taskgen.families.files.roles import kind, properties
+from environments.taskgen.families.schema import kind, properties
 
 if TYPE_CHECKING:
     from environments.taskgen.families.files.finder import RoleFinder

@@ -33,6 +33,7 @@ from environments.taskgen.families.generic.writes import (
     verb_of,
     write_templates,
 )
+from environments.taskgen.families.schema import choices, properties, required
 from environments.taskgen.observe import Exploration, Observed
 from environments.taskgen.values import records, same_kind, words
 from environments.taskgen.wording import phrase
@@ -40,15 +41,6 @@ from environments.tasks.picks import parse_result, put
 
 MAX_PREFETCH = 40
 """Things a read by reference is called for while exploring (the draws choose among them)."""
-
-
-def _required(spec) -> list[str]:
-    return [r for r in (spec.input_schema or {}).get("required") or [] if isinstance(r, str)]
-
-
-def _props(spec) -> dict[str, Any]:
-    props = (spec.input_schema or {}).get("properties")
-    return props if isinstance(props, dict) else {}
 
 
 class GenericFamily:
@@ -98,17 +90,17 @@ class GenericFamily:
         # references (linear in the tools, however many there are).
         by_word: dict[str, list[str]] = defaultdict(list)
         for tool in sorted(set(explorer.reads()) | set(explorer.writes())):
-            required = _required(self.specs[tool]) if tool in self.specs else []
-            if len(required) == 1:
-                by_word[(words(required[0]) or [""])[-1]].append(tool)
+            needed = required(self.specs[tool]) if tool in self.specs else []
+            if len(needed) == 1:
+                by_word[(words(needed[0]) or [""])[-1]].append(tool)
         for index, c in enumerate(self.collections):
             self._readers[index] = []
             candidates = sorted({t for f in c.ref_fields for t in by_word.get((words(f) or [""])[-1], [])})
             for tool in candidates:
                 if tool == c.read.tool:
                     continue
-                param = _required(self.specs[tool])[0]
-                prop = _props(self.specs[tool]).get(param, {})
+                param = required(self.specs[tool])[0]
+                prop = properties(self.specs[tool]).get(param, {})
                 for field in c.ref_fields:
                     if not feeds(param, prop, field, c.items[0].get(field)):
                         continue
@@ -164,7 +156,7 @@ class GenericFamily:
         return self._by_ref.get((tool, param, str(value)))
 
     def ref_call(self, tool: str, param: str, pick: Pick) -> Call:
-        array = _props(self.specs[tool]).get(param, {}).get("type") == "array"
+        array = properties(self.specs[tool]).get(param, {}).get("type") == "array"
         return Call(self.server, tool, {param: [""] if array else ""}, {f"{param}.0" if array else param: pick})
 
     async def _find_searches(self, explorer: Explorer) -> None:
@@ -174,10 +166,10 @@ class GenericFamily:
         for tool in explorer.reads():
             if tool not in self.specs:
                 continue
-            required = _required(self.specs[tool])
-            if len(required) != 1 or _props(self.specs[tool]).get(required[0], {}).get("type") != "string":
+            needed = required(self.specs[tool])
+            if len(needed) != 1 or properties(self.specs[tool]).get(needed[0], {}).get("type") != "string":
                 continue
-            param, hits = required[0], []
+            param, hits = needed[0], []
             for c in named:
                 for item in c.named[:MAX_PREFETCH]:
                     name = str(item[c.name_field])
@@ -203,15 +195,14 @@ class GenericFamily:
         """Optional choices of a collection's read that filter what it returns, with how many
         things each choice gives (each choice called once)."""
         for index, c in enumerate(self.collections):
-            props = _props(self.specs[c.read.tool])
+            props = properties(self.specs[c.read.tool])
             found: dict[str, dict[Any, int]] = {}
             for param, prop in props.items():
-                choices = [v for o in [prop, *(prop.get("anyOf") or [])] if isinstance(o, dict)
-                           for v in o.get("enum") or [] if isinstance(v, str)]
-                if param in c.read.args or param in _required(self.specs[c.read.tool]) or len(choices) < 2:
+                offered = [v for v in choices(prop) if isinstance(v, str)]
+                if param in c.read.args or param in required(self.specs[c.read.tool]) or len(offered) < 2:
                     continue
                 counts = {}
-                for value in choices[:12]:
+                for value in offered[:12]:
                     try:
                         data = parse_result(await explorer.call(c.read.tool, {**c.read.args, param: value}))
                     except DraftRejected:
@@ -247,7 +238,7 @@ class GenericFamily:
                 == phrase(target[1])
             if target is not None and not (verb_create and own and not verb_act):
                 c, field, path = target
-                optional = [p for p in _props(spec) if p not in _required(spec) and p not in ("episode_id",)]
+                optional = [p for p in properties(spec) if p not in required(spec) and p not in ("episode_id",)]
                 self.write_tools.append(Write(tool, False, path, c, field, optional))
             elif verb_create or target is None:
                 self.write_tools.append(Write(tool, True))
@@ -255,8 +246,8 @@ class GenericFamily:
     def _reference(self, spec) -> tuple[Collection, str, str] | None:
         """(collection, field, argument path) of the one required argument (or nested field of an
         array of objects) that takes an existing thing's reference."""
-        props = _props(spec)
-        for param in _required(spec):
+        props = properties(spec)
+        for param in required(spec):
             prop = props.get(param, {})
             inner = prop.get("items") if isinstance(prop.get("items"), dict) else {}
             nested = inner.get("properties") if inner.get("type") == "object" else None
@@ -281,7 +272,7 @@ class GenericFamily:
         for index, c in enumerate(self.collections):
             for tool, param, field in self._readers.get(index, []):
                 if name is not None and field == c.name_field:
-                    array = _props(self.specs[tool]).get(param, {}).get("type") == "array"
+                    array = properties(self.specs[tool]).get(param, {}).get("type") == "array"
                     calls.append(Call(self.server, tool, {param: [name] if array else name}))
         return calls
 
@@ -290,7 +281,7 @@ class GenericFamily:
         maximum): a write's effect reads back through them."""
         chosen, seen = [], set()
         for c in self.collections:
-            if not _required(self.specs[c.read.tool]) and c.read.tool not in seen:
+            if not required(self.specs[c.read.tool]) and c.read.tool not in seen:
                 chosen.append(Call(self.server, c.read.tool, dict(c.read.args)))
                 seen.add(c.read.tool)
         return chosen[:2]
@@ -298,16 +289,16 @@ class GenericFamily:
     def noun_for(self, tool: str) -> str:
         spec = self.specs[tool]
         for c in self.collections:
-            if any(phrase(p).endswith(c.noun) or c.noun in phrase(tool) for p in _props(spec)):
+            if any(phrase(p).endswith(c.noun) or c.noun in phrase(tool) for p in properties(spec)):
                 return c.noun
         return noun_of_tool(tool, spec.description or "")
 
     def create_args(self, tool: str, rng: random.Random) -> dict[str, Any] | None:
         spec = self.specs[tool]
-        props = _props(spec)
+        props = properties(spec)
         refs = {f for c in self.collections for f in c.ref_fields}
         try:
-            args = {p: fill(p, props.get(p, {}), rng, self.pool, fresh=True) for p in _required(spec)}
+            args = {p: fill(p, props.get(p, {}), rng, self.pool, fresh=True) for p in required(spec)}
             # Optional details a request can give; never an existing thing's reference (that would
             # change it instead), and what names the new thing always.
             simple = [p for p in props if p not in args and _simple(props[p]) and p not in refs
@@ -348,9 +339,9 @@ class GenericFamily:
         """The optional fields an act-by-reference write can change one at a time (where it needs
         nothing but the thing's reference)."""
         spec = self.specs[write.tool]
-        if any(p for p in _required(spec) if p != write.ref_path.split(".")[0]):
+        if any(p for p in required(spec) if p != write.ref_path.split(".")[0]):
             return []
-        props = _props(spec)
+        props = properties(spec)
         return [p for p in write.optional if _simple(props.get(p, {}))]
 
     def act_call(self, write: Write, rng: random.Random, pick: Pick | None, value: Any = "",
@@ -358,11 +349,11 @@ class GenericFamily:
         """The call of an act-by-reference write (its reference picked, or given as `value`),
         changing the optional field `param` where one is given, and the (field, value) it sets."""
         spec = self.specs[write.tool]
-        props = _props(spec)
+        props = properties(spec)
         args: dict[str, Any] = {}
         change = None
         try:
-            for p in _required(spec):
+            for p in required(spec):
                 args[p] = fill(p, props.get(p, {}), rng, self.pool)
             if param is not None:
                 args[param] = fill(param, props[param], rng, self.pool, fresh=rng.random() < 0.5)

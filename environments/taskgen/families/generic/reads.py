@@ -18,6 +18,7 @@ from environments.comparisons import numbers_in
 from environments.taskgen.drafts import Call, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Template
 from environments.taskgen.families.generic.collections import Collection, is_date
+from environments.taskgen.families.schema import required
 from environments.taskgen.values import records
 from environments.taskgen.wording import phrase, plural, quoted
 from environments.tasks.picks import Picked, Selection
@@ -98,7 +99,7 @@ def read_templates(family: GenericFamily) -> list[Template]:
                 return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c)],
                              select(c, 1, item, field))
             templates.append(Template(f"generic:lookup:{tag}:{field}", 1, lookup))
-        for field in repeated if not _required(family, collection.read.tool) else []:
+        for field in repeated if not required(family.specs[collection.read.tool]) else []:
             def count(rng, c=collection, field=field):
                 value = rng.choice(sorted({i[field] for i in c.items}))
                 return Draft("generic", "", f"How many {plural(c.noun)} have the {phrase(field)} {quoted(value)}?",
@@ -207,10 +208,6 @@ def read_templates(family: GenericFamily) -> list[Template]:
                          Pick(1, lambda _t, data, args=read.args, q=question: _text(data, args, q)))
         templates.append(Template("generic:text", 1, text))
     return templates
-
-
-def _required(family: GenericFamily, tool: str) -> list[str]:
-    return [r for r in (family.specs[tool].input_schema or {}).get("required") or [] if isinstance(r, str)]
 
 
 def _filtered_counts(family: GenericFamily, c: Collection) -> list[Template]:

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.taskgen.drafts import Call, DraftRejected, Pick
+from environments.taskgen.drafts import Call, Pick
 from environments.taskgen.families.base import Explorer, Template
 from environments.taskgen.families.git.history import (
     HASH,
@@ -45,6 +45,7 @@ from environments.taskgen.families.git.history import (
     tip_of,
 )
 from environments.taskgen.families.git.templates import repository_templates
+from environments.taskgen.families.schema import kind, properties, required
 from environments.taskgen.observe import Exploration
 from environments.tasks.picks import parse_result
 
@@ -54,18 +55,7 @@ PROBE_MESSAGE = "Probe commit made while learning what the tools do"
 
 
 def _schema(spec) -> tuple[list[str], dict[str, Any]]:
-    schema = spec.input_schema or {}
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    return [r for r in schema.get("required") or [] if isinstance(r, str)], props
-
-
-def _kind(prop: Any) -> str | None:
-    if not isinstance(prop, dict):
-        return None
-    if isinstance(prop.get("type"), str):
-        return prop["type"]
-    kinds = [p.get("type") for p in prop.get("anyOf") or [] if isinstance(p, dict) and p.get("type") != "null"]
-    return kinds[0] if len(kinds) == 1 else None
+    return required(spec), properties(spec)
 
 
 def _words(name: str, prop: Any) -> str:
@@ -125,16 +115,9 @@ class GitFamily:
 
     async def quiet(self, tool: str, args: dict[str, Any]) -> str | None:
         """The result of a call that changes nothing; None where it fails or changes the copy."""
-        explorer = self.explorer
-        if explorer.usable(tool) and not explorer.effects[tool].writes:
-            try:
-                return await explorer.call(tool, args)
-            except DraftRejected:
-                return None
-        (text,), changed = await explorer.probe([(tool, args)])
         # git refreshes the file stats its index caches when it reads the work tree (a status, a
         # diff): a rewritten .git/index alone changes nothing staged.
-        return None if [p for p in changed if not p.endswith(".git/index")] else text
+        return await self.explorer.quiet(tool, args, ignore=lambda path: path.endswith(".git/index"))
 
     def call_args(self, role: Role, value: Any = None, option: Any = None) -> dict[str, Any]:
         args = {role.repo: self.repo, **role.fixed}
@@ -176,7 +159,7 @@ class GitFamily:
         found = []
         for tool, spec in sorted(self.explorer.specs.items()):
             required, props = _schema(spec)
-            texts = [r for r in required if _kind(props.get(r)) == "string"]
+            texts = [r for r in required if kind(props.get(r)) == "string"]
             pathlike = [r for r in texts if any(w in _words(r, props.get(r)) for w in PATH_WORDS)]
             repo = pathlike[0] if pathlike else texts[0] if len(texts) == 1 else None
             if repo is not None and self.explorer.probeable(tool):
@@ -188,7 +171,7 @@ class GitFamily:
         once; the status first, since the unstaged diff is told by the files it lists."""
         calls = [(Role(tool, repo), props) for tool, repo, rest, props in self._candidates() if not rest]
         for tool, repo, rest, props in self._candidates():
-            if len(rest) == 1 and _kind(props.get(rest[0])) == "string":
+            if len(rest) == 1 and kind(props.get(rest[0])) == "string":
                 calls += [(Role(tool, repo, fixed={rest[0]: value}), props) for value in _offered(props.get(rest[0]))]
         answers = [(role, props, await self.quiet(role.tool, self.call_args(role))) for role, props in calls]
         answers = [a for a in answers if a[2] is not None]
@@ -208,7 +191,7 @@ class GitFamily:
             self.roles["log"], self.keys = role, keys
             self.visible = len(records(text))
             for name, prop in props.items():
-                if name not in self.call_args(role) and _kind(prop) == "integer":
+                if name not in self.call_args(role) and kind(prop) == "integer":
                     counted = await self.quiet(role.tool, {**self.call_args(role), name: 2})
                     if counted is not None and len(records(counted)) == 2:
                         role.option = name
@@ -257,10 +240,10 @@ class GitFamily:
         head = first[0] if first else None
         others = [b for b in self.branches if b != self.current]
 
-        def free(count: int, kind: str | None = "string"):
+        def free(count: int, wanted: str | None = "string"):
             for tool, repo, rest, props in self._candidates():
                 if tool not in {r.tool for r in self.roles.values()} and len(rest) == count \
-                        and (not rest or _kind(props.get(rest[0])) == kind):
+                        and (not rest or kind(props.get(rest[0])) == wanted):
                     yield Role(tool, repo, rest[0] if rest else None), props
 
         for role, _ in list(free(1)):
@@ -316,7 +299,7 @@ class GitFamily:
         self.roles["create"] = role
         self.explorer.learn(role.tool, True, "given a new name the branch list then showed that branch")
         start = [b for b in others if tip_of(files, self.repo, b) not in (None, tip_of(files, self.repo, self.current))]
-        options = [n for n, p in props.items() if n not in self.call_args(role, "x") and _kind(p) == "string"]
+        options = [n for n, p in props.items() if n not in self.call_args(role, "x") and kind(p) == "string"]
         if start and "show" in self.roles:
             show = self.roles["show"]
             for option in options:

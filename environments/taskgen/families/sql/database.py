@@ -90,12 +90,9 @@ class SqlFamily:
 
     async def _select(self, explorer: Explorer, sql: str) -> list[list[Any]]:
         tool, arg = self.reader
-        if explorer.usable(tool) and not explorer.effects[tool].writes:
-            text = await explorer.call(tool, {arg: sql})
-        else:
-            (text,), _ = await explorer.probe([(tool, {arg: sql})])
-            if text is None:
-                raise DraftRejected(f"{sql[:60]} failed")
+        text = await explorer.quiet(tool, {arg: sql})
+        if text is None:
+            raise DraftRejected(f"{sql[:60]} failed")
         rows = rows_of(text)
         if rows is None:
             raise DraftRejected(f"no rows in the answer to {sql[:60]}")
