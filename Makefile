@@ -166,7 +166,7 @@ train-multistep: install $(CHAINS)
 # on the real servers (written once; run again after an interruption and generation resumes), then
 # held-out success before, a warm start on gold trajectories, success after it, GRPO, success after.
 MCP_TASKS ?= outputs/data/mcp.jsonl
-MCP_GENERATE ?= --num 800 --max-steps 3 --eval-tasks 24 --novel-tasks 24
+MCP_GENERATE ?= --num 1000 --max-steps 3 --eval-tasks 24 --novel-tasks 24
 $(MCP_TASKS): | $(VENV)/.installed servers
 	$(PY) -m launch.generate_tasks --config configs/cpu_mcp.yaml --servers time,git,filesystem,sqlite \
 		$(MCP_GENERATE) --out $(MCP_TASKS)
