@@ -15,13 +15,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from environments.comparisons import numbers_in
-from environments.taskgen.drafts import Call, Draft, DraftRejected, Pick
+from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Template
 from environments.taskgen.families.generic.collections import Collection, is_date
 from environments.taskgen.families.schema import required
 from environments.taskgen.values import records
 from environments.taskgen.wording import phrase, plural, quoted
-from environments.tasks.picks import Picked, Selection
+from environments.tasks.picks import Picked, Selection, pick_value
 
 if TYPE_CHECKING:
     from environments.taskgen.families.generic import GenericFamily
@@ -83,12 +83,21 @@ def read_templates(family: GenericFamily) -> list[Template]:
     server = family.server
     collections = [c for c in family.collections if c.name_field and len(c.named) >= 2]
     templates: list[Template] = []
+    for collection in family.collections:
+        if collection in collections or collection.read.args and required(family.specs[collection.read.tool]):
+            continue
+        # Things no field names one by one (the links between things) are still counted by a field.
+        for field in _repeated(collection, collection.fields()):
+            templates.append(Template(f"generic:count:{collection.read.tool}:{collection.noun}:{field}", 1,
+                                      _count_template(server, collection, field)))
     for collection in collections:
         fields = collection.fields(but=tuple(collection.ref_fields))
         numeric = [f for f in fields if all(isinstance(i.get(f), (int, float)) for i in collection.items)]
         texts = [f for f in fields if f not in numeric and all(isinstance(i.get(f), str) for i in collection.items)]
-        repeated = [f for f in texts if len({i[f] for i in collection.items}) < len(collection.items)
-                    and all(len(str(i[f])) <= 40 for i in collection.items)]
+        repeated = _repeated(collection, texts)
+        lists = [k for k in collection.items[0] if k not in collection.ref_fields and not k.startswith("#")
+                 and all(isinstance(i.get(k), list) and all(isinstance(v, (str, int, float)) for v in i[k])
+                         for i in collection.items) and len({len(i[k]) for i in collection.items}) > 1]
         dates = [f for f in texts if all(is_date(i[f]) for i in collection.items)]
         tag = f"{collection.read.tool}:{collection.noun}"
         for field in fields:
@@ -100,11 +109,24 @@ def read_templates(family: GenericFamily) -> list[Template]:
                              select(c, 1, item, field))
             templates.append(Template(f"generic:lookup:{tag}:{field}", 1, lookup))
         for field in repeated if not required(family.specs[collection.read.tool]) else []:
-            def count(rng, c=collection, field=field):
-                value = rng.choice(sorted({i[field] for i in c.items}))
-                return Draft("generic", "", f"How many {plural(c.noun)} have the {phrase(field)} {quoted(value)}?",
-                             [read_call(server, c)], Pick(1, _counter(c, field, value)))
-            templates.append(Template(f"generic:count:{tag}:{field}", 1, count))
+            templates.append(Template(f"generic:count:{tag}:{field}", 1, _count_template(server, collection, field)))
+        for field in lists:
+            def more(rng, c=collection, field=field):
+                a, b = rng.sample(c.named, 2)
+                if len(a[field]) == len(b[field]):
+                    return None
+                winner = a if len(a[field]) > len(b[field]) else b
+                return Draft("generic", "", f"Which has more {phrase(field)}: {ref(c, a)} or {ref(c, b)}? Answer with "
+                             f"its {named(c)}.", [read_call(server, c)],
+                             Pick(1, lambda _t, _d, name=winner[c.name_field]: name))
+            templates.append(Template(f"generic:more:{tag}:{field}", 1, more))
+
+            def how_many(rng, c=collection, field=field):
+                item = rng.choice(c.named)
+                spec = select(c, 1, item, field).spec
+                return Draft("generic", "", f"How many {phrase(field)} does {ref(c, item)} have?", [read_call(server, c)],
+                             Pick(1, lambda text, _d, spec=spec: len(pick_value(spec, text))))
+            templates.append(Template(f"generic:how_many:{tag}:{field}", 1, how_many))
         for field in numeric + dates:
             def extreme(rng, c=collection, field=field, is_date=field in dates):
                 high = rng.random() < 0.5
@@ -172,6 +194,25 @@ def read_templates(family: GenericFamily) -> list[Template]:
                          Pick.of(Picked(step=2, field=f"{where}.{field}" if where else field), f"the {field}"))
         templates.append(Template(f"generic:search>read:{tool}", 2, search_then_read))
 
+        for act in family.write_tools:
+            if act.creates or act.collection is None or act.ref_field is None:
+                continue
+
+            def search_then_act(rng, tool=tool, param=param, act=act):
+                word, expected = family.search_word(tool, param, rng)
+                if word is None or expected[0] is not act.collection:
+                    return None
+                c, item = expected
+                search_c = family.search_collection(tool, c)
+                call, change = family.act_call(act, rng, Pick.of(select(search_c, 1, item, act.ref_field).spec))
+                if call is None:
+                    return None
+                thing = f"the {c.noun} that mentions {quoted(word)}"
+                return Draft("generic", "", f"Find {thing}, then " + family.act_request(act, "it", change, rng, lower=True),
+                             [Call(server, tool, {param: word}), call],
+                             checks=[Check(x) for x in family.checks_of(item.get(c.name_field))])
+            templates.append(Template(f"generic:search>act:{tool}>{act.tool}", 2, search_then_act))
+
         def search_count(rng, tool=tool, param=param):
             counts = family.search_counts(tool, param)
             if not counts:
@@ -228,6 +269,20 @@ def _filtered_counts(family: GenericFamily, c: Collection) -> list[Template]:
 def _scalars(data: dict) -> list[str]:
     return [k for k, v in data.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
             and str(v).strip() and len(str(v)) <= 80]
+
+
+def _repeated(c: Collection, fields: list[str]) -> list[str]:
+    """Short text fields whose values repeat (a status, a kind, a link's end): what to count by."""
+    return [f for f in fields if all(isinstance(i.get(f), str) and len(i[f]) <= 40 for i in c.items)
+            and len({i[f] for i in c.items}) < len(c.items)]
+
+
+def _count_template(server: str, c: Collection, field: str):
+    def count(rng):
+        value = rng.choice(sorted({i[field] for i in c.items}))
+        return Draft("generic", "", f"How many {plural(c.noun)} have the {phrase(field)} {quoted(value)}?",
+                     [read_call(server, c)], Pick(1, _counter(c, field, value)))
+    return count
 
 
 def _counter(c: Collection, field: str, value: Any):

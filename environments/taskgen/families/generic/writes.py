@@ -73,7 +73,11 @@ def fill(name: str, schema: dict, rng: random.Random, pool: dict, fresh: bool = 
         seen = [v for key, values in pool.items() if words(key)[-1:] == [last] for v in values if isinstance(v, str)]
         people = sum(bool(re.fullmatch(r"[A-Z][a-z]+ [A-Z][a-z]+", v)) for v in seen)
         return rng.choice(FRESH_NAMES if seen and people > len(seen) / 2 else NEW_TITLES)
-    return schema_value(name, schema, rng, pool, fresh=fresh and last in ("name", "title", "label", "key", "path"))
+    # A new thing inside an array or object gets a new name there (schema_value keeps the other
+    # fields of the object to values the state holds).
+    nested = kind in ("array", "object")
+    return schema_value(name, schema, rng, pool,
+                        fresh=fresh and (nested or last in ("name", "title", "label", "key", "path")))
 
 
 def _said(args: dict[str, Any], but: tuple[str, ...] = ()) -> str:
