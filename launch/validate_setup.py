@@ -145,6 +145,10 @@ async def _check_servers(config: RunConfig, report: Report, tasks: list | None, 
                 by_server.setdefault(spec.server, []).append(spec.name)
             for name, tools_ in by_server.items():
                 report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
+            for spec in specs:
+                if spec.schema_problem:
+                    print(f"  [--] server {spec.server}: tool {spec.tool}'s arguments are not checked "
+                          f"here ({spec.schema_problem}); the server judges them")
             refused = tools.refused_tools()
             for tool in refused:
                 print(f"  [--] server {tool.server}: tool {tool.tool} left out ({tool.reason})")
