@@ -47,7 +47,7 @@ from environments.tau2.data import load_tau2_tasks
 from environments.tau2.gold import server_config as tau2_server_config
 from environments.tau2.scoring import summarize as summarize_tau2
 from grpo.collect.collector import TrajectoryCollector
-from grpo.config import ConfigError, RunConfig, load_config
+from grpo.config import ConfigError, RunConfig, load_config, name_problem
 from grpo.models.devices import resolve_device
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
@@ -177,6 +177,9 @@ def main(argv=None) -> int:
                         help="with --env bfcl or tau2: the declared held-out tasks (eval), train, or all")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    if name_problem(args.name):  # the transcripts land in <run_dir>/eval/<name>.jsonl
+        print(f"evaluate: --name {args.name!r} {name_problem(args.name)}", file=sys.stderr)
+        return 2
     overrides = list(args.overrides)
     if args.model:
         overrides.append(f"model.name_or_path={args.model}")

@@ -1,6 +1,7 @@
 """Check a run's setup without training: `python -m launch.validate_setup --config X.yaml`.
 
-Dependencies, device and rollout engine, model resolvable, dataset validates, the API keys that
+Dependencies, device and rollout engine, model resolvable, one step's worst-case memory fits what
+is available (grpo/train/step_memory.py), dataset validates, the API keys that
 configured servers need are set (never printed), every MCP server starts and lists its tools (and
 the tools its allow/deny lists leave out), every tool and server the tasks name is one those servers
 offer (none configured fails where the tasks' environment calls tools), and every task's opening
@@ -50,10 +51,12 @@ def setup_problem(exc: BaseException) -> str | None:
     from environments.tasks.tool_references import NoToolServers
     from grpo.collect.prompt_budget import PromptBudgetError
     from grpo.models.source import ModelSourceError
+    from grpo.train.step_memory import StepMemoryError
     from tools.connection import ToolServerStartError
 
     parts = ((NoToolServers, "MCP servers"), (TaskDataError, "dataset"), (ToolServerStartError, "MCP servers"),
-             (ModelSourceError, "model"), (DeviceUnavailable, "device/engine"), (PromptBudgetError, "prompt budget"))
+             (ModelSourceError, "model"), (DeviceUnavailable, "device/engine"), (PromptBudgetError, "prompt budget"),
+             (StepMemoryError, "step memory"))
     return next((f"{part}: {exc}" for kind, part in parts if isinstance(exc, kind)), None)
 
 
@@ -67,6 +70,7 @@ async def validate(config: RunConfig) -> Report:
         print(f"  [{'ok' if found else '--'}] optional package {name} ({purpose})")
     _check_device(config, report)
     tokenizer = _check_model(config, report)
+    _check_step_memory(config, report, tokenizer is not None)
     tasks = _check_dataset(config, report)
     _check_required_env(config, report)
     await _check_servers(config, report, tasks, tokenizer)
@@ -82,6 +86,23 @@ def _check_device(config: RunConfig, report: Report) -> None:
         report.add(True, f"rollout engine {engine} ({why})")
     except (DeviceUnavailable, ValueError) as exc:
         report.add(False, setup_problem(exc) or f"device/engine: {exc}")
+
+
+def _check_step_memory(config: RunConfig, report: Report, model_found: bool) -> None:
+    """The worst case of one step against the memory available (grpo/train/step_memory.py)."""
+    from grpo.train.step_memory import StepMemoryError, check_step_memory, model_shape
+
+    if not model_found:
+        print("  [--] step memory not estimated (the model failed above)")
+        return
+    try:
+        device, _ = resolve_device(config.device)
+        engine, _ = choose_engine(config.rollout.engine, device)
+        report.add(True, f"step memory: {check_step_memory(config, model_shape(config.model), device, engine)}")
+    except StepMemoryError as exc:
+        report.add(False, setup_problem(exc))
+    except (DeviceUnavailable, ValueError) as exc:
+        print(f"  [--] step memory not estimated ({exc})")
 
 
 # Each check imports what it checks after the package checks above, so that a missing dependency
