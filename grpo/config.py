@@ -33,6 +33,7 @@ from grpo.rollout.config import RolloutConfig
 from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
+from tools.secrets import mask_value
 
 
 class RunConfig(Section):
@@ -79,13 +80,15 @@ class RunConfig(Section):
         return Path(self.output_dir) / self.run_name
 
     def dump_masked(self) -> dict[str, Any]:
-        """The resolved config as plain data, with every secret value replaced by '***'."""
+        """The resolved config as plain data, with every secret value replaced by '***': server
+        env values and headers whole, and anything else the secrets rule catches (a key in a
+        server's args, a password in a URL; tools/secrets.py)."""
         data = self.model_dump(mode="json")
         for server in data.get("tools", {}).get("servers", {}).values():
             for key in ("env", "headers"):
                 if server.get(key):
                     server[key] = {k: "***" for k in server[key]}
-        return data
+        return mask_value(data)[0]
 
 
 def name_problem(name: str) -> str | None:
@@ -194,7 +197,7 @@ UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, 
 
 def load_yaml(text: str) -> Any:
     """YAML text as data, refusing duplicate keys (DuplicateKey); every config YAML reads here."""
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: safe
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -57,6 +57,7 @@ from launch.interrupt import stops_cleanly_on_interrupt
 from launch.validate_setup import setup_problem
 from tools.config import MCPServerConfig
 from tools.manager import SharedToolManager
+from tools.secrets import mask_value
 from tools.servers.tau2_domains import DOMAINS as TAU2_DOMAINS
 from tools.servers.tau2_domains import Tau2Unavailable
 
@@ -101,7 +102,7 @@ async def evaluate_benchmark(collector, tasks: list, benchmark: str, *, k: int, 
     metrics.update({f"eval/{key}": value for key, value in scores.items()})
     lines = []
     for traj, record in zip(result.trajectories, transcript_records(result.trajectories)):
-        record[benchmark] = (traj.metadata.get("info") or {}).get(benchmark)
+        record[benchmark] = mask_value((traj.metadata.get("info") or {}).get(benchmark))[0]
         lines.append(json.dumps(record, default=str) + "\n")
     transcripts_path.parent.mkdir(parents=True, exist_ok=True)
     transcripts_path.write_text("".join(lines))

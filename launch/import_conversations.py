@@ -24,6 +24,7 @@ from environments.taskgen.conversations import import_conversations
 from grpo.config import ConfigError, load_config
 from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
+from tools.secrets import mask_text, mask_value
 
 
 def read_chats(path: Path) -> list:
@@ -51,6 +52,9 @@ async def _run(args: argparse.Namespace) -> int:
         kept, rejected = await import_conversations(tools, items, allow=args.allow_tool)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # Everything written or printed passes the one secrets rule again (tools/secrets.py): what
+    # import masked already stays as it is, and nothing it missed reaches a file.
+    kept, rejected = mask_value(kept)[0], mask_value(rejected)[0]
     out.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
     report = out.with_name(out.name.removesuffix(".jsonl") + ".report.json")
     report.write_text(json.dumps({"kept": len(kept), "kept_out": rejected}, indent=1) + "\n", encoding="utf-8")
@@ -73,7 +77,7 @@ def main(argv=None) -> int:
     try:
         return asyncio.run(_run(args))
     except (ConfigError, ToolServerStartError, ValueError, OSError) as exc:
-        print(f"import_conversations: {exc}", file=sys.stderr)
+        print(f"import_conversations: {mask_text(str(exc))}", file=sys.stderr)
         return 2
 
 

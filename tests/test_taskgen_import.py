@@ -83,3 +83,36 @@ def test_import_keeps_verified_conversations_and_names_the_rest(tmp_path, capsys
     assert "kept out: conversation 2:" in printed and "2 of 6 conversations verified" in printed
     for path in (out, tmp_path / "imported.report.json"):
         assert SECRET not in path.read_text() and TOKEN not in path.read_text()
+
+
+HF_TOKEN = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz123456"
+PEM = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----"
+SECRET_CHATS = [
+    _chat(f"Connect with postgres://admin:hunter22@db.local/app and {HF_TOKEN}. What is 3 * 3?",
+          [("calculate", {"expression": "3 * 3"}, "9")], "It is 9."),
+    _chat("Keep my key.", [("put", {"key": "pem", "value": PEM}, "stored 'pem'")], "Kept."),
+    _chat("What is 2 + 2?", [("calculate", {"expression": "2 + 2"}, f"5 (billed to {SECRET})")], "5"),
+]
+
+
+def test_import_writes_and_prints_no_secret_in_clear(tmp_path, capsys):
+    config = tmp_path / "tools.yaml"
+    config.write_text(yaml.safe_dump({"tools": {"servers": {
+        "calculator": {"command": "python", "args": ["-m", "tools.servers.calculator"], "cwd": str(REPO)},
+        "kv": {"command": "python", "args": ["-m", "tools.servers.kv"], "cwd": str(REPO)}}}}))
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps(c) + "\n" for c in SECRET_CHATS))
+    out = tmp_path / "imported.jsonl"
+    assert import_conversations.main(["--config", str(config), "--chats", str(chats), "--out", str(out)]) == 0
+    first, second = (json.loads(line) for line in out.read_text().splitlines())
+    assert first["prompt"][0]["content"] == "Connect with postgres://admin:***@db.local/app and ***. What is 3 * 3?"
+    assert second["reward_spec"]["ground_truth"]["tool_sequence"][0]["params"]["value"] == (
+        "-----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----")
+    report = (tmp_path / "imported.report.json").read_text()
+    assert json.loads(report)["kept_out"] == [{"index": 2, "reason": (
+        "call 1 calculator.calculate no longer gives the logged result (logged '5 (billed to ***)', now '4')")}]
+    printed = capsys.readouterr().out
+    assert "kept out: conversation 2: call 1 calculator.calculate no longer gives the logged result " \
+           "(logged '5 (billed to ***)', now '4')" in printed
+    for text in (out.read_text(), report, printed):
+        assert not any(secret in text for secret in (SECRET, HF_TOKEN, "hunter22", "MIIEvQIBADAN"))

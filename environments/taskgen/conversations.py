@@ -5,14 +5,14 @@ messages): the first user message is the request, the assistant's calls in order
 A log is kept only when its calls still verify: each is re-executed in a fresh episode on the
 configured servers (within the safety policy: a call generation may not make is not made, and
 the log is kept out) and must succeed with the result the log recorded. A log that fails is
-kept out and named with the reason. Secrets in the logs (API keys, bearer tokens, `api_key=...`)
-are masked before anything is written, in the request, the arguments and the answer.
+kept out and named with the reason. Secrets in the logs (keys, tokens, passwords: the shapes of
+tools/secrets.py) are masked before anything is written, in the request, the arguments, the
+answer and the reasons a log is kept out.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,47 +22,13 @@ from environments.comparisons import normalize_text
 from environments.taskgen.drafts import parse_result
 from environments.taskgen.safety import judge
 from environments.tasks.schema import complexity_for, task_record
+from tools.secrets import MASK, mask_secrets, mask_text, mask_value  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager
 
-MASK = "***"
-SECRETS = (
-    re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"),                          # OpenAI-style keys
-    re.compile(r"\b(?:ghp|gho|ghs|github_pat|xox[abpr])_[A-Za-z0-9_\-]{8,}"),  # GitHub, Slack tokens
-    re.compile(r"\bAKIA[0-9A-Z]{12,}"),                              # AWS access key ids
-    re.compile(r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/\-]{8,}=*"),
-    re.compile(r"(?i)(\b(?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd)\b[\"']?\s*[:=]\s*[\"']?)"
-               r"[^\s\"',;&]{4,}"),
-)
-"""What counts as a secret: a key-shaped string, or the value after `api_key=`, `token:`, ..."""
-
-
-def mask_secrets(text: str) -> tuple[str, int]:
-    """`text` with every secret replaced by `***` (a prefix such as `Bearer ` kept); the count."""
-    count = 0
-    for pattern in SECRETS:
-        def repl(match: re.Match) -> str:
-            nonlocal count
-            count += 1
-            return (match.group(1) if match.re.groups else "") + MASK
-        text = pattern.sub(repl, text)
-    return text, count
-
-
-def _mask_value(value: Any) -> tuple[Any, int]:
-    if isinstance(value, str):
-        return mask_secrets(value)
-    if isinstance(value, dict):
-        out, total = {}, 0
-        for key, item in value.items():
-            out[key], n = _mask_value(item)
-            total += n
-        return out, total
-    if isinstance(value, list):
-        items = [_mask_value(item) for item in value]
-        return [i for i, _ in items], sum(n for _, n in items)
-    return value, 0
+# The one rule for secrets (tools/secrets.py); `mask_secrets` stays importable from here.
+_mask_value = mask_value
 
 
 @dataclass
@@ -126,7 +92,8 @@ async def import_conversations(tools: SharedToolManager, items: Iterable[Any], a
             conversation = parse_conversation(item)
             record = await _verify(tools, conversation, by_name, allow, timeout, index)
         except (ConversationError, _NotVerified) as exc:
-            rejected.append({"index": index, "reason": str(exc)})
+            # A reason may quote the log (a logged result, an argument): masked like the rest.
+            rejected.append({"index": index, "reason": mask_text(str(exc))})
             continue
         kept.append(record)
     return kept, rejected
