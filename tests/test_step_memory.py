@@ -9,9 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import grpo.train.step_memory as step_memory
 from grpo.config import ConfigError, RunConfig, load_config
-from grpo.train.step_memory import ModelShape, StepMemoryError, check_step_memory, estimate_step_memory
+from grpo.train import step_memory
+from grpo.train.step_memory import (
+    ModelShape,
+    StepMemoryError,
+    check_step_memory,
+    estimate_step_memory,
+)
 from launch.train import main as train_main
 
 GiB = 2**30
@@ -102,9 +107,9 @@ def test_running_out_of_memory_anyway_stops_with_one_line(tmp_path, capsys, monk
     err = capsys.readouterr().err
     assert rc == 1
     assert err.splitlines() == [
-        "training stopped: out of memory; lower train.tasks_per_step, algorithm.group_size, "
+        ("training stopped: out of memory; lower train.tasks_per_step, algorithm.group_size, "
         "rollout.max_total_tokens or algorithm.optimizer.micro_batch_size (`--dry-run` estimates a "
-        "step's memory)",
+        "step's memory)"),
         f"details: {tmp_path / 'smoke' / 'training.log'}",
     ]
     assert "MemoryError" in (tmp_path / "smoke" / "training.log").read_text()

@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from servers.leaks import no_leftover_server_processes  # noqa: F401 - session-level leak check
@@ -94,7 +95,7 @@ def test_the_warning_names_the_server_the_tool_and_the_problem(caplog):
 
     class Listed:
         name, description, annotations = "loop", "", None
-        input_schema = {"properties": {"x": {"$ref": "#"}}, "$ref": "#"}
+        input_schema: ClassVar[dict] = {"properties": {"x": {"$ref": "#"}}, "$ref": "#"}
 
     class Connection:
         name, tools = "srv", [Listed()]
@@ -102,8 +103,8 @@ def test_the_warning_names_the_server_the_tool_and_the_problem(caplog):
     with caplog.at_level(logging.WARNING, logger="tools.specs"):
         name_tools([Connection()])
     assert [r.getMessage() for r in caplog.records] == [
-        "server 'srv' tool 'loop': its arguments go to the server unchecked: "
-        "a $ref loop at '#' applies the schema to the same value forever"
+        ("server 'srv' tool 'loop': its arguments go to the server unchecked: "
+        "a $ref loop at '#' applies the schema to the same value forever")
     ]
 
 
@@ -131,12 +132,12 @@ async def test_every_call_returns_at_once_and_the_loop_keeps_running(manager, li
     assert outcome == {
         "remote": unchecked, "dev_zero": unchecked, "relative": unchecked, "loop": unchecked,
         "all_of_loop": unchecked, "deep_chain": unchecked,
-        "short_chain": ("invalid_arguments", "invalid arguments for short_chain: x: 's' is not of "
-                        "type 'integer'. Expected arguments: {\"x\": any (required)}"),
-        "by_id": ("invalid_arguments", "invalid arguments for by_id: x: 's' is not of type "
-                  "'integer'. Expected arguments: {\"x\": any (required)}"),
-        "tree": ("invalid_arguments", "invalid arguments for tree: x: 's' is not of type "
-                 "'object'. Expected arguments: {\"x\": any (required)}"),
+        "short_chain": ("invalid_arguments", ("invalid arguments for short_chain: x: 's' is not of "
+                        "type 'integer'. Expected arguments: {\"x\": any (required)}")),
+        "by_id": ("invalid_arguments", ("invalid arguments for by_id: x: 's' is not of type "
+                  "'integer'. Expected arguments: {\"x\": any (required)}")),
+        "tree": ("invalid_arguments", ("invalid arguments for tree: x: 's' is not of type "
+                 "'object'. Expected arguments: {\"x\": any (required)}")),
     }
     assert elapsed < 5.0, f"nine calls took {elapsed:.1f} s"
     assert max(gaps) < 1.0, f"the event loop stalled {max(gaps):.2f} s"

@@ -254,8 +254,8 @@ INVALID_ANSWERS = {
     "positive log-prob": (_json(_completion([5, 6], [-0.1, 0.5])),
                           "the log-prob of token 1 is 0.5, above 0 (a probability over 1)"),
     "garbage JSON": (httpx.Response(200, content=b"{choices: [", headers={"content-type": "application/json"}),
-                     "the answer is not JSON (Expecting property name enclosed in double quotes: line 1 "
-                     "column 2 (char 1)): '{choices: ['"),
+                     ("the answer is not JSON (Expecting property name enclosed in double quotes: line 1 "
+                     "column 2 (char 1)): '{choices: ['")),
     "no choices": (_json({"object": "error"}), "`choices` is missing (null), not a list of one choice"),
     "choices an object": (_json({"choices": {"token_ids": [5]}}), "`choices` is an object of 1, not a list of one choice"),
     "a token id as text": (_json(_completion(["5"], [-0.1])), "token 0 is '5', not an integer id"),

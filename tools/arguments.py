@@ -130,7 +130,7 @@ class ToolArguments:
             return validator_class(self.schema, registry=local_registry(self.schema))
         except jsonschema.SchemaError as exc:
             self.schema_problem = f"not a valid JSON schema: {exc.message}"
-        except Exception as exc:  # whatever else a hostile schema trips (RecursionError, ...)
+        except Exception as exc:  # noqa: BLE001 - whatever else a hostile schema trips (RecursionError, ...)
             self.schema_problem = f"the schema cannot be used: {type(exc).__name__}: {exc}"
         return None
 
@@ -164,7 +164,7 @@ class ToolArguments:
         except RecursionError:
             message = (f"invalid arguments for {self.tool_name}: nested too deeply to check against "
                        f"the tool's schema. Expected arguments: {self.signature}")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a failure inside jsonschema is the schema's, not the caller's
             message = (f"invalid arguments for {self.tool_name}: they could not be checked against "
                        f"the tool's schema ({type(exc).__name__}: {exc}). "
                        f"Expected arguments: {self.signature}")

@@ -64,7 +64,7 @@ def schema_problem(schema: Any) -> str | None:
         specification = _specification(schema)
         registry = META_SCHEMAS.combine(local_registry(schema))
         resolver = registry.resolver_with_root(specification.create_resource(schema))
-    except Exception as exc:  # an `$id` that referencing cannot take
+    except Exception as exc:  # noqa: BLE001 - an `$id` that referencing cannot take
         return f"the schema's ids cannot be read: {type(exc).__name__}: {exc}"
     try:
         _Walk(specification).run(schema, resolver)
@@ -185,7 +185,7 @@ def _lookup(resolver, keyword: str, ref: Any, where: str):
     except Unresolvable:
         raise _Refused(f"{keyword} {_shown(ref)} at {where} does not resolve inside the schema "
                        "(references are never fetched)") from None
-    except Exception as exc:  # a malformed pointer or address
+    except Exception as exc:  # noqa: BLE001 - a malformed pointer or address
         raise _Refused(f"{keyword} {_shown(ref)} at {where} cannot be read: {exc}") from None
 
 
