@@ -43,8 +43,8 @@ SHAPES = {
                           "postgres://admin:***@db.example.com:5432/app", 1),
     "Slack webhook": ("post to https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXX now",
                       "post to https://hooks.slack.com/services/*** now", 1),
-    "GitHub": ("ghp_A1b2C3d4E5f6G7h8I9j0 gho_A1b2C3d4E5f6G7h8I9j0 ghs_A1b2C3d4E5f6G7h8I9j0 "
-               "github_pat_11ABCDEFG0123456789_abcdefghij", "*** *** *** ***", 4),
+    "GitHub": (("ghp_A1b2C3d4E5f6G7h8I9j0 gho_A1b2C3d4E5f6G7h8I9j0 ghs_A1b2C3d4E5f6G7h8I9j0 "
+               "github_pat_11ABCDEFG0123456789_abcdefghij"), "*** *** *** ***", 4),
     "Slack token": ("slack xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOp", "slack ***", 1),
     "AWS key id": ("aws AKIAIOSFODNN7EXAMPLE", "aws ***", 1),
     "Bearer": ("Authorization: Bearer abc.def-123456", "Authorization: Bearer ***", 1),
@@ -89,7 +89,7 @@ def test_values_are_masked_inside_nested_data_and_the_rest_kept():
     deep: list = ["sk-4f8a9c2b7d1e6f30a1b2"]
     for _ in range(5000):
         deep = [deep]
-    masked, count = mask_value(deep)
+    _masked, count = mask_value(deep)
     assert count == 1
 
 
@@ -151,8 +151,8 @@ def test_training_log_lines_are_masked(tmp_path):
 
 def test_the_saved_config_masks_env_headers_and_secrets_elsewhere(tmp_path):
     config = load_config(None, [
-        "tools.servers.search={command: search-server, args: [--api-key, sk-proj-4f8a9c2b7d1e6f30], "
-        "env: {REGION: eu}}",
+        ("tools.servers.search={command: search-server, args: [--api-key, sk-proj-4f8a9c2b7d1e6f30], "
+        "env: {REGION: eu}}"),
         "tools.servers.db={transport: http, url: 'https://admin:hunter22@db.example.com/mcp', headers: {X-Trace: 'yes'}}",
     ])
     save_config(config, tmp_path / "config.yaml")
