@@ -45,7 +45,7 @@ def main(argv=None) -> int:
         print(exc, file=sys.stderr)
         return 2
     if args.dry_run:
-        report = asyncio.run(validate(config))
+        report = asyncio.run(validate(config, servers_only=False))  # a run uses every default it does not set
         return 0 if report.ok else 1
 
     try:

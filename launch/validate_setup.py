@@ -6,6 +6,11 @@ configured servers need are set (never printed), every MCP server starts and lis
 the tools its allow/deny lists leave out), every tool and server the tasks name is one those servers
 offer (none configured fails where the tasks' environment calls tools), and every task's opening
 prompt leaves room for a turn within `rollout.max_total_tokens` (the prompt budget).
+
+A config that sets only `tools:` (a servers file) is checked for what it names: packages, device,
+the servers' environment variables and the servers themselves; the model, dataset and what
+depends on them are skipped with a line saying so (the defaults are not what such a file chose).
+`launch.train --dry-run` always checks everything: a run uses the defaults it does not set.
 """
 
 from __future__ import annotations
@@ -60,7 +65,22 @@ def setup_problem(exc: BaseException) -> str | None:
     return next((f"{part}: {exc}" for kind, part in parts if isinstance(exc, kind)), None)
 
 
-async def validate(config: RunConfig) -> Report:
+_RUN_SECTIONS = frozenset(RunConfig.model_fields) - {"tools", "run_name", "output_dir", "seed", "threads"}
+"""What a config sets besides its tools when it describes a run (model, data, training, ...)."""
+
+
+def tools_only(config: RunConfig) -> bool:
+    """The config sets nothing a run needs but `tools:` (a file of servers, such as
+    configs/mcp_servers.yaml's kind): validating it checks its servers, not the default model and
+    calculator tasks it never chose."""
+    return not (config.model_fields_set & _RUN_SECTIONS)
+
+
+async def validate(config: RunConfig, servers_only: bool | None = None) -> Report:
+    """Check the setup; `servers_only` (default: `tools_only(config)`) checks packages, device,
+    the servers' environment variables and the servers themselves, and says what it skipped.
+    `launch.train --dry-run` passes False: a run uses the defaults it does not set."""
+    servers_only = tools_only(config) if servers_only is None else servers_only
     report = Report()
     print(f"validating run {config.run_name!r}")
     for name in _REQUIRED:
@@ -69,6 +89,13 @@ async def validate(config: RunConfig) -> Report:
         found = importlib.util.find_spec(name) is not None
         print(f"  [{'ok' if found else '--'}] optional package {name} ({purpose})")
     _check_device(config, report)
+    if servers_only:
+        print("  [--] model, step memory, dataset, tool references and prompt budget not checked: the "
+              "config sets only `tools:` (the run config that uses these servers names the rest)")
+        _check_required_env(config, report)
+        await _check_servers(config, report, None, None, skipped="the config sets no dataset")
+        print("setup OK" if report.ok else "setup has problems (see FAIL lines)")
+        return report
     tokenizer = _check_model(config, report)
     _check_step_memory(config, report, tokenizer is not None)
     tasks = _check_dataset(config, report)
@@ -147,7 +174,8 @@ def _check_required_env(config: RunConfig, report: Report) -> None:
             report.add(True, f"server {name}: required environment variables are set")
 
 
-async def _check_servers(config: RunConfig, report: Report, tasks: list | None, tokenizer) -> None:
+async def _check_servers(config: RunConfig, report: Report, tasks: list | None, tokenizer,
+                         skipped: str = "the dataset failed above") -> None:
     """Start every server and list its tools; while they run, check the tasks' tool references
     and the prompt budget (its worked examples may call the servers)."""
     from tools.manager import SharedToolManager, ToolServerStartError
@@ -174,7 +202,7 @@ async def _check_servers(config: RunConfig, report: Report, tasks: list | None, 
             for tool in refused:
                 print(f"  [--] server {tool.server}: tool {tool.tool} left out ({tool.reason})")
             if tasks is None:
-                print("  [--] tool references and prompt budget not checked (the dataset failed above)")
+                print(f"  [--] tool references and prompt budget not checked ({skipped})")
             elif _check_tool_references(config, tasks, specs, report, refused) and tokenizer is not None:
                 await _check_prompt_budget(report, config, tasks, tools, tokenizer)
         print(f"  servers started and stopped in {time.time() - t0:.1f} s")
