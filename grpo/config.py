@@ -33,6 +33,7 @@ from grpo.rollout.config import RolloutConfig
 from grpo.sections import Section
 from grpo.train.config import LoggingConfig, TrainConfig
 from tools.config import ToolsConfig
+from tools.secrets import mask_value
 
 
 class RunConfig(Section):
@@ -69,8 +70,9 @@ class RunConfig(Section):
             raise ValueError("rollout.engine=vllm runs on device cuda or cpu (vLLM has no MPS build), not mps")
         if self.rollout.engine == "vllm_server" and not self.rollout.vllm_server.urls:
             raise ValueError("rollout.engine=vllm_server needs rollout.vllm_server.urls (the servers' base URLs)")
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.run_name):
-            raise ValueError(f"run_name {self.run_name!r} may hold only letters, digits, '.', '_', '-'")
+        problem = name_problem(self.run_name)
+        if problem:
+            raise ValueError(f"run_name {self.run_name!r} {problem}")
         return self
 
     @property
@@ -78,13 +80,26 @@ class RunConfig(Section):
         return Path(self.output_dir) / self.run_name
 
     def dump_masked(self) -> dict[str, Any]:
-        """The resolved config as plain data, with every secret value replaced by '***'."""
+        """The resolved config as plain data, with every secret value replaced by '***': server
+        env values and headers whole, and anything else the secrets rule catches (a key in a
+        server's args, a password in a URL; tools/secrets.py)."""
         data = self.model_dump(mode="json")
         for server in data.get("tools", {}).get("servers", {}).values():
             for key in ("env", "headers"):
                 if server.get(key):
                     server[key] = {k: "***" for k in server[key]}
-        return data
+        return mask_value(data)[0]
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be one path segment inside a run's directory (a run name, a transcript
+    name): only letters, digits, '.', '_', '-', and not `.` or `..`, so that no name reaches a
+    parent, an absolute path or another directory. None when it can."""
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        return "may hold only letters, digits, '.', '_', '-' (it names one directory or file, never a path)"
+    if set(name) == {"."}:
+        return "would name the directory itself or its parent, not one inside it"
+    return None
 
 
 _BACKEND_MOVED = (
@@ -147,6 +162,44 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the field and the problem."""
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A mapping in YAML that holds one key twice (YAML itself would keep the last silently)."""
+
+    def __init__(self, key: Any, first_line: int, line: int):
+        super().__init__(f"key {key!r} appears twice in one mapping (lines {first_line} and {line}); "
+                         "remove one")
+        self.key, self.first_line, self.line = key, first_line, line
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that raises DuplicateKey for a key given twice in one mapping: a config
+    that sets `group_size` twice means one of them, and silently taking the last hides which."""
+
+
+def _construct_unique_mapping(loader: UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *base` then overriding a key of base is what merge keys are for
+        key, line = loader.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+        try:
+            duplicate = key in seen
+        except TypeError:  # an unhashable key: construct_mapping names it
+            continue
+        if duplicate:
+            raise DuplicateKey(key, seen[key], line)
+        seen[key] = line
+    return loader.construct_mapping(node, deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as data, refusing duplicate keys (DuplicateKey); every config YAML reads here."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: safe
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`algorithm.kl_coef=0.05` -> (['algorithm', 'kl_coef'], 0.05); values parse as YAML."""
     if "=" not in text:
@@ -156,7 +209,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"override {text!r} has an empty key part")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from None
     return parts, value
@@ -304,7 +357,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = load_yaml(path.read_text())
+        except DuplicateKey as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):

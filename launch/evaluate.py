@@ -53,7 +53,7 @@ from environments.tau2.data import load_tau2_tasks
 from environments.tau2.gold import server_config as tau2_server_config
 from environments.tau2.scoring import summarize as summarize_tau2
 from grpo.collect.collector import TrajectoryCollector
-from grpo.config import ConfigError, RunConfig, load_config
+from grpo.config import ConfigError, RunConfig, load_config, name_problem
 from grpo.models.devices import resolve_device
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import load_tokenizer
@@ -65,6 +65,7 @@ from launch.interrupt import stops_cleanly_on_interrupt
 from launch.validate_setup import setup_problem
 from tools.config import MCPServerConfig
 from tools.manager import SharedToolManager
+from tools.secrets import mask_value
 from tools.servers.tau2_domains import DOMAINS as TAU2_DOMAINS
 from tools.servers.tau2_domains import Tau2Unavailable
 
@@ -109,7 +110,7 @@ async def evaluate_benchmark(collector, tasks: list, benchmark: str, *, k: int, 
     metrics.update({f"eval/{key}": value for key, value in scores.items()})
     lines = []
     for traj, record in zip(result.trajectories, transcript_records(result.trajectories)):
-        record[benchmark] = (traj.metadata.get("info") or {}).get(benchmark)
+        record[benchmark] = mask_value((traj.metadata.get("info") or {}).get(benchmark))[0]
         lines.append(json.dumps(record, default=str) + "\n")
     transcripts_path.parent.mkdir(parents=True, exist_ok=True)
     transcripts_path.write_text("".join(lines))
@@ -215,6 +216,9 @@ def main(argv=None) -> int:
                         help="with --env bfcl or tau2: the declared held-out tasks (eval), train, or all")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
+    if name_problem(args.name):  # the transcripts land in <run_dir>/eval/<name>.jsonl
+        print(f"evaluate: --name {args.name!r} {name_problem(args.name)}", file=sys.stderr)
+        return 2
     overrides = list(args.overrides)
     if args.model:
         overrides.append(f"model.name_or_path={args.model}")

@@ -37,6 +37,7 @@ from environments.taskgen.writer import TaskWriter
 from grpo.config import ConfigError, load_config
 from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
+from tools.secrets import mask_text, mask_value
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,7 +76,8 @@ def _paths(out: Path) -> tuple[Path, Path, Path]:
             stem.with_name(stem.name + ".progress.jsonl"))
 
 
-def print_report(report: dict, out=sys.stdout) -> None:
+def print_report(report: dict, out=None) -> None:
+    out = out or sys.stdout  # looked up now: a default bound at import missed a redirected stdout
     for server, row in report["servers"].items():
         print(f"{server:12s} {row['family']:10s} templates {row['templates']:3d}  tasks {row['tasks']:5d}  "
               f"multi-call {100 * row['multi_call_share']:5.1f}%" + (f"  ({row['problem']})" if row.get("problem") else ""),
@@ -119,15 +121,17 @@ async def _run(args: argparse.Namespace) -> int:
             novel_fraction=args.novel_fraction, eval_tasks=args.eval_tasks, novel_tasks=args.novel_tasks,
             examples=args.examples, allow=args.allow_tool, progress=progress, writer=writer,
             writer_tasks=args.writer_tasks if writer else 0, writer_rewrites=args.writer_rewrites, later=later)
-    records = outcome.records
+    # Everything written or printed passes the one secrets rule (tools/secrets.py): requests,
+    # logged results and rejection reasons may quote what a server returned.
+    records, report = mask_value(outcome.records)[0], mask_value(outcome.report)[0]
     train = [r for r in records if r["extra_info"]["split"] == "train"]
     heldout = [r for r in records if r["extra_info"]["split"] != "train"]
     out.write_text("".join(json.dumps(r) + "\n" for r in train), encoding="utf-8")
     heldout_path.write_text("".join(json.dumps(r) + "\n" for r in heldout), encoding="utf-8")
-    report_path.write_text(json.dumps(outcome.report, indent=1) + "\n", encoding="utf-8")
+    report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     progress.unlink(missing_ok=True)
     splits = Counter(r["extra_info"]["split"] for r in records)
-    print_report(outcome.report)
+    print_report(report)
     print(f"{len(records)} tasks in {time.time() - started:.1f} s: train {splits['train']}, eval {splits['eval']}, "
           f"novel {splits['novel']}")
     print(f"wrote {out}, {heldout_path}, {report_path}")
@@ -140,7 +144,7 @@ def main(argv=None) -> int:
     try:
         return asyncio.run(_run(args))
     except (ConfigError, ChainError, ToolServerStartError, EndpointError) as exc:
-        print(f"generate_tasks: {exc}", file=sys.stderr)
+        print(f"generate_tasks: {mask_text(str(exc))}", file=sys.stderr)
         return 2
 
 

@@ -5,7 +5,8 @@ GRPO. Prints the run directory at the end; `summary.json` there holds success be
 
 A run that cannot start (a bad dataset, a task naming a tool no server offers, a server that
 does not start, a model or device that is not there) or that a health check stops prints what is
-wrong in `--dry-run`'s words, then the log that holds the traceback, and exits 1; a bad config
+wrong in `--dry-run`'s words, then the log that holds the traceback, and exits 1 (so does one
+that runs out of memory, in one line); a bad config
 exits 2. Other exceptions are bugs and keep their traceback. Ctrl-C checkpoints the last finished
 step and exits 130 with one line saying where it stopped and how to resume.
 """
@@ -44,11 +45,22 @@ def main(argv=None) -> int:
         print(exc, file=sys.stderr)
         return 2
     if args.dry_run:
-        report = asyncio.run(validate(config))
+        report = asyncio.run(validate(config, servers_only=False))  # a run uses every default it does not set
         return 0 if report.ok else 1
 
     try:
         summary = GRPOTrainer(config).run()
+    except MemoryError:
+        # One line, not a traceback per episode or step: memory ran out where the estimate at
+        # start (grpo/train/step_memory.py) said it would fit, or in what it does not count.
+        problem = ("training stopped: out of memory; lower train.tasks_per_step, algorithm.group_size, "
+                   "rollout.max_total_tokens or algorithm.optimizer.micro_batch_size "
+                   "(`--dry-run` estimates a step's memory)")
+        print(problem, file=sys.stderr)
+        log_path = _log_traceback(config.run_dir / "training.log", problem)
+        if log_path is not None:
+            print(f"details: {log_path}", file=sys.stderr)
+        return 1
     except Exception as exc:  # only setup and health-check errors are handled; a bug is re-raised
         problem = setup_problem(exc) or (f"training stopped: {exc}" if isinstance(exc, TrainingStopped) else None)
         if problem is None:

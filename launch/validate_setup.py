@@ -1,10 +1,16 @@
 """Check a run's setup without training: `python -m launch.validate_setup --config X.yaml`.
 
-Dependencies, device and rollout engine, model resolvable, dataset validates, the API keys that
+Dependencies, device and rollout engine, model resolvable, one step's worst-case memory fits what
+is available (grpo/train/step_memory.py), dataset validates, the API keys that
 configured servers need are set (never printed), every MCP server starts and lists its tools (and
 the tools its allow/deny lists leave out), every tool and server the tasks name is one those servers
 offer (none configured fails where the tasks' environment calls tools), and every task's opening
 prompt leaves room for a turn within `rollout.max_total_tokens` (the prompt budget).
+
+A config that sets only `tools:` (a servers file) is checked for what it names: packages, device,
+the servers' environment variables and the servers themselves; the model, dataset and what
+depends on them are skipped with a line saying so (the defaults are not what such a file chose).
+`launch.train --dry-run` always checks everything: a run uses the defaults it does not set.
 """
 
 from __future__ import annotations
@@ -50,14 +56,31 @@ def setup_problem(exc: BaseException) -> str | None:
     from environments.tasks.tool_references import NoToolServers
     from grpo.collect.prompt_budget import PromptBudgetError
     from grpo.models.source import ModelSourceError
+    from grpo.train.step_memory import StepMemoryError
     from tools.connection import ToolServerStartError
 
     parts = ((NoToolServers, "MCP servers"), (TaskDataError, "dataset"), (ToolServerStartError, "MCP servers"),
-             (ModelSourceError, "model"), (DeviceUnavailable, "device/engine"), (PromptBudgetError, "prompt budget"))
+             (ModelSourceError, "model"), (DeviceUnavailable, "device/engine"), (PromptBudgetError, "prompt budget"),
+             (StepMemoryError, "step memory"))
     return next((f"{part}: {exc}" for kind, part in parts if isinstance(exc, kind)), None)
 
 
-async def validate(config: RunConfig) -> Report:
+_RUN_SECTIONS = frozenset(RunConfig.model_fields) - {"tools", "run_name", "output_dir", "seed", "threads"}
+"""What a config sets besides its tools when it describes a run (model, data, training, ...)."""
+
+
+def tools_only(config: RunConfig) -> bool:
+    """The config sets nothing a run needs but `tools:` (a file of servers, such as
+    configs/mcp_servers.yaml's kind): validating it checks its servers, not the default model and
+    calculator tasks it never chose."""
+    return not (config.model_fields_set & _RUN_SECTIONS)
+
+
+async def validate(config: RunConfig, servers_only: bool | None = None) -> Report:
+    """Check the setup; `servers_only` (default: `tools_only(config)`) checks packages, device,
+    the servers' environment variables and the servers themselves, and says what it skipped.
+    `launch.train --dry-run` passes False: a run uses the defaults it does not set."""
+    servers_only = tools_only(config) if servers_only is None else servers_only
     report = Report()
     print(f"validating run {config.run_name!r}")
     for name in _REQUIRED:
@@ -66,7 +89,15 @@ async def validate(config: RunConfig) -> Report:
         found = importlib.util.find_spec(name) is not None
         print(f"  [{'ok' if found else '--'}] optional package {name} ({purpose})")
     _check_device(config, report)
+    if servers_only:
+        print("  [--] model, step memory, dataset, tool references and prompt budget not checked: the "
+              "config sets only `tools:` (the run config that uses these servers names the rest)")
+        _check_required_env(config, report)
+        await _check_servers(config, report, None, None, skipped="the config sets no dataset")
+        print("setup OK" if report.ok else "setup has problems (see FAIL lines)")
+        return report
     tokenizer = _check_model(config, report)
+    _check_step_memory(config, report, tokenizer is not None)
     tasks = _check_dataset(config, report)
     _check_required_env(config, report)
     await _check_servers(config, report, tasks, tokenizer)
@@ -82,6 +113,23 @@ def _check_device(config: RunConfig, report: Report) -> None:
         report.add(True, f"rollout engine {engine} ({why})")
     except (DeviceUnavailable, ValueError) as exc:
         report.add(False, setup_problem(exc) or f"device/engine: {exc}")
+
+
+def _check_step_memory(config: RunConfig, report: Report, model_found: bool) -> None:
+    """The worst case of one step against the memory available (grpo/train/step_memory.py)."""
+    from grpo.train.step_memory import StepMemoryError, check_step_memory, model_shape
+
+    if not model_found:
+        print("  [--] step memory not estimated (the model failed above)")
+        return
+    try:
+        device, _ = resolve_device(config.device)
+        engine, _ = choose_engine(config.rollout.engine, device)
+        report.add(True, f"step memory: {check_step_memory(config, model_shape(config.model), device, engine)}")
+    except StepMemoryError as exc:
+        report.add(False, setup_problem(exc))
+    except (DeviceUnavailable, ValueError) as exc:
+        print(f"  [--] step memory not estimated ({exc})")
 
 
 # Each check imports what it checks after the package checks above, so that a missing dependency
@@ -126,7 +174,8 @@ def _check_required_env(config: RunConfig, report: Report) -> None:
             report.add(True, f"server {name}: required environment variables are set")
 
 
-async def _check_servers(config: RunConfig, report: Report, tasks: list | None, tokenizer) -> None:
+async def _check_servers(config: RunConfig, report: Report, tasks: list | None, tokenizer,
+                         skipped: str = "the dataset failed above") -> None:
     """Start every server and list its tools; while they run, check the tasks' tool references
     and the prompt budget (its worked examples may call the servers)."""
     from tools.manager import SharedToolManager, ToolServerStartError
@@ -145,11 +194,15 @@ async def _check_servers(config: RunConfig, report: Report, tasks: list | None, 
                 by_server.setdefault(spec.server, []).append(spec.name)
             for name, tools_ in by_server.items():
                 report.add(True, f"server {name}: {len(tools_)} tools ({', '.join(tools_)})")
+            for spec in specs:
+                if spec.schema_problem:
+                    print(f"  [--] server {spec.server}: tool {spec.tool}'s arguments are not checked "
+                          f"here ({spec.schema_problem}); the server judges them")
             refused = tools.refused_tools()
             for tool in refused:
                 print(f"  [--] server {tool.server}: tool {tool.tool} left out ({tool.reason})")
             if tasks is None:
-                print("  [--] tool references and prompt budget not checked (the dataset failed above)")
+                print(f"  [--] tool references and prompt budget not checked ({skipped})")
             elif _check_tool_references(config, tasks, specs, report, refused) and tokenizer is not None:
                 await _check_prompt_budget(report, config, tasks, tools, tokenizer)
         print(f"  servers started and stopped in {time.time() - t0:.1f} s")

@@ -226,6 +226,25 @@ def test_engine_failure_retries_the_episodes_of_that_batch(
     assert all(t.success for t in result.trajectories)
 
 
+class OutOfMemoryEngine(ScriptedEngine):
+    def generate(self, requests):
+        self.batch_sizes.append(len(requests))
+        raise MemoryError
+
+
+def test_running_out_of_memory_stops_the_collection_without_a_line_per_episode(
+    loop, calculator_tools, tasks, tokenizer, caplog
+):
+    # A MemoryError is the process's, not one episode's: retrying each episode only repeated it,
+    # one log line per episode.
+    engine = OutOfMemoryEngine(tokenizer, tasks, tool_calls_then_answer(1))
+    collector = make_collector(engine, tokenizer, calculator_tools, episode_retries=2)
+    with caplog.at_level(logging.INFO, logger="mcp_grpo"), pytest.raises(MemoryError):
+        loop.run_until_complete(collector.collect(tasks[:2], group_size=4, seed=0))
+    assert engine.batch_sizes == [8]  # one engine call, never retried
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == []
+
+
 def test_cancelled_collection_closes_every_environment(loop, calculator_tools, tasks, tokenizer):
     engine = ScriptedEngine(tokenizer, tasks, tool_calls_then_answer(1), delay_s=0.3)
     factory = CountingFactory(calculator_tools)

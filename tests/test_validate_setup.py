@@ -116,3 +116,25 @@ def test_a_broken_model_folder_is_worded_alike_in_the_dry_run_and_the_real_run(t
         err = capsys.readouterr().err
         assert rc == 1 and err.splitlines()[-2:] == [problem, f"details: {tmp_path / 'out' / 'smoke' / 'training.log'}"]
         assert "Traceback" not in err
+
+
+KV_ONLY = "tools:\n  servers:\n    kv:\n      command: python\n      args: [-m, tools.servers.kv]\n"
+
+
+def test_a_tools_only_config_validates_its_servers_and_says_what_it_skips(tmp_path, capsys):
+    from launch.validate_setup import main as validate_main
+
+    config = tmp_path / "servers.yaml"
+    config.write_text(KV_ONLY)
+    assert validate_main(["--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert ("  [--] model, step memory, dataset, tool references and prompt budget not checked: the config "
+            "sets only `tools:` (the run config that uses these servers names the rest)\n") in out
+    assert "  [ok] server kv: " in out and "FAIL" not in out and out.endswith("setup OK\n")
+    # A run's dry run checks what the run would use: the default calculator tasks need a calculator.
+    assert train_main(["--config", str(config), "--dry-run"]) == 1
+    assert "  [FAIL] dataset: tool references: 320 bad records" in capsys.readouterr().out
+    # A server that does not start fails a tools-only config too.
+    config.write_text(KV_ONLY.replace("tools.servers.kv", "tools.servers.no_such_server"))
+    assert validate_main(["--config", str(config)]) == 1
+    assert "[FAIL] MCP servers: MCP server 'kv' failed to start" in capsys.readouterr().out

@@ -6,6 +6,9 @@ against real servers is tests/test_vllm_servers_real.py."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -30,6 +33,8 @@ class ScriptedServers:
         self.dead: set[str] = set()
         self.stalled: set[str] = set()
         self.refusing: set[str] = set()
+        self.answers: dict[str, httpx.Response] = {}
+        """A fixed answer to every completion request, by server."""
         self.adapters: dict[str, set[str]] = {}
         self.calls: list[tuple[str, str, dict]] = []
 
@@ -46,6 +51,8 @@ class ScriptedServers:
             if body["lora_name"] in loaded and not body.get("load_inplace"):
                 return httpx.Response(400, json={"error": "adapter already loaded"})
             loaded.add(body["lora_name"])
+        if request.url.path == "/v1/completions" and server in self.answers:
+            return self.answers[server]
         if request.url.path == "/v1/completions" and server in self.refusing:
             return httpx.Response(400, json={"error": "prompt too long"})
         if request.url.path == "/v1/completions":
@@ -223,3 +230,138 @@ def test_a_server_that_fails_a_weight_push_is_counted_by_the_next_call(tmp_path)
     assert (engine.last_metrics["server_failures"], engine.last_metrics["live_servers"]) == (1, 1)
     engine.generate(_requests(2))
     assert engine.last_metrics["server_failures"] == 0
+
+
+def _completion(token_ids, logprobs, finish_reason="length") -> dict:
+    return {"choices": [{"token_ids": token_ids, "finish_reason": finish_reason,
+                         "logprobs": {"token_logprobs": logprobs}}]}
+
+
+def _json(answer) -> httpx.Response:
+    return httpx.Response(200, json=answer)
+
+
+INVALID_ANSWERS = {
+    "id past the vocabulary": (_json(_completion([11, 49152], [-0.1, -0.2])),
+                               "token 1 is id 49152, outside the vocabulary [0, 49152)"),
+    "negative id": (_json(_completion([-1], [-0.1])), "token 0 is id -1, outside the vocabulary [0, 49152)"),
+    "more tokens than asked": (_json(_completion([5] * 5000, [-0.1] * 5000)),
+                               "5000 tokens for a request of at most 2 (max_new_tokens)"),
+    "NaN log-prob": (httpx.Response(200, content=b'{"choices": [{"token_ids": [5], "finish_reason": '
+                                                  b'"length", "logprobs": {"token_logprobs": [NaN]}}]}',
+                                    headers={"content-type": "application/json"}),
+                     "the log-prob of token 0 is nan, not a finite number"),
+    "positive log-prob": (_json(_completion([5, 6], [-0.1, 0.5])),
+                          "the log-prob of token 1 is 0.5, above 0 (a probability over 1)"),
+    "garbage JSON": (httpx.Response(200, content=b"{choices: [", headers={"content-type": "application/json"}),
+                     ("the answer is not JSON (Expecting property name enclosed in double quotes: line 1 "
+                     "column 2 (char 1)): '{choices: ['")),
+    "no choices": (_json({"object": "error"}), "`choices` is missing (null), not a list of one choice"),
+    "choices an object": (_json({"choices": {"token_ids": [5]}}), "`choices` is an object of 1, not a list of one choice"),
+    "a token id as text": (_json(_completion(["5"], [-0.1])), "token 0 is '5', not an integer id"),
+    "a token id true": (_json(_completion([True], [-0.1])), "token 0 is True, not an integer id"),
+    "fewer log-probs": (_json(_completion([5, 6], [-0.1])), "2 tokens but 1 log-probs"),
+    "a null log-prob": (_json(_completion([5], [None])), "the log-prob of token 0 is missing (null), not a finite number"),
+    "aborted": (_json(_completion([5], [-0.1], "abort")), "finish_reason 'abort', not 'stop' or 'length'"),
+    "a JSON list": (_json([1, 2]), "the answer is a list of 2, not a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(INVALID_ANSWERS))
+def test_an_invalid_answer_fails_the_server_and_the_request_goes_elsewhere(case, tmp_path, caplog):
+    answer, problem = INVALID_ANSWERS[case]
+    servers = ScriptedServers()
+    engine = _engine(False, servers, tmp_path, retry_after_s=60.0)
+    servers.answers[URLS[0]] = answer
+    with caplog.at_level("WARNING", logger="grpo.rollout.vllm.server"):
+        results = engine.generate(_requests(1))
+    assert [r.token_ids for r in results] == [[11, 12]]  # served by the other server
+    assert (engine.last_metrics["server_failures"], engine.last_metrics["live_servers"]) == (1, 1)
+    assert problem in caplog.text and URLS[0] in caplog.text
+    servers.answers[URLS[1]] = answer
+    engine.servers[0].down_until = 0.0  # both back in service, both answering the same way
+    with pytest.raises(ServerFailure) as failed:
+        engine.generate(_requests(1))
+    assert "no live vLLM server left" in str(failed.value) and problem in str(failed.value)
+
+
+def test_a_log_prob_rounded_just_above_zero_is_taken_as_zero(tmp_path):
+    servers = ScriptedServers()
+    engine = _engine(False, servers, tmp_path)
+    servers.answers.update({url: _json(_completion([5, 6], [3e-5, -0.25], "stop")) for url in URLS})
+    (result,) = engine.generate(_requests(1))
+    assert (result.token_ids, result.behavior_logprobs, result.finish_reason) == ([5, 6], [0.0, -0.25], "stop")
+
+
+class LocalServer:
+    """A real HTTP server on a local port, in a thread: it answers weight pushes with `{}` and
+    completions like ScriptedServers, or, when `drip`, with headers and then one byte of a
+    300-byte body every 0.5 s (2.5 minutes in all: every read comes well within any timeout)."""
+
+    def __init__(self, drip: bool):
+        stopped = self.stopped = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                answer = json.dumps({})
+                if self.path == "/v1/completions":
+                    tokens = [body["prompt"][-1] + 1, body["prompt"][-1] + 2][: body["max_tokens"]]
+                    answer = json.dumps(_completion(tokens, [-t / 100 for t in tokens]))
+                size = 300 if drip and self.path == "/v1/completions" else len(answer)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                if size == len(answer):
+                    self.wfile.write(answer.encode())
+                    return
+                for _ in range(size):
+                    if stopped.wait(0.5):
+                        return
+                    try:
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                    except OSError:  # the client hung up
+                        return
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.stopped.set()
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def test_a_server_dripping_its_answer_fails_at_the_deadline_and_the_request_goes_elsewhere(tmp_path):
+    drip, good = LocalServer(drip=True), LocalServer(drip=False)
+    try:
+        policy, tokenizer = PolicyWithValueHead.from_config(
+            ModelConfig(name_or_path="tiny-random", dtype="float32"), LoraConfig(enabled=False), "cpu", seed=0)
+        settings = VLLMServerConfig(urls=[drip.url, good.url], weights_dir=str(tmp_path / "w"),
+                                    request_timeout_s=2.0, retry_after_s=60.0)
+        engine = VLLMServerEngine(policy, tokenizer, settings=settings, logprobs_mode=RAW, max_model_len=64)
+        started = time.perf_counter()
+        results = engine.generate(_requests(1))  # the first request goes to the first server
+        elapsed = time.perf_counter() - started
+        assert [r.token_ids for r in results] == [[11, 12]]
+        assert 2.0 <= elapsed < 4.0, f"generate took {elapsed:.1f} s with a 2 s deadline"
+        assert engine.last_metrics["server_failures"] == 1
+        assert engine.servers[0].last_error == (f"{drip.url}/v1/completions: no complete answer within "
+                                                "2 s (rollout.vllm_server.request_timeout_s)")
+        only_drip = VLLMServerEngine(policy, tokenizer, settings=settings.model_copy(update={
+                                         "urls": [drip.url], "weights_dir": str(tmp_path / "w2")}),
+                                     logprobs_mode=RAW, max_model_len=64)
+        started = time.perf_counter()
+        with pytest.raises(ServerFailure, match="no live vLLM server left.*no complete answer within 2 s"):
+            only_drip.generate(_requests(1))
+        assert time.perf_counter() - started < 4.0
+    finally:
+        drip.close()
+        good.close()

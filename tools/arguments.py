@@ -25,6 +25,7 @@ from typing import Any
 import jsonschema
 
 from tools.schema import type_name
+from tools.schema_refs import local_registry, schema_problem
 
 RESERVED_ARGS = ("episode_id",)
 """Arguments the manager fills in; a tool declares one by having a property of that name."""
@@ -84,11 +85,13 @@ def _snake(name: str) -> str:
 def public_schema(input_schema: dict) -> tuple[dict, bool]:
     """(the schema without reserved arguments, whether the tool takes `episode_id`)."""
     schema = copy.deepcopy(input_schema) if input_schema else {"type": "object", "properties": {}}
-    properties = schema.get("properties") or {}
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return schema, False
     takes_episode_id = "episode_id" in properties
     for name in RESERVED_ARGS:
         properties.pop(name, None)
-    if "required" in schema:
+    if isinstance(schema.get("required"), list):
         schema["required"] = [r for r in schema["required"] if r not in RESERVED_ARGS]
     return schema, takes_episode_id
 
@@ -99,16 +102,13 @@ class ToolArguments:
     def __init__(self, tool_name: str, input_schema: dict):
         self.tool_name = tool_name
         self.schema, self.takes_episode_id = public_schema(input_schema)
-        self.properties: dict[str, dict] = self.schema.get("properties") or {}
-        self.required: list[str] = list(self.schema.get("required") or [])
-        validator_class = jsonschema.validators.validator_for(
-            self.schema, default=jsonschema.Draft202012Validator
-        )
-        try:
-            validator_class.check_schema(self.schema)
-            self._validator = validator_class(self.schema)
-        except jsonschema.SchemaError:
-            self._validator = None  # a server's broken schema: let the server judge its arguments
+        properties, required = self.schema.get("properties"), self.schema.get("required")
+        # A hostile schema's `properties` may be any JSON: only an object of them is read.
+        self.properties: dict[str, dict] = properties if isinstance(properties, dict) else {}
+        self.required: list[str] = [r for r in required if isinstance(r, str)] if isinstance(required, list) else []
+        self.schema_problem = schema_problem(self.schema)
+        """Why this tool's arguments go to its server unchecked (None: they are checked here)."""
+        self._validator = None if self.schema_problem else self._make_validator()
         self._fast_checks = self._simple_checks()
         self.signature = (
             "{"
@@ -118,6 +118,21 @@ class ToolArguments:
             )
             + "}"
         )
+
+    def _make_validator(self):
+        """The schema's validator, with references resolved only inside it; None (and
+        `schema_problem` set) when jsonschema rejects the schema."""
+        validator_class = jsonschema.validators.validator_for(
+            self.schema, default=jsonschema.Draft202012Validator
+        )
+        try:
+            validator_class.check_schema(self.schema)
+            return validator_class(self.schema, registry=local_registry(self.schema))
+        except jsonschema.SchemaError as exc:
+            self.schema_problem = f"not a valid JSON schema: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - whatever else a hostile schema trips (RecursionError, ...)
+            self.schema_problem = f"the schema cannot be used: {type(exc).__name__}: {exc}"
+        return None
 
     def prepare(self, arguments: Any, episode_id: str | None = None) -> dict:
         """Repaired, validated arguments with `episode_id` filled in; raises ArgumentError."""
@@ -132,12 +147,28 @@ class ToolArguments:
             )
         if self.properties:
             args = self._rename(args)
-        slow_check = not self._fast_valid(args) and self._validator is not None
-        if slow_check and not self._validator.is_valid(args):
-            raise ArgumentError(self._explain(args))
+        if not self._fast_valid(args) and self._validator is not None:
+            self._validate(args)
         if self.takes_episode_id and episode_id is not None:
             args["episode_id"] = episode_id
         return args
+
+    def _validate(self, args: dict) -> None:
+        """Raises ArgumentError when `args` do not fit the schema, or cannot be checked against
+        it: arguments nested deeply through a recursive schema can exhaust Python's stack, and
+        a failure inside jsonschema must not escape `call_tool`."""
+        try:
+            if self._validator.is_valid(args):
+                return
+            message = self._explain(args)
+        except RecursionError:
+            message = (f"invalid arguments for {self.tool_name}: nested too deeply to check against "
+                       f"the tool's schema. Expected arguments: {self.signature}")
+        except Exception as exc:  # noqa: BLE001 - a failure inside jsonschema is the schema's, not the caller's
+            message = (f"invalid arguments for {self.tool_name}: they could not be checked against "
+                       f"the tool's schema ({type(exc).__name__}: {exc}). "
+                       f"Expected arguments: {self.signature}")
+        raise ArgumentError(message)
 
     def _simple_checks(self) -> dict[str, Any] | None:
         """Per-property type checks when the schema is flat and primitive, else None."""

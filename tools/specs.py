@@ -7,6 +7,7 @@ one silently hiding the other.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,6 +18,8 @@ from tools.connection import ToolServerStartError
 
 if TYPE_CHECKING:
     from tools.connection import ServerConnection
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class ToolSpec:
     episode_scoped: bool = False
     """The tool takes the reserved `episode_id`: the server keeps its state per episode (as the
     bundled kv server does), so a fresh episode id is a disposable copy of that state."""
+    schema_problem: str | None = None
+    """Why the tool's arguments go to its server unchecked: its schema cannot be used here (a
+    `$ref` that does not resolve inside it, a `$ref` loop, not a JSON schema; tools/schema_refs.py).
+    The tool stays listed; the server judges its own arguments. None: they are checked."""
 
 
 
@@ -88,7 +95,11 @@ def name_tools(
             spec = ToolSpec(
                 name, connection.name, tool.name, tool.description or "", arguments.schema,
                 ToolAnnotations.from_mcp(tool.annotations), arguments.takes_episode_id,
+                arguments.schema_problem,
             )
+            if arguments.schema_problem:
+                log.warning("server %r tool %r: its arguments go to the server unchecked: %s",
+                            connection.name, tool.name, arguments.schema_problem)
             entries.append(
                 RegisteredTool(spec, connection, arguments, f"tools/{connection.name}.{tool.name}")
             )

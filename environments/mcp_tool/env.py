@@ -39,6 +39,7 @@ from environments.mcp_tool.prompt import call_id, opening_prompt
 from environments.rewards import CallRecord, Episode, RewardBreakdown, score
 from environments.tasks.schema import Task
 from environments.toolcalls import ToolCall, accepted_formats, parse_tool_calls
+from tools.secrets import mask_text
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
@@ -302,7 +303,7 @@ class MCPToolEnvironment:
             result = await self.tools.call_tool(spec.name, {}, timeout=self.config.tool_timeout,
                                                 episode_id=self.episode_id)
             if result.is_error:
-                log.warning("episode %s: %s failed: %s", self.episode_id, spec.name, result.text)
+                log.warning("episode %s: %s failed: %s", self.episode_id, spec.name, mask_text(result.text))
 
 
 _SDK_ERROR_PREFIX = re.compile(r"^(?:Error executing tool [^:]*:|Error:)\s*", re.IGNORECASE)

@@ -23,6 +23,7 @@ from environments.tasks.schema import (
     normalize_question,
     question_key,
 )
+from tools.secrets import mask_text
 
 if TYPE_CHECKING:
     from environments.config import EnvironmentConfig
@@ -107,6 +108,6 @@ async def _ask(tools: SharedToolManager, name: str, expression: str,
     """The calculator's answer to `expression`, or None (logged) when the call failed."""
     result = await tools.call_tool(name, {"expression": expression}, timeout=timeout)
     if result.is_error:
-        log.warning("example call %s(%r) failed: %s", name, expression, result.text)
+        log.warning("example call %s(%r) failed: %s", name, expression, mask_text(result.text))
         return None
     return result.text.strip()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from environments.mcp_tool.exposure import spec_of
 from environments.rewards import CallRecord
 from environments.tasks.schema import StateCheck
+from tools.secrets import mask_text
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
@@ -32,7 +33,7 @@ async def read_state(tools: SharedToolManager, specs: Sequence[ToolSpec], server
         result = await tools.call_tool(spec.name, {}, timeout=timeout, episode_id=episode_id)
         value = _state_of(result) if not result.is_error else None
         if value is None:
-            log.warning("episode %s: reading the state of %r failed: %s", episode_id, server, result.text)
+            log.warning("episode %s: reading the state of %r failed: %s", episode_id, server, mask_text(result.text))
             continue
         state[server] = value
     return state

@@ -5,8 +5,9 @@ messages): the first user message is the request, the assistant's calls in order
 A log is kept only when its calls still verify: each is re-executed in a fresh episode on the
 configured servers (within the safety policy: a call generation may not make is not made, and
 the log is kept out) and must succeed with the result the log recorded. A log that fails is
-kept out and named with the reason. Secrets in the logs (API keys, bearer tokens, `api_key=...`)
-are masked before anything is written, in the request, the arguments and the answer.
+kept out and named with the reason. Secrets in the logs (keys, tokens, passwords: the shapes of
+tools/secrets.py) are masked before anything is written, in the request, the arguments, the
+answer and the reasons a log is kept out.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from environments.taskgen.safety import allowed_by_user
 from environments.taskgen.values import leaves
 from environments.taskgen.volatile import Unstable, differing_fields, differing_patterns
 from environments.tasks.schema import complexity_for, task_record
-from tools.secrets import mask_secrets
-from tools.secrets import mask_value as _mask_value
+from tools.secrets import MASK, mask_secrets, mask_text, mask_value  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager
+
+# The one rule for secrets (tools/secrets.py); `mask_secrets` stays importable from here.
+_mask_value = mask_value
+
 
 @dataclass
 class Conversation:
@@ -41,36 +45,126 @@ class Conversation:
 
 
 class ConversationError(ValueError):
-    """A log that cannot be read as a conversation with tool calls."""
+    """A log that cannot be read as a conversation with tool calls; the message names what is
+    wrong and where (`message 3 call 0: ...`)."""
+
+
+@dataclass(frozen=True)
+class UnreadableLog:
+    """A log that could not even be decoded (a line that is not JSON): kept out with `reason`."""
+
+    reason: str
 
 
 def parse_conversation(item: Any) -> Conversation:
+    """The request, calls and answer of one log; ConversationError for any shape that is not an
+    OpenAI-format chat with tool calls. Logs are a user's data: no shape may raise anything else
+    (one the checks below did not foresee keeps its log out, not every log)."""
+    try:
+        return _parse(item)
+    except ConversationError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise ConversationError(f"cannot be read: {type(exc).__name__}: {exc}") from None
+
+
+def _parse(item: Any) -> Conversation:
+    if isinstance(item, UnreadableLog):
+        raise ConversationError(item.reason)
     messages = item.get("messages") if isinstance(item, dict) else item
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise ConversationError("expected a list of messages (or an object with `messages`)")
+    if not isinstance(messages, list):
+        raise ConversationError("expected a list of messages (or an object with `messages`), got "
+                                + ("an object without `messages`" if messages is None and isinstance(item, dict)
+                                   else _kind(messages)))
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ConversationError(f"message {i} is {_kind(message)}, not an object")
     user = next((m for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)), None)
     if user is None:
         raise ConversationError("no user message")
     conversation = Conversation(user["content"].strip())
-    results = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
-    for message in messages:
+    results = {_call_id(m.get("tool_call_id"), f"message {i}: tool_call_id"): _text(m.get("content"), f"message {i}")
+               for i, m in enumerate(messages) if m.get("role") == "tool"}
+    for i, message in enumerate(messages):
         if message.get("role") != "assistant":
             continue
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            try:
-                args = json.loads(function.get("arguments") or "{}")
-            except ValueError:
-                raise ConversationError(f"call {function.get('name')!r}: its arguments are not JSON") from None
-            content = results.get(call.get("id"))
-            if isinstance(content, list):  # content parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            conversation.calls.append((function.get("name", ""), args, content))
-        if not message.get("tool_calls") and isinstance(message.get("content"), str) and message["content"].strip():
+        calls = message.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise ConversationError(f"message {i}: tool_calls is {_kind(calls)}, not a list")
+        for j, call in enumerate(calls or []):
+            name, args, call_id = _call(call, f"message {i} call {j}")
+            conversation.calls.append((name, args, results.get(call_id)))
+        if not calls and isinstance(message.get("content"), str) and message["content"].strip():
             conversation.answer = message["content"].strip()
     if not conversation.calls:
         raise ConversationError("no tool calls")
     return conversation
+
+
+def _call(call: Any, where: str) -> tuple[str, dict[str, Any], Any]:
+    """(function name, arguments, call id) of one entry of `tool_calls`. Arguments may be a JSON
+    string (the OpenAI format) or already an object (what some exporters write)."""
+    if not isinstance(call, dict):
+        raise ConversationError(f"{where} is {_kind(call)}, not an object")
+    function = call.get("function")
+    function = {} if function is None else function
+    if not isinstance(function, dict):
+        raise ConversationError(f"{where}: function is {_kind(function)}, not an object")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConversationError(f"{where}: the function has no name (got {_kind(name)})")
+    raw = function.get("arguments")
+    if isinstance(raw, str) and raw.strip():
+        try:
+            args = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ConversationError(f"call {name!r}: its arguments are not JSON") from None
+    else:
+        args = raw
+    if args is None or args == "":
+        args = {}
+    if not isinstance(args, dict):
+        raise ConversationError(f"{where} {name!r}: its arguments are {_kind(args)}, not a JSON object")
+    return name, args, _call_id(call.get("id"), f"{where}: id")
+
+
+def _call_id(value: Any, what: str) -> str | int | None:
+    """A call id as the key that pairs a call with its result; only a string or number can be."""
+    if value is None or isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise ConversationError(f"{what} is {_kind(value)}, not a string")
+
+
+def _text(content: Any, where: str) -> str | None:
+    """A tool message's content as text: a string, or the `text` of its content parts."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ConversationError(f"{where}: content is {_kind(content)}, not text or a list of parts")
+    texts = []
+    for k, part in enumerate(content):
+        text = part.get("text", "") if isinstance(part, dict) else None
+        if not isinstance(text, str):
+            raise ConversationError(f"{where}: content part {k} is {_kind(part)}, not a text part")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, for a reason: `a string`, `a number`, `null`, `a list`, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
 def _stated(conversation: Conversation, runs: list[list[str]]) -> tuple[int, str | None, Any] | None:
@@ -127,7 +221,8 @@ async def import_conversations(tools: SharedToolManager, items: Iterable[Any], a
             conversation = parse_conversation(item)
             record = await _verify(tools, later, conversation, by_name, allow, timeout, index, effects)
         except (ConversationError, _NotVerified) as exc:
-            rejected.append({"index": index, "reason": mask_secrets(str(exc))[0]})
+            # A reason may quote the log (a logged result, an argument): masked like the rest.
+            rejected.append({"index": index, "reason": mask_text(str(exc))})
             continue
         kept.append(record)
     return kept, rejected

@@ -296,6 +296,10 @@ class TrajectoryCollector:
                     )
                 except GroupAbandoned as exc:
                     return exc
+                except MemoryError:
+                    # Not the episode's failure but the process's: retrying every episode would
+                    # only log one MemoryError per episode. The step stops on the first.
+                    raise
                 # Engine, environment or tool-layer failure: retry the episode from scratch.
                 except Exception as exc:  # noqa: BLE001
                     last_error = exc
@@ -344,25 +348,15 @@ class TrajectoryCollector:
         group_failed = {group_id: False for group_id in group_ids}
 
         batching = asyncio.create_task(batcher.run())
-        episodes = [
-            asyncio.create_task(
-                self._episode_with_retries(
-                    batcher,
-                    semaphore,
-                    task,
-                    task_ids[i],
-                    group_ids[i],
-                    k,
-                    temperature=temperature,
-                    seed=seed,
-                    step=step,
-                    group_failed=group_failed,
-                )
-            )
-            for i, task in enumerate(tasks)
-            for k in range(group_size)
-        ]
+        episodes: list[asyncio.Task] = []
         try:
+            # Made inside the try: if making them fails (out of memory), those made are stopped.
+            for i, task in enumerate(tasks):
+                for k in range(group_size):
+                    episodes.append(asyncio.create_task(self._episode_with_retries(
+                        batcher, semaphore, task, task_ids[i], group_ids[i], k,
+                        temperature=temperature, seed=seed, step=step, group_failed=group_failed,
+                    )))
             outcomes = await asyncio.gather(*episodes)
         except BaseException:
             # Cancelled (or a fatal error): stop every episode and let each close its environment.

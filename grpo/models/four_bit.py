@@ -13,12 +13,17 @@ merged export) go through grpo/models/peft_weights.py, which dequantizes.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+
 import torch
 from torch import nn
 from transformers import BitsAndBytesConfig
 
 from grpo.models.config import LoraConfig, ModelConfig
 from grpo.models.source import TINY_RANDOM
+
+log = logging.getLogger("mcp_grpo.models")
 
 FOUR_BIT_DEVICES = ("cuda", "cpu")
 """Device types where `model.load_in_4bit` trains (bitsandbytes NF4 with LoRA adapters)."""
@@ -49,6 +54,12 @@ def four_bit_kwargs(
             "model.load_in_4bit: true needs the bitsandbytes package (pip install bitsandbytes; "
             "`make install` installs it)"
         ) from None
+    if device.type == "cpu" and importlib.util.find_spec("kernels") is None:
+        # bitsandbytes' own notice is dropped at import (grpo/models/__init__.py): said here, once
+        # per 4-bit model, where it matters.
+        log.warning("model.load_in_4bit on the CPU: bitsandbytes' faster 4-bit matmul needs the optional "
+                    "`kernels` package (pip install 'kernels>=0.11.1'); without it 4-bit layers take the "
+                    "slower path")
     quantization = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",

@@ -192,8 +192,9 @@ class VLLMServerConfig(Section):
     publishes each adapter version (LoRA) or weight version (full fine-tuning) for the servers to
     load. null: a temporary directory (servers on this machine)."""
     request_timeout_s: float = Field(default=300.0, gt=0.0)
-    """A request a server has not answered in this long counts as a failure of that server (a
-    stalled server never holds a step longer) and goes to another server."""
+    """A request a server has not answered in full within this long (one deadline for the whole
+    exchange: connecting, sending, and every byte of the answer) counts as a failure of that
+    server (a stalled or dripping server never holds a step longer) and goes to another server."""
     connect_timeout_s: float = Field(default=5.0, gt=0.0)
     """How long to wait for a server to accept a connection."""
     retry_after_s: float = Field(default=30.0, ge=0.0)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo.collect.episode import task_id_of
+from tools.secrets import mask_value
 
 
 def group_of(task: Any) -> dict[str, str]:
@@ -94,8 +95,10 @@ async def _with_every_tool(collector, tasks: Sequence, k: int, temperature: floa
 
 
 def transcript_records(trajectories: Sequence) -> list[dict[str, Any]]:
+    """One record per episode for the transcripts file, secrets masked (tools/secrets.py): the
+    transcript holds what the model wrote and what tools returned."""
     return [
-        {
+        mask_value({
             "task_id": t.task_id,
             "reward": t.reward,
             "success": t.success,
@@ -104,7 +107,7 @@ def transcript_records(trajectories: Sequence) -> list[dict[str, Any]]:
             "finish_reasons": t.finish_reasons,
             "reward_breakdown": t.metadata.get("reward_breakdown"),
             "transcript": t.metadata.get("transcript"),
-        }
+        })[0]
         for t in trajectories
     ]
 

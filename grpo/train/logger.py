@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.secrets import MaskingFormatter
+
 log = logging.getLogger("mcp_grpo")
 
 # Shown on the console line, in this order, when present.
@@ -160,8 +162,9 @@ def _start_wandb(wandb_config, run_dir: Path, run_name: str, config_dict: dict |
 
 
 def setup_console_logging(run_dir: Path | None = None, level: int = logging.INFO) -> None:
-    """Console + `training.log` in the run directory, one format for both."""
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    """Console + `training.log` in the run directory, one format for both, secrets masked
+    (tools/secrets.py)."""
+    fmt = MaskingFormatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     root = logging.getLogger("mcp_grpo")
     root.setLevel(level)
     root.propagate = False

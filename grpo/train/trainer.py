@@ -54,6 +54,7 @@ from grpo.train.evaluation import evaluate, grouped_success
 from grpo.train.logger import MetricsLogger, close_run_logging, setup_console_logging
 from grpo.train.plots import plot_curves
 from grpo.train.refill import refill
+from grpo.train.step_memory import check_step_memory, model_shape
 from grpo.train.task_stream import TaskStream
 from grpo.train.warmup import warm_start
 from tools.manager import SharedToolManager
@@ -105,6 +106,9 @@ class GRPOTrainer:
         self.device, why = resolve_device(cfg.device)
         log.info("device: %s (%s)", self.device, why)
         select_attention_kernels(self.device, cfg.model)
+        # Before anything is loaded: a step no memory here can hold stops now, naming the fields.
+        engine_name, _ = choose_engine(cfg.rollout.engine, self.device)
+        log.info("step memory: %s", check_step_memory(cfg, model_shape(cfg.model), self.device, engine_name))
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")

@@ -6,8 +6,11 @@ the trainer under `accelerate launch`).
   `return_token_ids` and `logprobs: 0` (the sampled token's log-prob), the same sampling fields as
   the in-process engine (params.sampling_kwargs). Requests go to the live server with the
   fewest in flight (then the fewest sent), all at once; vLLM batches them and shares prompt prefixes.
-- **Failures**: a server that refuses a connection, drops one, answers 5xx or has not answered in
-  `rollout.vllm_server.request_timeout_s` has failed: its requests go to another server, it gets none for
+- **Failures**: a server that refuses a connection, drops one, answers 5xx, answers something
+  that is not a valid completion of the request (vllm/answers.py: token ids outside the vocabulary,
+  more tokens than asked for, log-probs that are not finite or above 0, no JSON), or has not sent
+  its whole answer within `rollout.vllm_server.request_timeout_s` (one deadline for the whole
+  exchange, however slowly the bytes arrive) has failed: its requests go to another server, it gets none for
   `retry_after_s`, and it is counted (`last_metrics`, a warning). A request that every live
   server failed is an error of the whole call (the collector retries or excludes its episodes):
   a step never waits on a dead or stalled server past the timeout. A failed server counts as
@@ -32,6 +35,7 @@ the trainer under `accelerate launch`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -45,6 +49,7 @@ import torch
 
 from grpo.models.peft_weights import is_peft, language_model_of
 from grpo.rollout.base import GenerationRequest, GenerationResult, RolloutEngine, check_request
+from grpo.rollout.vllm.answers import InvalidAnswer, completion_result
 from grpo.rollout.vllm.engine import run_engine_kwargs
 from grpo.rollout.vllm.params import check_request_logprobs, sampling_kwargs
 from grpo.rollout.vllm.sync import FullWeightStore, LoraAdapterStore
@@ -62,8 +67,13 @@ _FLAGS = ("dtype", "seed", "max_model_len", "gpu_memory_utilization", "kv_cache_
 _SWITCHES = ("enforce_eager", "enable_prefix_caching", "enable_lora", "enable_chunked_prefill")
 
 
+MAX_ANSWER_BYTES = 64 * 2**20
+"""The most any answer may hold (a completion of 32k tokens with log-probs is about 1 MB): a server
+that streams without end fails instead of filling memory."""
+
+
 class ServerFailure(RuntimeError):
-    """A server did not serve a request (dead, stalled, or an error on its side)."""
+    """A server did not serve a request (dead, stalled, an invalid answer, an error on its side)."""
 
 
 def serve_command(config, model_dir: str | Path, *, port: int, host: str = "127.0.0.1",
@@ -124,6 +134,8 @@ class VLLMServerEngine(RolloutEngine):
         self.max_model_len = max_model_len
         self.servers = [_Server(url.rstrip("/")) for url in settings.urls]
         self.is_lora = is_peft(language_model_of(policy))
+        self.vocab_size = language_model_of(policy).get_input_embeddings().num_embeddings
+        """Sampled ids must lie in [0, vocab_size): the rows of the policy's embedding."""
         store = LoraAdapterStore if self.is_lora else FullWeightStore
         self.store = store(settings.weights_dir)
         self.model_name = SERVED_NAME
@@ -151,18 +163,40 @@ class VLLMServerEngine(RolloutEngine):
     async def _post(self, client, server: _Server, path: str, body: dict) -> Any:
         """POST and return the answer (JSON decoded); ServerFailure for anything that is the server's
         fault or fate, ValueError for a request it refused (4xx: our bug, not its)."""
+        timeout = self.settings.request_timeout_s
         try:
-            response = await client.post(server.url + path, json=body)
+            # httpx's read timeout restarts with every byte: a server dripping one byte a second
+            # would hold the request forever. The deadline covers the whole exchange.
+            status, content_type, content = await asyncio.wait_for(
+                self._exchange(client, server.url + path, body), timeout)
+        except asyncio.TimeoutError:
+            raise ServerFailure(f"{server.url}{path}: no complete answer within {timeout:g} s "
+                                "(rollout.vllm_server.request_timeout_s)") from None
         except (httpx.TransportError, OSError) as exc:  # refused, reset, timed out
             raise ServerFailure(f"{server.url}{path}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 500:
-            raise ServerFailure(f"{server.url}{path}: HTTP {response.status_code}: {response.text[:300]}")
-        if response.status_code >= 400:
-            raise ValueError(f"{server.url}{path} refused the request: HTTP "
-                             f"{response.status_code}: {response.text[:500]}")
-        if "json" not in response.headers.get("content-type", ""):
-            return response.text  # e.g. /v1/load_lora_adapter answers in plain text
-        return response.json()
+        text = content.decode("utf-8", errors="replace")
+        if status >= 500:
+            raise ServerFailure(f"{server.url}{path}: HTTP {status}: {text[:300]}")
+        if status >= 400:
+            raise ValueError(f"{server.url}{path} refused the request: HTTP {status}: {text[:500]}")
+        if "json" not in content_type:
+            return text  # e.g. /v1/load_lora_adapter answers in plain text
+        try:
+            return json.loads(content)
+        except ValueError as exc:
+            raise ServerFailure(f"{server.url}{path}: the answer is not JSON ({exc}): {text[:120]!r}") from None
+
+    @staticmethod
+    async def _exchange(client, url: str, body: dict) -> tuple[int, str, bytes]:
+        """(status, content type, body) of one POST, the body at most MAX_ANSWER_BYTES."""
+        async with client.stream("POST", url, json=body) as response:
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise ServerFailure(f"{url}: the answer passed {MAX_ANSWER_BYTES} bytes")
+                chunks.append(chunk)
+            return response.status_code, response.headers.get("content-type", ""), b"".join(chunks)
 
     def _fail(self, server: _Server, error: Exception, pushing: bool = False) -> None:
         """Take the server out of service; its other requests in flight fail with it, and those
@@ -257,7 +291,11 @@ class VLLMServerEngine(RolloutEngine):
             server.sent += 1
             try:
                 answer = await self._post(client, server, "/v1/completions", self._body(request))
-                return choice_to_result(answer, request), len(tried) - 1
+                return completion_result(answer, request, self.vocab_size), len(tried) - 1
+            except InvalidAnswer as exc:
+                self._fail(server, ServerFailure(
+                    f"{server.url}/v1/completions answered request {request.request_id!r} with an "
+                    f"invalid completion: {exc}"))
             except ServerFailure as exc:
                 self._fail(server, exc)
             finally:
@@ -308,18 +346,3 @@ class VLLMServerEngine(RolloutEngine):
     def close(self) -> None:
         """Remove the published weight directories (the servers keep running: not ours)."""
         self.store.close()
-
-
-def choice_to_result(answer: dict, request: GenerationRequest) -> GenerationResult:
-    """One `/v1/completions` answer (a single choice) as our GenerationResult."""
-    choice = answer["choices"][0]
-    token_ids = [int(t) for t in choice.get("token_ids") or []]
-    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-    if len(logprobs) != len(token_ids) or any(lp is None for lp in logprobs):
-        raise RuntimeError(f"request {request.request_id!r}: the server returned {len(token_ids)} "
-                           f"tokens but {len(logprobs)} log-probs")
-    reason = choice.get("finish_reason")
-    if reason not in ("stop", "length"):
-        raise RuntimeError(f"request {request.request_id!r}: the server finished with {reason!r}")
-    metrics = {"prompt_tokens": float(len(request.prompt_ids)), "completion_tokens": float(len(token_ids))}
-    return GenerationResult(token_ids, [float(lp) for lp in logprobs], reason, metrics)
