@@ -20,8 +20,10 @@ from tools.config import MCPServerConfig, ToolsConfig
 from tools.manager import SharedToolManager
 
 PROPOSALS = {"tasks": [
-    {"request": "What is the price of the plum? Look it up with get_item.",
+    {"request": "What is the price of the plum?",
      "calls": [{"tool": "get_item", "args": {"name": "plum"}}], "answer": {"step": 1, "field": "items.0.price"}},
+    {"request": "How much is the apple? Look it up with get_item.",  # names the tool: not a user's words
+     "calls": [{"tool": "get_item", "args": {"name": "apple"}}], "answer": {"step": 1, "field": "items.0.price"}},
     {"request": "What does the kiwi cost?", "calls": [{"tool": "get_item", "args": {"name": "kiwi"}}],
      "answer": {"step": 1, "field": "items.0.price"}},
     {"request": "Delete the pear.", "calls": [{"tool": "delete_item", "args": {"name": "pear"}}], "answer": None,
@@ -83,15 +85,16 @@ def test_proposals_are_kept_only_when_they_verify_and_are_safe(loop, stub, recor
         writer=writer, writer_tasks=5))
     written = [r for r in outcome.records if r["extra_info"]["template"] == "recorder/writer"]
     assert sorted(r["prompt"][0]["content"] for r in written) == [
-        "List everything, then price the first item.", "What is the price of the plum? Look it up with get_item."]
+        "List everything, then price the first item.", "What is the price of the plum?"]
     by_request = {r["prompt"][0]["content"]: r["reward_spec"]["ground_truth"] for r in written}
-    assert by_request["What is the price of the plum? Look it up with get_item."]["success"]["answer"] == 7
+    assert by_request["What is the price of the plum?"]["success"]["answer"] == 7
     chained = by_request["List everything, then price the first item."]
     assert chained["tool_sequence"][1]["params"] == {"name": "apple"} and chained["success"]["answer"] == 3
     rejected = outcome.rejections["recorder/writer"]
     assert any("get_item" in reason and "no item 'kiwi'" in reason for reason in rejected)
     assert any("not called: recorder.delete_item" in reason for reason in rejected)
     assert any("unknown tool 'no_such_tool'" in reason for reason in rejected)
+    assert "the request names the identifier 'get_item'" in rejected
     assert not log.exists()  # delete_item was never called
     assert [s["auth"] for s in _Stub.seen] == ["Bearer sk-test-0123456789"]
     assert _Stub.seen[0]["path"] == "/v1/chat/completions" and _Stub.seen[0]["body"]["model"] == "stub-model"
