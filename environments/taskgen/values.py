@@ -25,16 +25,16 @@ FRESH_TEXTS = ("plays the cello", "prefers email", "joined in 2024", "speaks Fin
 
 
 def words(name: str) -> list[str]:
-    """`entityNames` -> ["entity", "name"]; `repo_path` -> ["repo", "path"] (lower case, singular)."""
+    """`memberNames` -> ["member", "name"]; `home_path` -> ["home", "path"] (lower case, singular)."""
     parts = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ").replace("-", " ").lower().split()
     return [p[:-1] if p.endswith("s") and not p.endswith("ss") and len(p) > 3 else p for p in parts]
 
 
 def same_kind(arg: str, key: str) -> bool:
-    """An argument and a result field name the same thing: `names`/`name`, `entityName`/`name`,
+    """An argument and a result field name the same thing: `names`/`name`, `memberName`/`name`,
     `from`/`from`: equal last words (all words, where both have several)."""
     a, k = words(arg), words(key)
-    if len(a) > 1 and len(k) > 1:  # entityType and relationType name different things
+    if len(a) > 1 and len(k) > 1:  # memberType and linkType name different things
         return a == k
     return bool(a and k) and a[-1] == k[-1]
 

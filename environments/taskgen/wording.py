@@ -17,8 +17,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[_-][A-Za-z0-9]+)+|[a-z]+[A-Z]
 
 
 def phrase(identifier: str) -> str:
-    """An identifier in words, lower case: `order_items` -> "order items", `entityType` ->
-    "entity type", `due-date` -> "due date", `HTTPCode` -> "http code"."""
+    """An identifier in words, lower case: `order_items` -> "order items", `memberType` ->
+    "member type", `due-date` -> "due date", `HTTPCode` -> "http code"."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", identifier)
     spaced = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", spaced)
     return " ".join(spaced.replace("_", " ").replace("-", " ").replace(".", " ").lower().split())

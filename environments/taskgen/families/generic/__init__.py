@@ -4,7 +4,7 @@ What exploring found (environments/taskgen/observe.py: which tools read and whic
 their calls did, and what the reads returned) is read as collections of things with nouns,
 naming fields and references (collections.py). Reads that take a thing's reference, search-like
 reads and writes are recognised by how their parameters line up with the things' fields: a
-parameter that names the same thing as a field (`task_id` and a task's `id`) takes its values.
+parameter that names the same thing as a field (`order_id` and an order's `id`) takes its values.
 Requests are worded from the data and the descriptions (reads.py, writes.py), never with a tool's
 or a parameter's identifier; chains run through any typed value (integer ids, names, paths).
 """
@@ -232,7 +232,7 @@ class GenericFamily:
             verb_act = verb_of(tool, spec.description or "", ACT_VERBS)
             target = self._reference(spec)
             # An argument named as the field itself under a creating verb is the new thing's own
-            # name (`entities.0.name`); one that qualifies it (`entityName`, `task_id`) points at
+            # name (`entities.0.name`); one that qualifies it (`memberName`, `order_id`) points at
             # an existing thing: the write acts on that thing.
             own = target is not None and phrase(next(p for p in reversed(target[2].split(".")) if not p.isdigit())) \
                 == phrase(target[1])

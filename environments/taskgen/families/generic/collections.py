@@ -3,10 +3,10 @@ list returns, the entities of a graph, the documents a search finds), each with 
 its things are named by and the field they are referred to by in calls (an id, a name, a path).
 
 Nothing here knows a tool by name: nouns come from where the things sit in a result
-(`entities` -> "entity") or from the words of the tool that returned them (a list `task_list`
-returns tasks); the naming field is the text field whose values are unique and read like names;
+(`entities` -> "entity") or from the words of the tool that returned them (a list `order_list`
+returns orders); the naming field is the text field whose values are unique and read like names;
 a tool's parameter takes a field's values when the two name the same thing (`task_id` and a
-task's `id`, `entityNames` and an entity's `name`, `path` and a document's `file_path`).
+task's `id`, `memberNames` and a member's `name`, `path` and a document's `file_path`).
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ class Collection:
 
 
 def noun_of_tool(tool: str, description: str = "") -> str:
-    """What a tool returns, from its name's words without the words of how it reads (`task_list`
-    -> "task", `search_docs` -> "doc"), else from its description ("List entries (id, ...)" ->
+    """What a tool returns, from its name's words without the words of how it reads (`order_list`
+    -> "order", `find_books` -> "book"), else from its description ("List entries (id, ...)" ->
     "entry"), else "item"."""
     words = [w for w in phrase(tool).split() if w not in GENERIC_WORDS and w not in VERBS]
     if words:

@@ -49,7 +49,7 @@ class Write:
     tool: str
     creates: bool
     ref_path: str | None = None
-    """Where an existing thing's reference goes (`id`, `entityNames.0`, `observations.0.entityName`)."""
+    """Where an existing thing's reference goes (`id`, `memberNames.0`, `notes.0.memberName`)."""
     collection: Collection | None = None
     ref_field: str | None = None
     optional: list[str] = field(default_factory=list)
