@@ -25,6 +25,13 @@ def _insert(table: str, row: dict[str, Any]) -> str:
     return f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(lit(v) for v in row.values())})"
 
 
+def _through_id(db: SqlFamily, parent: str, row: dict[str, Any], statement: str) -> list[Call]:
+    """A parent row's id looked up by its name, then `statement` run with that id (at its `{}`)."""
+    name = db._name_column(parent)
+    return [db._query(f"SELECT id FROM {parent} WHERE {name} = {lit(row[name])}"),
+            Call(db.server, db.reader[0], {db.reader[1]: ""}, {db.reader[1]: picked_value(1, statement)})]
+
+
 def _numbers(db: SqlFamily, table: str) -> list[str]:
     return [c for c, k in db.columns[table] if k in ("integer", "real") and c != db._id_column(table)
             and not c.endswith("_id")]
@@ -123,9 +130,7 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         pname = db._name_column(parent)
         row = rng.choice(db.rows[parent])
         return Draft("sql", "", f"How many {many(child)} belong to the {one(parent)} {quoted(row[pname])}?",
-                     [q(f"SELECT id FROM {parent} WHERE {pname} = {lit(row[pname])}"),
-                      Call(s, db.reader[0], {db.reader[1]: ""},
-                           {db.reader[1]: picked_value(1, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}}")})],
+                     _through_id(db, parent, row, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}}"),
                      Pick(2, first_cell))
 
     def id_then_sum(rng):
@@ -141,9 +146,7 @@ def sql_templates(db: SqlFamily) -> list[Template]:
             return None
         return Draft("sql", "", f"What is the total {phrase(field)} of the {many(child)} of the {one(parent)} "
                      f"{quoted(row[pname])}?",
-                     [q(f"SELECT id FROM {parent} WHERE {pname} = {lit(row[pname])}"),
-                      Call(s, db.reader[0], {db.reader[1]: ""},
-                           {db.reader[1]: picked_value(1, f"SELECT SUM({field}) FROM {child} WHERE {column} = {{}}")})],
+                     _through_id(db, parent, row, f"SELECT SUM({field}) FROM {child} WHERE {column} = {{}}"),
                      Pick(2, first_cell))
 
     def follow_link(rng):
@@ -240,10 +243,8 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         value = rng.choice(sorted({str(r[by]) for r in db.rows[child] if r.get(by) is not None}))
         return Draft("sql", "", f"How many {many(child)} of the {one(parent)} {quoted(row[pname])} have the "
                      f"{phrase(by)} {quoted(value)}?",
-                     [q(f"SELECT id FROM {parent} WHERE {pname} = {lit(row[pname])}"),
-                      Call(s, db.reader[0], {db.reader[1]: ""},
-                           {db.reader[1]: picked_value(1, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}} AND "
-                                                          f"{by} = {lit(value)}")})],
+                     _through_id(db, parent, row, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}} AND "
+                                                  f"{by} = {lit(value)}"),
                      Pick(2, first_cell))
 
     templates = [(lookup, 1), (count, 1), (total_rows, 1), (extreme, 1), (average, 1), (which_most, 1),
