@@ -6,11 +6,13 @@ disposable state only declared reads are called."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from conftest import REPO
 
+from environments.taskgen.families.base import Explorer
 from environments.taskgen.observe import explore
 from environments.taskgen.run import generate_tasks
 from tools.cage.command import kernel_problem
@@ -112,3 +114,27 @@ def test_without_disposable_state_only_declared_reads_are_called(loop, tmp_path)
                                                        "per-episode state")
     assert '`tools.servers.notes.read_only: ["add_note"]`' in found.effects["add_note"].reason
     assert found.effects["list_notes"].reason == "declared read-only (tools.servers.notes.read_only: 'list_*')"
+
+
+def test_a_pool_of_one_instance_serves_exploring_and_its_probes(loop, tmp_path, caged):
+    # Exploring's reads hold one episode; a probe needs a fresh copy of its own. With one instance
+    # the probe must not wait for the episode its own explorer holds (it waited out lease_timeout).
+    (tmp_path / "fixture").mkdir()
+    one = caged.model_copy(update={"pool_size": 1, "lease_timeout": 5.0})
+    tools = _manager(loop, "{state_dir}", one)
+    try:
+        found = loop.run_until_complete(explore(tools, "notes"))
+        explorer = Explorer(tools, "notes", found)
+
+        async def read_probe_read():
+            first = await explorer.call("list_notes", {})
+            (added,), changed = await explorer.probe([("add_note", {"title": "milk", "body": "two litres"})])
+            return first, added, changed, await explorer.call("list_notes", {})
+
+        first, added, changed, again = loop.run_until_complete(asyncio.wait_for(read_probe_read(), 30))
+        loop.run_until_complete(explorer.close())
+    finally:
+        loop.run_until_complete(tools.close())
+    assert added is not None and "milk" not in first
+    assert sorted(changed) == ["calls.jsonl", "notes.json"]
+    assert again == first  # the probe's note stayed in the probe's copy

@@ -115,6 +115,9 @@ class Explorer:
             self._refuse(tool)
         episode = f"taskgen-probe-{self.server}-{uuid.uuid4().hex[:8]}"
         texts: list[str | None] = []
+        # The exploring episode only read, so giving its copy back loses nothing; held, it would
+        # leave a pool of one instance nothing to lease the probe (the next read leases again).
+        await self.tools.end_episode(self.episode)
         try:
             await self.tools.start_episode(episode, [self.server])
             copy = self.tools.episode_state_dir(self.server, episode)
