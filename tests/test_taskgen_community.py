@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import operator
+import re
 import subprocess
 
 import pytest
@@ -73,6 +74,8 @@ def test_no_request_names_an_identifier_of_its_server(generated):
     for record in outcome.records:
         server = record["data_source"].split("/", 1)[1]
         assert names_identifier(record["prompt"][0]["content"], sorted(names[server])) is None, record["prompt"]
+        # An act says what it sets: "update it" alone leaves the model nothing to set.
+        assert not re.search(r"\b(update|edit|modify|change|set) it\.?$", record["prompt"][0]["content"]), record
 
 
 def test_duckdb_answers_are_what_duckdb_itself_answers(generated):

@@ -83,6 +83,9 @@ def _then_call(server: str, tool: Tool, step: int, source: Tool, b: Any) -> Call
     read = number_pick(source.sample, step)
     if tool.syntax is not None:
         written = tool.syntax.format(a="{}", b=b)
+        if "({}" not in written:
+            # A result so far may be negative, and `-608 ** 2` is not the square of -608.
+            written = tool.syntax.format(a="({})", b=b)
         spec = Picked(step=step, select=read.select, field=read.field, pattern=read.pattern, format=written)
         args = tool.args([""])
         (name,) = args

@@ -121,6 +121,10 @@ class GenericFamily:
                         singles = [(f"{path}.0" if path else "0", items[0]) for path, items in records(data)
                                    if len(items) == 1]
                         one = singles[0] if singles else ("", data) if isinstance(data, dict) else None
+                        if one is not None and explorer.effects[tool].writes and not _describes(one[1], item, c):
+                            # A write that answers with what it did ("deleted"), not the thing: a
+                            # question about its result would ask the model to act, not to read.
+                            one = None
                         if one is not None:
                             self._by_ref[(tool, param, str(value))] = one
                             seen += 1
@@ -364,6 +368,11 @@ class GenericFamily:
             put(args, write.ref_path, value if pick is None else 0)
         except (KeyError, IndexError, TypeError):
             return None, None
+        if change is None and (any(path != write.ref_path for path in _leaf_paths(args))
+                               or (verb_of(write.tool, spec.description or "", ACT_VERBS) or "update") in BARE_CHANGES):
+            # A request naming only the thing ("update it") would not say the values the call
+            # sets, so nothing the model reads could tell it what the checks expect.
+            return None, None
         return Call(self.server, write.tool, args, {write.ref_path: pick} if pick is not None else {}), change
 
     def act_request(self, write: Write, thing: str, change: tuple[str, Any] | None, rng: random.Random,
@@ -403,6 +412,27 @@ class GenericFamily:
 
     def templates(self) -> list[Template]:
         return read_templates(self) + write_templates(self)
+
+
+BARE_CHANGES = ("update", "set", "edit", "change", "modify")
+"""Verbs that say nothing without the values they set."""
+
+
+def _leaf_paths(value: Any, prefix: str = "") -> list[str]:
+    """The dotted paths of an argument tree's scalar values (`entities.0.name`)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _leaf_paths(v, f"{prefix}{k}.")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _leaf_paths(v, f"{prefix}{i}.")]
+    return [prefix[:-1]]
+
+
+def _describes(found: dict, item: dict, c: Collection) -> bool:
+    """A result holds the thing itself: it agrees with the listed item on a field other than its
+    name and the references it may be asked by."""
+    return any(key in item and key not in c.ref_fields and key != c.name_field and item[key] == value
+               and value not in ("", None)
+               for key, value in found.items())
 
 
 def _simple(prop: Any) -> bool:
