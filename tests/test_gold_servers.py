@@ -76,6 +76,12 @@ def test_every_gold_episode_succeeds_on_every_server(loop, tools, tasks, tokeniz
     assert servers == {s.server for s in tools.tool_specs()} and picked == servers  # each server chains
 
 
+def _picking(tasks: list[Task], source: str, tool: str, name: str) -> Task:
+    """The first two-call task whose second call, `tool`, takes `name` from the first, `source`."""
+    return next(t for t in tasks if [s.tool for s in t.ground_truth.tool_sequence] == [source, tool]
+                and name in t.ground_truth.tool_sequence[1].picks)
+
+
 def _stale(task: Task, tool: str, name: str, value: str) -> Task:
     """The task with the recorded value of a picked argument replaced by a wrong one."""
     stale = copy.deepcopy(task)
@@ -88,10 +94,10 @@ def test_picked_arguments_come_from_the_episodes_own_results_not_the_recorded_on
     servers = {s.server for s in tools.tool_specs()}
     chosen = []
     if "time" in servers:
-        clock = next(t for t in tasks if t.extra_info["template"] == "time/clock:now_convert")
+        clock = _picking(tasks, "get_current_time", "convert_time", "time")
         chosen.append((_stale(clock, "convert_time", "time", "99:99"), "convert_time", "time"))
     if "git" in servers:
-        log_show = next(t for t in tasks if t.extra_info["template"] in ("git/git:log_show_file", "git/git:log_show_email"))
+        log_show = _picking(tasks, "git_log", "git_show", "revision")
         chosen.append((_stale(log_show, "git_show", "revision", "0" * 40), "git_show", "revision"))
     if not chosen:
         pytest.skip(_missing("git"))
@@ -106,7 +112,8 @@ def test_picked_arguments_come_from_the_episodes_own_results_not_the_recorded_on
             assert re.fullmatch(r"\d\d:\d\d", used) and f"T{used}:" in now
         else:  # the hash the episode's own log shows for the commit the request names
             log = next(c for c in calls if c.tool == "git_log").result
-            assert re.fullmatch(r"[0-9a-f]{40}", used) and f"Commit: {used}" in log
+            commit = used[:40]  # a revision may name a file in it or its parent (`<hash>~1:notes.txt`)
+            assert re.fullmatch(r"[0-9a-f]{40}", commit) and f"Commit: {commit}" in log
 
 
 def test_gold_episodes_in_flight_together_each_write_their_own_copy(loop, tools, tasks, tokenizer):

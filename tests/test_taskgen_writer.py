@@ -104,13 +104,14 @@ def test_a_rewrite_that_drops_a_value_is_rejected(loop, stub, recorder, monkeypa
     tools, _ = recorder
     monkeypatch.setenv("TASKGEN_TEST_KEY", "k")
     writer = TaskWriter(OpenAIEndpoint(stub, "stub-model", "TASKGEN_TEST_KEY"))
-    outcome = loop.run_until_complete(generate_tasks(tools, servers=["recorder"], num=2, max_steps=1, seed=0,
+    outcome = loop.run_until_complete(generate_tasks(tools, servers=["recorder"], num=2, max_steps=1, seed=1,
                                                      eval_tasks=0, novel_tasks=0, examples=0))
     originals = [r["prompt"][0]["content"] for r in outcome.records]
+    assert '"pear"' in originals[0]  # the first request has a value the rewrite below loses
     values = [v for r in outcome.records for s in r["reward_spec"]["ground_truth"]["tool_sequence"]
               for v in s["params"].values()]
     _Stub.replies = ["Tell me about it, please.", "Please: " + originals[1]]
-    again = loop.run_until_complete(generate_tasks(tools, servers=["recorder"], num=2, max_steps=1, seed=0,
+    again = loop.run_until_complete(generate_tasks(tools, servers=["recorder"], num=2, max_steps=1, seed=1,
                                                    eval_tasks=0, novel_tasks=0, examples=0, writer=writer,
                                                    writer_tasks=0, writer_rewrites=2))
     requests = [r["prompt"][0]["content"] for r in again.records]

@@ -119,11 +119,15 @@ class Generator:
     async def fill(self, templates: list[Template], split: str, count: int, start: int) -> list[dict]:
         """`count` new records of `split` over `templates`: each server's share (equal, and what a
         server cannot make goes to the others), servers taking turns, each turn the server's next
-        template."""
+        template in a seeded order."""
         by_server: dict[str, list[Template]] = defaultdict(list)
         for template in templates:
             if template.name not in self.dropped:
                 by_server[template.name.split("/")[0]].append(template)
+        for server, group in by_server.items():
+            # Turns through a family's templates in a seeded order, not the order it lists them
+            # in (single calls first): a small count still gets chains.
+            random.Random(f"mcp-grpo|fill|{self.seed}|{split}|{server}").shuffle(group)
         servers = [s for s, ts in by_server.items() if ts]
         quota = {s: count // len(servers) + (i < count % len(servers)) for i, s in enumerate(servers)} if servers else {}
         made: Counter = Counter()
