@@ -144,3 +144,29 @@ def test_todo_lookups_match_the_seed_tasks(generated):
         assert truth["success"]["answer"] == next(t[field] for t in seed if t["name"] == name), record
         checked += 1
     assert checked >= 1
+
+
+def test_every_value_a_generic_write_sets_is_said_in_its_request(generated):
+    _, _, outcome, _ = generated
+    kinds = {(server, tool): row["kind"] for server, tools in outcome.report["tools"].items()
+             for tool, row in tools.items()}
+
+    def leaves(value, path=""):
+        if isinstance(value, dict):
+            return [leaf for k, v in value.items() for leaf in leaves(v, f"{path}{k}.")]
+        if isinstance(value, list):
+            return [leaf for i, v in enumerate(value) for leaf in leaves(v, f"{path}{i}.")]
+        return [(path[:-1], value)]
+    checked = 0
+    for record in outcome.records:
+        if record["extra_info"].get("family") != "generic":
+            continue
+        request = record["prompt"][0]["content"]
+        for step in record["reward_spec"]["ground_truth"]["tool_sequence"]:
+            if kinds.get((step["server"], step["tool"])) != "write":
+                continue
+            for path, value in leaves(step["params"]):
+                if path not in (step.get("picks") or {}) and isinstance(value, str):
+                    assert value in request, (path, value, request)
+                    checked += 1
+    assert checked >= 10

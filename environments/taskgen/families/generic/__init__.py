@@ -36,7 +36,7 @@ from environments.taskgen.families.generic.writes import (
 from environments.taskgen.families.schema import choices, properties, required
 from environments.taskgen.observe import Exploration, Observed
 from environments.taskgen.values import records, same_kind, words
-from environments.taskgen.wording import phrase
+from environments.taskgen.wording import phrase, plural
 from environments.tasks.picks import parse_result, put
 
 MAX_PREFETCH = 40
@@ -349,9 +349,10 @@ class GenericFamily:
         return [p for p in write.optional if _simple(props.get(p, {}))]
 
     def act_call(self, write: Write, rng: random.Random, pick: Pick | None, value: Any = "",
-                 param: str | None = None) -> tuple[Call | None, tuple[str, Any] | None]:
+                 param: str | None = None) -> tuple[Call | None, tuple[str | None, Any] | None]:
         """The call of an act-by-reference write (its reference picked, or given as `value`),
-        changing the optional field `param` where one is given, and the (field, value) it sets."""
+        changing the optional field `param` where one is given, and what the request must say:
+        the (field, value) it changes, or (None, [(path, value), ...]) for the values it needs."""
         spec = self.specs[write.tool]
         props = properties(spec)
         args: dict[str, Any] = {}
@@ -368,17 +369,28 @@ class GenericFamily:
             put(args, write.ref_path, value if pick is None else 0)
         except (KeyError, IndexError, TypeError):
             return None, None
-        if change is None and (any(path != write.ref_path for path in _leaf_paths(args))
-                               or (verb_of(write.tool, spec.description or "", ACT_VERBS) or "update") in BARE_CHANGES):
-            # A request naming only the thing ("update it") would not say the values the call
-            # sets, so nothing the model reads could tell it what the checks expect.
+        # A request names every value the call sets: "update it" alone would leave the model
+        # nothing to go on for what the checks expect. Values the call needs besides the thing's
+        # reference and the changed field are said after "with" (at most two short ones).
+        unsaid = [(path, _at(args, path)) for path in _leaf_paths(args) if path != write.ref_path
+                  and (param is None or path != param and not path.startswith(param + "."))]
+        if unsaid:
+            if change is not None or len(unsaid) > 2 or any(len(str(v)) > 60 for _, v in unsaid):
+                return None, None
+            change = (None, unsaid)
+        elif change is None and (verb_of(write.tool, spec.description or "", ACT_VERBS) or "update") in BARE_CHANGES:
             return None, None
         return Call(self.server, write.tool, args, {write.ref_path: pick} if pick is not None else {}), change
 
     def act_request(self, write: Write, thing: str, change: tuple[str, Any] | None, rng: random.Random,
                     lower: bool = False) -> str:
         spec = self.specs[write.tool]
-        if change is not None:
+        if change is not None and change[0] is None:
+            # "Add observations to ..." acts on an existing thing too: its verb is a creating one.
+            verb = verb_of(write.tool, spec.description or "", ACT_VERBS + CREATE_VERBS) or "update"
+            said = " and ".join(f"{phrase(_name_of(path))} {_value(value)}" for path, value in change[1])
+            text = _act_sentence(spec.description or "", verb, write.collection.noun, thing)[:-1] + f" with {said}."
+        elif change is not None:
             text = f"change the {phrase(change[0])} of {thing} to {_value(change[1])}."
         else:
             verb = verb_of(write.tool, spec.description or "", ACT_VERBS) or "update"
@@ -427,6 +439,17 @@ def _leaf_paths(value: Any, prefix: str = "") -> list[str]:
     return [prefix[:-1]]
 
 
+def _at(args: Any, path: str) -> Any:
+    for part in path.split("."):
+        args = args[int(part)] if isinstance(args, list) else args[part]
+    return args
+
+
+def _name_of(path: str) -> str:
+    """What a value at a dotted path is called: its last name that is not an index."""
+    return next(part for part in reversed(path.split(".")) if not part.isdigit())
+
+
 def _describes(found: dict, item: dict, c: Collection) -> bool:
     """A result holds the thing itself: it agrees with the listed item on a field other than its
     name and the references it may be asked by."""
@@ -455,7 +478,7 @@ def _act_sentence(description: str, verb: str, noun: str, thing: str) -> str:
     "mark the task "Pay rent" as done"), else "<verb> <thing>."."""
     first = re.split(r"(?<=[.!?])\s", " ".join(description.split()), maxsplit=1)[0].rstrip(".")
     pattern = re.compile(rf"\b(?:a|an|the|one|multiple|some|existing|specific|given|specified|new|\s)*\s*"
-                         rf"(?:\w+\s){{0,1}}{re.escape(noun)}(?:s|es)?\b(?:\s+by\s+(?:its\s+)?\w+)?", re.IGNORECASE)
+                         rf"(?:\w+\s){{0,1}}(?:{re.escape(plural(noun))}|{re.escape(noun)}(?:s|es)?)\b(?:\s+by\s+(?:its\s+)?\w+)?", re.IGNORECASE)
     if first.lower().startswith(verb) and pattern.search(first) and len(first) < 90:
         said = pattern.sub(" " + thing, first, count=1)
         said = re.sub(r"\s+(?:from|in|of)\s+the\s+[\w ]+$", "", said)
