@@ -164,7 +164,8 @@ train-multistep: install $(CHAINS)
 
 # Four third-party MCP servers at once (configs/cpu_mcp.yaml): tasks generated from their tool lists
 # on the real servers (written once; run again after an interruption and generation resumes), then
-# held-out success before, a warm start on gold trajectories, success after it, GRPO, success after.
+# held-out success before, a warm start on gold trajectories, success after it, GRPO, success after;
+# each evaluation also plays the hand-written set the config names (configs/data/mcp_handwritten.jsonl).
 MCP_TASKS ?= outputs/data/mcp.jsonl
 MCP_GENERATE ?= --num 1000 --max-steps 3 --eval-tasks 24 --novel-tasks 24
 $(MCP_TASKS): | $(VENV)/.installed servers

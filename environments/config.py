@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -154,5 +155,19 @@ class DataConfig(_Section):
     """Held-out tasks. Null: split from the generator with a disjoint seed (questions never shared)."""
     validation_size: int = Field(default=64, ge=1)
     """Held-out tasks when `validation` is null."""
+    evaluation_sets: dict[str, DatasetSource] = Field(default_factory=dict)
+    """Further evaluation sets by name, e.g. `{handwritten: {path: configs/data/mcp_handwritten.jsonl}}`:
+    each is played whole wherever the held-out tasks are (before, after the warm start, every
+    `eval_every`, after) and reported apart from them, as `eval/set=<name>/...` and in
+    summary.json as `success_<when>/set=<name>`. A set may share no question with the training
+    tasks (an error, never trimmed: its figure would stop measuring what it was frozen to)."""
     shuffle: bool = True
     """Shuffle training tasks each epoch (seeded)."""
+
+    @field_validator("evaluation_sets")
+    @classmethod
+    def _set_names(cls, sets: dict[str, DatasetSource]) -> dict[str, DatasetSource]:
+        for name in sets:  # a name goes into metric keys and a transcript's file name
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
+                raise ValueError(f"evaluation set name {name!r}: use lower-case letters, digits, '_' and '-'")
+        return sets

@@ -153,13 +153,15 @@ def _check_model(config: RunConfig, report: Report):
 
 def _check_dataset(config: RunConfig, report: Report) -> list | None:
     """The training and held-out tasks, or None when they do not load."""
-    from environments.tasks.loading import train_validation_split
+    from environments.tasks.loading import evaluation_sets, train_validation_split
     from environments.tasks.schema import TaskDataError
 
     try:
         train, val = train_validation_split(config.data, config.environment.env_class)
-        report.add(True, f"dataset: {len(train)} training tasks, {len(val)} held-out tasks")
-        return train + val
+        sets = evaluation_sets(config.data, train, config.environment.env_class)
+        report.add(True, f"dataset: {len(train)} training tasks, {len(val)} held-out tasks"
+                   + "".join(f", {len(tasks)} in the evaluation set {name}" for name, tasks in sets.items()))
+        return train + val + [task for tasks in sets.values() for task in tasks]
     except (TaskDataError, OSError, ValueError) as exc:
         report.add(False, setup_problem(exc) or f"dataset: {exc}")
         return None

@@ -16,6 +16,8 @@
   training. Task ids are assigned here (`<name>-<split>-s<seed>-<index>`).
 - `train_validation_split(data_cfg, env_class)`: (train, validation) that never share a question
   (compared with `normalize_question`).
+- `evaluation_sets(data_cfg, train, env_class)`: the further sets of `data.evaluation_sets` by
+  name, each whole; one that shares a question with the training tasks is an error.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import codecs
 import json
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -386,6 +388,25 @@ def train_validation_split(data_cfg: DataConfig, env_class: str | None = None) -
     if not kept:
         raise TaskDataError("every validation task asks a training question: nothing is held out")
     return train, kept
+
+
+def evaluation_sets(data_cfg: DataConfig, train: Sequence[Task],
+                    env_class: str | None = None) -> dict[str, list[Task]]:
+    """The tasks of each of `data.evaluation_sets`, by name. Unlike the held-out split, a set is
+    never trimmed: a task that asks a training question is an error naming it."""
+    train_questions = {normalize_question(t) for t in train}
+    sets = {}
+    for name, source in data_cfg.evaluation_sets.items():
+        tasks = load_tasks(source, f"evaluation-{name}", train_questions, env_class)
+        shared = [t for t in tasks if normalize_question(t) in train_questions]
+        if shared:
+            raise TaskDataError(f"data.evaluation_sets.{name}: {len(shared)} of its {len(tasks)} tasks ask a training "
+                                f"question (task {shared[0].task_id!r}: {shared[0].question!r}); an evaluation set "
+                                "must stay out of training")
+        if not tasks:
+            raise TaskDataError(f"data.evaluation_sets.{name}: it has no tasks")
+        sets[name] = tasks
+    return sets
 
 
 def _split_file(tasks: list[Task], size: int, seed: int, path: str) -> tuple[list[Task], list[Task]]:

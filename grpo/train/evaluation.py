@@ -1,12 +1,13 @@
 """Held-out evaluation: success rate, mean reward and pass@k, with per-task transcripts; with
 task-scoped tool exposure also the same figures with every allowed tool shown (`eval/all_tools/`),
-as a deployed model sees the tools."""
+as a deployed model sees the tools. A further evaluation set (`data.evaluation_sets`) gets the
+same figures under `eval/set=<name>/` (`set_metrics`)."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,32 @@ def grouped_success(trajectories: Sequence, tasks: Sequence, task_ids: Sequence[
     for key, (wins, attempts) in sorted(totals.items()):
         out[f"{prefix}/success/{key}"] = wins / attempts
         out[f"{prefix}/tasks/{key}"] = attempts / k
+    return out
+
+
+def set_metrics(metrics: dict[str, float], name: str) -> dict[str, float]:
+    """An evaluation set's figures beside the held-out split's: `eval/success_rate` ->
+    `eval/set=<name>/success_rate` (no key `evaluate` writes has a segment with `=` there)."""
+    return {f"eval/set={name}/{key.removeprefix('eval/')}": value for key, value in metrics.items()}
+
+
+def summary_figures(metrics: dict[str, float], tag: str, sets: Iterable[str] = ()) -> dict[str, float]:
+    """summary.json's view of an evaluation: success and reward, and success per held-out group
+    (complexity, split) as `success_<tag>/<group>`; the same of each further evaluation set with
+    `/set=<name>` after the tag (`success_after/set=handwritten`)."""
+    out = _set_summary(metrics, "eval", tag, "")
+    for name in sets:
+        out.update(_set_summary(metrics, f"eval/set={name}", tag, f"/set={name}"))
+    return out
+
+
+def _set_summary(metrics: dict[str, float], prefix: str, tag: str, where: str) -> dict[str, float]:
+    out = {f"success_{tag}{where}": metrics[f"{prefix}/success_rate"],
+           f"reward_{tag}{where}": metrics[f"{prefix}/reward_mean"]}
+    groups = f"{prefix}/success/"
+    out.update({f"success_{tag}{where}/{k.removeprefix(groups)}": v for k, v in metrics.items() if k.startswith(groups)})
+    if f"{prefix}/all_tools/success_rate" in metrics:  # task-scoped tools: also every tool shown
+        out[f"success_{tag}_all_tools{where}"] = metrics[f"{prefix}/all_tools/success_rate"]
     return out
 
 

@@ -1,10 +1,11 @@
 """The GRPO trainer: wires policy, reference, engine, tools, data and collector into a run.
 
 `GRPOTrainer(config).run()` does: check the tasks' tool names against the started servers →
-evaluate before → for each step: collect groups → update (grpo/algorithm/update.py) → EMA
-reference → push weights to the engine → metrics → checkpoint → evaluate after → final model,
-summary.json and the reward/success curve. Ctrl-C checkpoints the last finished step and raises
-TrainingInterrupted, which says where the run stopped and how to resume it.
+evaluate before (the held-out tasks, then each of `data.evaluation_sets`) → for each step:
+collect groups → update (grpo/algorithm/update.py) → EMA reference → push weights to the engine →
+metrics → checkpoint → evaluate after → final model, summary.json and the reward/success curve.
+Ctrl-C checkpoints the last finished step and raises TrainingInterrupted, which says where the run
+stopped and how to resume it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from environments.tasks.loading import train_validation_split
+from environments.tasks.loading import evaluation_sets, train_validation_split
 from environments.tasks.tool_references import check_tool_references
 from grpo.algorithm.reference import make_reference
 from grpo.algorithm.update import (
@@ -50,7 +51,7 @@ from grpo.train.checkpoint import (
     save_checkpoint,
 )
 from grpo.train.curriculum import CurriculumStream
-from grpo.train.evaluation import evaluate, grouped_success
+from grpo.train.evaluation import evaluate, grouped_success, set_metrics, summary_figures
 from grpo.train.logger import MetricsLogger, close_run_logging, setup_console_logging
 from grpo.train.plots import plot_curves
 from grpo.train.refill import refill
@@ -60,16 +61,6 @@ from grpo.train.warmup import warm_start
 from tools.manager import SharedToolManager
 
 log = logging.getLogger("mcp_grpo")
-
-
-def _eval_summary(metrics: dict[str, float], tag: str) -> dict[str, float]:
-    """summary.json's view of an evaluation: success and reward, and success per held-out group
-    (complexity, split) as `success_<tag>/<group>`."""
-    out = {f"success_{tag}": metrics["eval/success_rate"], f"reward_{tag}": metrics["eval/reward_mean"]}
-    out.update({f"success_{tag}/{k.split('/', 2)[2]}": v for k, v in metrics.items() if k.startswith("eval/success/")})
-    if "eval/all_tools/success_rate" in metrics:  # task-scoped tools: also every tool shown
-        out[f"success_{tag}_all_tools"] = metrics["eval/all_tools/success_rate"]
-    return out
 
 
 class TrainingStopped(RuntimeError):
@@ -114,7 +105,9 @@ class GRPOTrainer:
             save_config(cfg, self.run_dir / "config.yaml")
 
         self.train_tasks, self.val_tasks = train_validation_split(cfg.data, cfg.environment.env_class)
-        log.info("data: %d training tasks, %d held-out tasks", len(self.train_tasks), len(self.val_tasks))
+        self.eval_sets = evaluation_sets(cfg.data, self.train_tasks, cfg.environment.env_class)
+        log.info("data: %d training tasks, %d held-out tasks%s", len(self.train_tasks), len(self.val_tasks),
+                 "".join(f", {len(tasks)} in the evaluation set {name}" for name, tasks in self.eval_sets.items()))
         curriculum = cfg.train.curriculum
         self.stream = (CurriculumStream(self.train_tasks, cfg.train.tasks_per_step, cfg.seed,
                                         floor=curriculum.floor, ema=curriculum.ema, start=curriculum.start)
@@ -245,20 +238,20 @@ class GRPOTrainer:
 
     async def _loop(self, tools, summary: dict[str, Any], started: float) -> None:
         cfg = self.config
+        every_task = [*self.train_tasks, *self.val_tasks, *(t for tasks in self.eval_sets.values() for t in tasks)]
         # A task that names a tool no server offers would score 0 in every episode: stop first.
-        check_tool_references(self.train_tasks + self.val_tasks, tools.tool_specs(), cfg.tools, cfg.environment)
+        check_tool_references(every_task, tools.tool_specs(), cfg.tools, cfg.environment)
         self.collector = TrajectoryCollector(self.engine, self.tokenizer, tools, cfg.environment, cfg.rollout)
-        budget = await check_prompt_budget([*self.train_tasks, *self.val_tasks], tools,
-                                           self.collector.env_config, self.tokenizer, cfg.rollout)
+        budget = await check_prompt_budget(every_task, tools, self.collector.env_config, self.tokenizer, cfg.rollout)
         if budget is not None:
             log.info("prompt budget: %s", budget.summary())
         if cfg.train.eval_before and self.step == 0:
             before = await self._evaluate("before")
-            summary.update(_eval_summary(before, "before"))
+            summary.update(summary_figures(before, "before", self.eval_sets))
         if cfg.train.warmup.steps and self.step == 0:
             await self._warm_start(tools)
             if cfg.train.warmup.eval_after:  # what the warm start alone gives, so GRPO's own gain shows
-                summary.update(_eval_summary(await self._evaluate("warmup"), "warmup"))
+                summary.update(summary_figures(await self._evaluate("warmup"), "warmup", self.eval_sets))
         while self.step < cfg.train.steps:
             if cfg.train.max_minutes and time.time() - started > 60 * cfg.train.max_minutes:
                 log.info("train.max_minutes=%g reached after %d steps: stopping", cfg.train.max_minutes, self.step)
@@ -271,7 +264,7 @@ class GRPOTrainer:
                 self._save()
         if cfg.train.eval_after:
             after = await self._evaluate("after")
-            summary.update(_eval_summary(after, "after"))
+            summary.update(summary_figures(after, "after", self.eval_sets))
 
     def run(self) -> dict[str, Any]:
         self.setup()
@@ -392,26 +385,39 @@ class GRPOTrainer:
             self.reference.copy_policy()
 
     async def _evaluate(self, tag: str) -> dict[str, float]:
+        """The held-out tasks (transcripts eval/<tag>.jsonl), then each further evaluation set
+        (eval/<tag>.<name>.jsonl, figures under `eval/set=<name>/`), logged as one row."""
         cfg = self.config
         held_out = self.val_tasks[: cfg.train.eval_tasks] if cfg.train.eval_tasks else self.val_tasks
-        tasks = self._local_share(held_out)
+        metrics = await self._play_evaluation(held_out, tag)
+        log.info("eval %s: success %.1f%% on %d held-out tasks (%.0f s)", tag,
+                 100 * metrics["eval/success_rate"], len(held_out), metrics["eval/seconds"])
+        for name, tasks in self.eval_sets.items():
+            figures = await self._play_evaluation(tasks, f"{tag}.{name}")
+            log.info("eval %s: success %.1f%% on %d tasks of the set %s (%.0f s)", tag,
+                     100 * figures["eval/success_rate"], len(tasks), name, figures["eval/seconds"])
+            metrics.update(set_metrics(figures, name))
+        self.logger.log(metrics, self.step)
+        return metrics
+
+    async def _play_evaluation(self, all_tasks: list, transcripts: str) -> dict[str, float]:
+        """One evaluation of `all_tasks` (this process plays its share): the run's figures, each
+        set reduced over the ranks with its own weight."""
+        cfg = self.config
+        tasks = self._local_share(all_tasks)
         t0 = time.time()
         metrics: dict[str, float] = {}
         # evaluate() rejects an empty held-out set; with data parallelism one rank may get no share.
-        if tasks or not held_out:
+        if tasks or not all_tasks:
             # Transcripts come from the main process only (with data parallelism: its share).
-            transcripts = self.run_dir / "eval" / f"{tag}.jsonl" if self.is_main_process else None
+            path = self.run_dir / "eval" / f"{transcripts}.jsonl" if self.is_main_process else None
             metrics = await evaluate(
                 self.collector, tasks, k=1, temperature=cfg.rollout.eval_temperature, seed=cfg.seed,
-                transcripts_path=transcripts,
+                transcripts_path=path,
             )
         metrics["eval/seconds"] = time.time() - t0
         release_free_memory()
-        metrics = self._reduce_metrics(metrics, weight=float(len(tasks)))
-        log.info("eval %s: success %.1f%% on %d held-out tasks (%.0f s)", tag,
-                 100 * metrics["eval/success_rate"], len(held_out), metrics["eval/seconds"])
-        self.logger.log(metrics, self.step)
-        return metrics
+        return self._reduce_metrics(metrics, weight=float(len(tasks)))
 
     def _save(self) -> None:
         if self.is_main_process and self._saved_step != self.step:
