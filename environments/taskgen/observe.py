@@ -47,7 +47,7 @@ from tools.secrets import mask_secrets
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
 
-FILLINGS = 3
+FILLINGS = 4
 """Argument sets tried per tool while classifying (the first that works classifies it)."""
 MAX_OBSERVERS = 6
 """Argument-free reads compared around each call in the second pass."""
@@ -143,7 +143,8 @@ def _optional_simple(props: dict, required: list[str]) -> tuple[list[str], list[
 def fillings(spec: ToolSpec, pool: dict[str, list[Any]], rng: random.Random, count: int = FILLINGS) -> list[dict]:
     """Distinct argument sets for `spec` from its schema and the pool: the required arguments, and
     a read's cap on what it returns at its maximum (so a list shows everything); after the first,
-    one optional argument more each (a write given only what it needs may change nothing)."""
+    one optional argument more, each with new names and with known ones (a write given only what
+    it needs may change nothing, or refuse)."""
     schema = spec.input_schema or {}
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     required = [r for r in (schema.get("required") or []) if isinstance(r, str)]
@@ -151,15 +152,16 @@ def fillings(spec: ToolSpec, pool: dict[str, list[Any]], rng: random.Random, cou
     found: dict[str, dict] = {}
     for attempt in range(count * 2):
         try:
-            # After the first, names are new ones: creating a thing that exists may change nothing.
+            # After the first, names alternate between new ones (creating a thing that exists may
+            # change nothing) and known ones (changing a thing that does not exist fails).
             args = {name: schema_value(name, properties.get(name, {}), rng, pool,
-                                       fresh=bool(attempt) and ((words(name) or [""])[-1] in NAMING_WORDS
+                                       fresh=attempt % 2 == 1 and ((words(name) or [""])[-1] in NAMING_WORDS
                                                                 or (properties.get(name) or {}).get("type") == "array"))
                     for name in required}
             for name in limits:
                 args[name] = int(_bound_of(properties[name], "maximum", FULL))
             if attempt and simple:
-                name = simple[(attempt - 1) % len(simple)]
+                name = simple[(attempt - 1) // 2 % len(simple)]
                 args[name] = schema_value(name, properties[name], rng, pool, fresh=True)
         except (ValueError, TypeError, KeyError, IndexError, RecursionError):
             return list(found.values())

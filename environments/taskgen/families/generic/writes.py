@@ -185,7 +185,8 @@ def _create_then_act(family: GenericFamily, create: Write, act: Write, checks: l
         if call is None:
             return None
         noun = c.noun
-        first = f"Add {article(noun)} {noun} {quoted(name[1])}"
+        said = _said(family.flat_args(args), but=(name[0],))
+        first = f"Add {article(noun)} {noun} {quoted(name[1])}" + (f" with {said}" if said else "")
         return Draft("generic", "", f"{first}, then " + family.act_request(act, "it", change, rng, lower=True),
                      [Call(family.server, create.tool, args), call], checks=[Check(x) for x in checks])
     return make
