@@ -11,7 +11,7 @@ import operator
 from environments.taskgen.families.arithmetic.detect import Tool
 from environments.taskgen.families.arithmetic.operations import OPERATIONS
 from environments.taskgen.families.arithmetic.requests import _then_call
-from environments.taskgen.families.generic import _describes, _leaf_paths
+from environments.taskgen.families.generic.acts import _describes, _leaf_paths
 from environments.taskgen.families.generic.collections import Collection
 from environments.taskgen.observe import Observed
 from environments.tasks.picks import pick_value

@@ -18,6 +18,16 @@ from typing import Any
 
 from environments.taskgen.drafts import Call, DraftRejected, Pick
 from environments.taskgen.families.base import Explorer, Template
+from environments.taskgen.families.generic.acts import (
+    BARE_CHANGES,
+    _act_sentence,
+    _at,
+    _describes,
+    _leaf_paths,
+    _name_of,
+    _simple,
+    _value,
+)
 from environments.taskgen.families.generic.collections import (
     Collection,
     feeds,
@@ -36,7 +46,7 @@ from environments.taskgen.families.generic.writes import (
 from environments.taskgen.families.schema import choices, properties, required
 from environments.taskgen.observe import Exploration, Observed
 from environments.taskgen.values import records, same_kind, words
-from environments.taskgen.wording import phrase, plural
+from environments.taskgen.wording import phrase
 from environments.tasks.picks import parse_result, put
 
 MAX_PREFETCH = 40
@@ -424,66 +434,6 @@ class GenericFamily:
 
     def templates(self) -> list[Template]:
         return read_templates(self) + write_templates(self)
-
-
-BARE_CHANGES = ("update", "set", "edit", "change", "modify")
-"""Verbs that say nothing without the values they set."""
-
-
-def _leaf_paths(value: Any, prefix: str = "") -> list[str]:
-    """The dotted paths of an argument tree's scalar values (`entities.0.name`)."""
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _leaf_paths(v, f"{prefix}{k}.")]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in _leaf_paths(v, f"{prefix}{i}.")]
-    return [prefix[:-1]]
-
-
-def _at(args: Any, path: str) -> Any:
-    for part in path.split("."):
-        args = args[int(part)] if isinstance(args, list) else args[part]
-    return args
-
-
-def _name_of(path: str) -> str:
-    """What a value at a dotted path is called: its last name that is not an index."""
-    return next(part for part in reversed(path.split(".")) if not part.isdigit())
-
-
-def _describes(found: dict, item: dict, c: Collection) -> bool:
-    """A result holds the thing itself: it agrees with the listed item on a field other than its
-    name and the references it may be asked by."""
-    return any(key in item and key not in c.ref_fields and key != c.name_field and item[key] == value
-               and value not in ("", None)
-               for key, value in found.items())
-
-
-def _simple(prop: Any) -> bool:
-    """An optional argument a request can set in words: an enum, a short text, a date, a number."""
-    if not isinstance(prop, dict):
-        return False
-    options = [prop, *[o for o in (prop.get("anyOf") or prop.get("oneOf") or []) if isinstance(o, dict)]]
-    kinds = {o.get("type") for o in options} - {None, "null"}
-    return bool(kinds & {"string", "integer", "number"}) and not any(o.get("type") == "object" for o in options)
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, list):
-        return ", ".join(_value(v) for v in value)
-    return f'"{value}"' if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _act_sentence(description: str, verb: str, noun: str, thing: str) -> str:
-    """The description's first sentence with its thing made specific ("Mark a task as done" ->
-    "mark the task "Pay rent" as done"), else "<verb> <thing>."."""
-    first = re.split(r"(?<=[.!?])\s", " ".join(description.split()), maxsplit=1)[0].rstrip(".")
-    pattern = re.compile(rf"\b(?:a|an|the|one|multiple|some|existing|specific|given|specified|new|\s)*\s*"
-                         rf"(?:\w+\s){{0,1}}(?:{re.escape(plural(noun))}|{re.escape(noun)}(?:s|es)?)\b(?:\s+by\s+(?:its\s+)?\w+)?", re.IGNORECASE)
-    if first.lower().startswith(verb) and pattern.search(first) and len(first) < 90:
-        said = pattern.sub(" " + thing, first, count=1)
-        said = re.sub(r"\s+(?:from|in|of)\s+the\s+[\w ]+$", "", said)
-        return " ".join(said.split())[0].lower() + " ".join(said.split())[1:] + "."
-    return f"{verb} {thing}."
 
 
 def family(server: str) -> GenericFamily:
