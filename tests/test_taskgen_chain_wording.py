@@ -11,9 +11,10 @@ import operator
 from environments.taskgen.families.arithmetic.detect import Tool
 from environments.taskgen.families.arithmetic.operations import OPERATIONS
 from environments.taskgen.families.arithmetic.requests import _then_call
-from environments.taskgen.families.generic.acts import _describes, _leaf_paths
+from environments.taskgen.families.generic.acts import _describes
 from environments.taskgen.families.generic.collections import Collection
 from environments.taskgen.observe import Observed
+from environments.taskgen.values import leaves
 from environments.tasks.picks import pick_value
 
 OPS = {ast.Pow: operator.pow, ast.Mult: operator.mul, ast.Sub: operator.sub, ast.Add: operator.add}
@@ -60,4 +61,4 @@ def test_a_write_that_reports_what_it_did_does_not_describe_the_thing():
 
 def test_the_values_a_call_sets_are_found_however_deep():
     args = {"entities": [{"name": "Ola Reyes", "entityType": "person", "observations": ["likes jazz"]}], "force": True}
-    assert _leaf_paths(args) == ["entities.0.name", "entities.0.entityType", "entities.0.observations.0", "force"]
+    assert [path for path, _ in leaves(args)] == ["entities.0.name", "entities.0.entityType", "entities.0.observations.0", "force"]

@@ -21,9 +21,7 @@ from environments.taskgen.families.base import Explorer, Template
 from environments.taskgen.families.generic.acts import (
     BARE_CHANGES,
     _act_sentence,
-    _at,
     _describes,
-    _leaf_paths,
     _name_of,
     _simple,
     _value,
@@ -45,7 +43,7 @@ from environments.taskgen.families.generic.writes import (
 )
 from environments.taskgen.families.schema import choices, properties, required
 from environments.taskgen.observe import Exploration, Observed
-from environments.taskgen.values import records, same_kind, words
+from environments.taskgen.values import leaves, records, same_kind, words
 from environments.taskgen.wording import phrase
 from environments.tasks.picks import parse_result, put
 
@@ -382,7 +380,7 @@ class GenericFamily:
         # A request names every value the call sets: "update it" alone would leave the model
         # nothing to go on for what the checks expect. Values the call needs besides the thing's
         # reference and the changed field are said after "with" (at most two short ones).
-        unsaid = [(path, _at(args, path)) for path in _leaf_paths(args) if path != write.ref_path
+        unsaid = [(path, value) for path, value in leaves(args) if path != write.ref_path
                   and (param is None or path != param and not path.startswith(param + "."))]
         if unsaid:
             if change is not None or len(unsaid) > 2 or any(len(str(v)) > 60 for _, v in unsaid):

@@ -14,21 +14,6 @@ BARE_CHANGES = ("update", "set", "edit", "change", "modify")
 """Verbs that say nothing without the values they set."""
 
 
-def _leaf_paths(value: Any, prefix: str = "") -> list[str]:
-    """The dotted paths of an argument tree's scalar values (`entities.0.name`)."""
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _leaf_paths(v, f"{prefix}{k}.")]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in _leaf_paths(v, f"{prefix}{i}.")]
-    return [prefix[:-1]]
-
-
-def _at(args: Any, path: str) -> Any:
-    for part in path.split("."):
-        args = args[int(part)] if isinstance(args, list) else args[part]
-    return args
-
-
 def _name_of(path: str) -> str:
     """What a value at a dotted path is called: its last name that is not an index."""
     return next(part for part in reversed(path.split(".")) if not part.isdigit())
