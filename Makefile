@@ -162,19 +162,17 @@ $(CHAINS): $(VENV)/.installed
 train-multistep: install $(CHAINS)
 	$(PY) -m launch.train --config configs/cpu_multistep.yaml $(ARGS)
 
-# Four third-party MCP servers at once (configs/cpu_mcp.yaml): tasks generated from their tool lists
-# on the real servers (written once; run again after an interruption and generation resumes), then
-# held-out success before, a warm start on gold trajectories, success after it, GRPO, success after;
-# each evaluation also plays the hand-written set the config names (configs/data/mcp_handwritten.jsonl).
+# Four third-party MCP servers at once (configs/cpu_mcp.yaml), through `mcp-grpo autotrain`: tasks
+# generated from their tool lists on the real servers (written once; run again after an interruption
+# and generation resumes), then held-out success before, a warm start on gold trajectories, success
+# after it, GRPO, success after; each evaluation also plays the hand-written set the config names
+# (configs/data/mcp_handwritten.jsonl), and the last lines are a table of all of them.
 MCP_TASKS ?= outputs/data/mcp.jsonl
 MCP_GENERATE ?= --num 1000 --max-steps 3 --eval-tasks 24 --novel-tasks 24
-$(MCP_TASKS): | $(VENV)/.installed servers
-	$(PY) -m launch.generate_tasks --config configs/cpu_mcp.yaml --servers time,git,filesystem,sqlite \
-		$(MCP_GENERATE) --out $(MCP_TASKS)
 
-train-mcp: install servers $(MCP_TASKS)
-	$(PY) -m launch.train --config configs/cpu_mcp.yaml data.train.path=$(MCP_TASKS) \
-		data.validation.path=$(MCP_TASKS:.jsonl=.heldout.jsonl) $(ARGS)
+train-mcp: install servers
+	$(PY) -m launch.autotrain --config configs/cpu_mcp.yaml --servers time,git,filesystem,sqlite \
+		$(MCP_GENERATE) --tasks $(MCP_TASKS) $(ARGS)
 
 # vLLM rollouts: on a CUDA machine its CUDA build (install-gpu), elsewhere its CPU build (install).
 train-vllm:

@@ -1,7 +1,7 @@
 """The `mcp-grpo` console command: one entry point over the launch modules and the bench.
 
     mcp-grpo train --config configs/cpu.yaml [dotted.key=value ...] [--dry-run]
-    mcp-grpo evaluate | generate-tasks | validate | smoke | bench | distributed ...
+    mcp-grpo autotrain | evaluate | generate-tasks | validate | smoke | bench | distributed ...
 
 Each subcommand is a `python -m <module>` entry point, run with the remaining arguments; the
 `python -m launch.*` forms and the Makefile targets stay as they are. Modules are imported by
@@ -18,6 +18,7 @@ from launch.interrupt import stops_cleanly_on_interrupt
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("launch.train", "train a policy from a YAML config (GRPO; --dry-run validates only)"),
+    "autotrain": ("launch.autotrain", "tasks from your MCP servers, then warm start, GRPO and evaluations, one table"),
     "evaluate": ("launch.evaluate", "held-out success of a model on a config's tasks"),
     "generate-tasks": ("launch.generate_tasks", "verified tasks from MCP servers' tools"),
     "validate": ("launch.validate_setup", "check dependencies, device, model, servers, dataset"),

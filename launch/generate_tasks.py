@@ -43,11 +43,18 @@ from tools.secrets import mask_text, mask_value
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="YAML run config whose tools.servers to use")
+    parser.add_argument("--out", required=True, help="training tasks .jsonl (held-out ones beside it)")
+    add_generation_arguments(parser)
+    parser.add_argument("overrides", nargs="*", help="dotted config overrides")
+    return parser.parse_args(argv)
+
+
+def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
+    """What decides the tasks made (also `autotrain`'s): servers, counts, chain length, splits, writer."""
     parser.add_argument("--servers", default=None, help="comma list of server names (default: all)")
     parser.add_argument("--num", type=int, default=2000, help="training tasks (spread over the training templates)")
     parser.add_argument("--max-steps", type=int, default=4, help="longest chain (calls)")
-    parser.add_argument("--out", required=True, help="training tasks .jsonl (held-out ones beside it)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the generation's seed")
     parser.add_argument("--digits", type=int, default=2, help="digits of the numbers in questions")
     parser.add_argument("--novel-fraction", type=float, default=0.2,
                         help="share of multi-step templates held out entirely")
@@ -66,8 +73,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--writer-tasks", type=int, default=20, help="tasks the writer proposes per server")
     parser.add_argument("--writer-rewrites", type=int, default=0,
                         help="training requests per server the writer rewords (each verified again)")
-    parser.add_argument("overrides", nargs="*", help="dotted config overrides")
-    return parser.parse_args(argv)
+
+
+SETTINGS = ("servers", "num", "max_steps", "seed", "digits", "novel_fraction", "eval_tasks", "novel_tasks",
+            "examples", "allow_tool", "writer_base_url", "writer_model", "writer_tasks", "writer_rewrites",
+            "tool_overrides")
+"""The arguments that decide which tasks a run makes: the report keeps them, so a later run (or
+`autotrain`) can tell whether a finished file was made with the same ones."""
+
+
+def settings_of(args: argparse.Namespace) -> dict:
+    """The settings as the report keeps them; of the config overrides, those of `tools.` (the
+    others do not change what generation does)."""
+    tool_overrides = [o for o in args.overrides if o.startswith("tools.")]
+    return {name: getattr(args, name) for name in SETTINGS if name != "tool_overrides"} | {"tool_overrides": tool_overrides}
+
+
+def task_paths(out: str | Path) -> tuple[Path, Path, Path]:
+    """The held-out tasks, the report and the progress file beside a training tasks file."""
+    return _paths(Path(out))
 
 
 def _paths(out: Path) -> tuple[Path, Path, Path]:
@@ -123,7 +147,7 @@ async def _run(args: argparse.Namespace) -> int:
             writer_tasks=args.writer_tasks if writer else 0, writer_rewrites=args.writer_rewrites, later=later)
     # Everything written or printed passes the one secrets rule (tools/secrets.py): requests,
     # logged results and rejection reasons may quote what a server returned.
-    records, report = mask_value(outcome.records)[0], mask_value(outcome.report)[0]
+    records, report = mask_value(outcome.records)[0], mask_value({**outcome.report, "settings": settings_of(args)})[0]
     train = [r for r in records if r["extra_info"]["split"] == "train"]
     heldout = [r for r in records if r["extra_info"]["split"] != "train"]
     out.write_text("".join(json.dumps(r) + "\n" for r in train), encoding="utf-8")
@@ -140,7 +164,11 @@ async def _run(args: argparse.Namespace) -> int:
 
 @stops_cleanly_on_interrupt
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    return generate(parse_args(argv))
+
+
+def generate(args: argparse.Namespace) -> int:
+    """Generate as `args` say (parse_args' fields); 0 when tasks were written, 2 on bad input."""
     try:
         return asyncio.run(_run(args))
     except (ConfigError, ChainError, ToolServerStartError, EndpointError) as exc:

@@ -48,40 +48,44 @@ def main(argv=None) -> int:
         report = asyncio.run(validate(config, servers_only=False))  # a run uses every default it does not set
         return 0 if report.ok else 1
 
+    code, summary = train(config)
+    if summary is not None:
+        print(json.dumps(summary, indent=2))
+        print(f"run directory: {summary['run_dir']}")
+    return code
+
+
+def train(config) -> tuple[int, dict | None]:
+    """Run GRPO on a loaded config: (0, summary.json's contents), or (1, None) after printing
+    what stopped it (see the module doc). `autotrain` runs its training through this."""
     try:
-        summary = GRPOTrainer(config).run()
+        return 0, GRPOTrainer(config).run()
     except MemoryError:
         # One line, not a traceback per episode or step: memory ran out where the estimate at
         # start (grpo/train/step_memory.py) said it would fit, or in what it does not count.
         problem = ("training stopped: out of memory; lower train.tasks_per_step, algorithm.group_size, "
                    "rollout.max_total_tokens or algorithm.optimizer.micro_batch_size "
                    "(`--dry-run` estimates a step's memory)")
-        print(problem, file=sys.stderr)
-        log_path = _log_traceback(config.run_dir / "training.log", problem)
-        if log_path is not None:
-            print(f"details: {log_path}", file=sys.stderr)
-        return 1
+        details = traceback.format_exc()
     except Exception as exc:  # only setup and health-check errors are handled; a bug is re-raised
         problem = setup_problem(exc) or (f"training stopped: {exc}" if isinstance(exc, TrainingStopped) else None)
         if problem is None:
             raise
-        print(problem, file=sys.stderr)
-        log_path = _log_traceback(config.run_dir / "training.log", problem)
-        if log_path is not None:
-            print(f"details: {log_path}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2))
-    print(f"run directory: {summary['run_dir']}")
-    return 0
+        details = traceback.format_exc()
+    print(problem, file=sys.stderr)
+    log_path = _log_traceback(config.run_dir / "training.log", problem, details)
+    if log_path is not None:
+        print(f"details: {log_path}", file=sys.stderr)
+    return 1, None
 
 
-def _log_traceback(log_path: Path, problem: str) -> Path | None:
+def _log_traceback(log_path: Path, problem: str, details: str) -> Path | None:
     """Append the problem and its traceback to the run's log (when the run got as far as making
     its directory); the console shows the problem alone."""
     if not log_path.parent.is_dir():
         return None
     with log_path.open("a") as log:
-        log.write(f"{time.strftime('%H:%M:%S')} ERROR {problem}\n{traceback.format_exc()}")
+        log.write(f"{time.strftime('%H:%M:%S')} ERROR {problem}\n{details}")
     return log_path
 
 
