@@ -168,7 +168,7 @@ train-multistep: install $(CHAINS)
 # after it, GRPO, success after; each evaluation also plays the hand-written set the config names
 # (configs/data/mcp_handwritten.jsonl), and the last lines are a table of all of them.
 MCP_TASKS ?= outputs/data/mcp.jsonl
-MCP_GENERATE ?= --num 1000 --max-steps 3 --eval-tasks 24 --novel-tasks 24
+MCP_GENERATE ?= --num 1000 --max-steps 3 --eval-tasks 24 --novel-tasks 24 --phrasing-tasks 24
 
 train-mcp: install servers
 	$(PY) -m launch.autotrain --config configs/cpu_mcp.yaml --servers time,git,filesystem,sqlite \

@@ -34,8 +34,11 @@ class OpenAIEndpoint:
     def __repr__(self) -> str:  # the key stays out of reprs and logs
         return f"OpenAIEndpoint({self.url!r}, model={self.model!r})"
 
-    def _payload(self, messages: list[dict], tools: list[dict] | None, temperature: float) -> dict:
+    def _payload(self, messages: list[dict], tools: list[dict] | None, temperature: float,
+                 max_tokens: int | None = None) -> dict:
         payload: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": temperature}
+        if max_tokens is not None:
+            payload["max_tokens"] = max_tokens
         if tools:
             payload["tools"] = [{"type": "function", "function": tool} for tool in tools]
         return payload
@@ -55,9 +58,9 @@ class OpenAIEndpoint:
         return self._message(response)
 
     async def acomplete(self, messages: list[dict], tools: list[dict] | None = None,
-                        temperature: float = 0.0) -> dict:
+                        temperature: float = 0.0, max_tokens: int | None = None) -> dict:
         """The reply message; a fresh connection per call, so any event loop may call it."""
         async with httpx.AsyncClient(timeout=self.timeout) as client:
-            response = await client.post(self.url, json=self._payload(messages, tools, temperature),
+            response = await client.post(self.url, json=self._payload(messages, tools, temperature, max_tokens),
                                          headers=self._headers)
         return self._message(response)

@@ -8,8 +8,10 @@ in), drafts requests with chains of 1..max-steps calls (one call's result feedin
 runs every draft twice on fresh state for its ground truth (the answer, the end-state checks of
 writes, or for nondeterministic tools the answer the episode's own call gives), and writes:
 - OUT: the training tasks;
-- OUT with `.heldout.jsonl`: held-out multi-call tasks, alternating `extra_info.split` = `eval`
-  (templates trained on, new requests) and `novel` (templates never trained on);
+- OUT with `.heldout.jsonl`: held-out tasks, by `extra_info.split`: `eval` (multi-call templates
+  trained on, new requests), `novel` (templates never trained on) and `phrasing` (templates
+  trained on, in a wording of theirs held out of training: a template that says its request in
+  several ways holds one out, `--phrasing-fraction` of them);
 - OUT with `.report.json`: per server its family, templates, tasks and share of multi-call
   tasks; every tool used, every tool left out with the reason, servers that contributed nothing,
   and why drafts were rejected; also printed.
@@ -61,6 +63,10 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-tasks", type=int, default=40,
                         help="held-out tasks of trained multi-step templates (new questions)")
     parser.add_argument("--novel-tasks", type=int, default=40, help="held-out tasks of held-out templates")
+    parser.add_argument("--phrasing-tasks", type=int, default=40,
+                        help="held-out tasks of trained templates in a wording never trained on")
+    parser.add_argument("--phrasing-fraction", type=float, default=0.3,
+                        help="share of the templates with several wordings that hold one out of training")
     parser.add_argument("--examples", type=int, default=2, help="worked examples per task")
     parser.add_argument("--allow-tool", action="append", default=[], metavar="SERVER.TOOL",
                         help="let generation call this tool (glob) though it may write and its server has no "
@@ -71,13 +77,15 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--writer-key-env", default="OPENAI_API_KEY",
                         help="environment variable holding the writer endpoint's API key")
     parser.add_argument("--writer-tasks", type=int, default=20, help="tasks the writer proposes per server")
+    parser.add_argument("--writer-max-tokens", type=int, default=2048,
+                        help="the longest proposal reply asked of the writer (a rewording gets a quarter)")
     parser.add_argument("--writer-rewrites", type=int, default=0,
                         help="training requests per server the writer rewords (each verified again)")
 
 
 SETTINGS = ("servers", "num", "max_steps", "seed", "digits", "novel_fraction", "eval_tasks", "novel_tasks",
-            "examples", "allow_tool", "writer_base_url", "writer_model", "writer_tasks", "writer_rewrites",
-            "tool_overrides")
+            "phrasing_tasks", "phrasing_fraction", "examples", "allow_tool", "writer_base_url", "writer_model",
+            "writer_tasks", "writer_max_tokens", "writer_rewrites", "tool_overrides")
 """The arguments that decide which tasks a run makes: the report keeps them, so a later run (or
 `autotrain`) can tell whether a finished file was made with the same ones."""
 
@@ -131,7 +139,8 @@ async def _run(args: argparse.Namespace) -> int:
         if not args.writer_model:
             print("--writer-base-url needs --writer-model", file=sys.stderr)
             return 2
-        writer = TaskWriter(OpenAIEndpoint(args.writer_base_url, args.writer_model, args.writer_key_env))
+        writer = TaskWriter(OpenAIEndpoint(args.writer_base_url, args.writer_model, args.writer_key_env),
+                            max_tokens=args.writer_max_tokens)
     started = time.time()
     later_config = later_tools(config.tools)
     if later_config is None:
@@ -143,6 +152,7 @@ async def _run(args: argparse.Namespace) -> int:
         outcome = await generate_tasks(
             tools, servers=servers, num=args.num, max_steps=args.max_steps, seed=args.seed, digits=args.digits,
             novel_fraction=args.novel_fraction, eval_tasks=args.eval_tasks, novel_tasks=args.novel_tasks,
+            phrasing_tasks=args.phrasing_tasks, phrasing_fraction=args.phrasing_fraction,
             examples=args.examples, allow=args.allow_tool, progress=progress, writer=writer,
             writer_tasks=args.writer_tasks if writer else 0, writer_rewrites=args.writer_rewrites, later=later)
     # Everything written or printed passes the one secrets rule (tools/secrets.py): requests,
@@ -157,7 +167,7 @@ async def _run(args: argparse.Namespace) -> int:
     splits = Counter(r["extra_info"]["split"] for r in records)
     print_report(report)
     print(f"{len(records)} tasks in {time.time() - started:.1f} s: train {splits['train']}, eval {splits['eval']}, "
-          f"novel {splits['novel']}")
+          f"novel {splits['novel']}, phrasing {splits['phrasing']}")
     print(f"wrote {out}, {heldout_path}, {report_path}")
     return 0 if records else 2
 

@@ -65,8 +65,8 @@ def test_tasks_made_with_other_settings_stop_it_and_stay(tmp_path, capsys):
     tasks.with_name("t.heldout.jsonl").write_text("{}\n")
     tasks.with_name("t.report.json").write_text(json.dumps({"settings": {
         "servers": "calculator", "num": 99, "max_steps": 2, "seed": 0, "digits": 2, "novel_fraction": 0.2,
-        "eval_tasks": 2, "novel_tasks": 2, "examples": 2, "allow_tool": [], "writer_base_url": None,
-        "writer_model": None, "writer_tasks": 20, "writer_rewrites": 0, "tool_overrides": []}}))
+        "eval_tasks": 2, "novel_tasks": 2, "phrasing_tasks": 40, "phrasing_fraction": 0.3, "examples": 2, "allow_tool": [], "writer_base_url": None,
+        "writer_model": None, "writer_tasks": 20, "writer_max_tokens": 2048, "writer_rewrites": 0, "tool_overrides": []}}))
     code = main(["--config", str(REPO / "configs" / "smoke.yaml"), "--tasks", str(tasks), *GENERATE])
     assert code == 2
     err = capsys.readouterr().err

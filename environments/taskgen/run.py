@@ -28,7 +28,7 @@ from environments.taskgen.families import Template
 from environments.taskgen.plan import Plan, bundled_chain_server, plan_server
 from environments.taskgen.report import build_report
 from environments.taskgen.verify import Runner
-from environments.taskgen.wording import names_identifier
+from environments.taskgen.wording import names_identifier, phrasing_of, recording
 from environments.tasks.schema import complexity_for, task_record
 from tools.clock import libfaketime
 
@@ -43,6 +43,18 @@ REL_TOLERANCE = 1e-6
 """Of a fractional answer: it is copied from a tool's result, which may print one digit more."""
 GIVE_UP_AFTER = 40
 """Draws in a row without a new verified task after which a template leaves the rotation."""
+PHRASED_SPLITS = ("train", "eval", "phrasing")
+"""The splits of trained templates, where a held-out wording decides which draws each may take."""
+
+
+def held_wording(template: str, of: int, seed: int, fraction: float) -> int | None:
+    """Which of a trained template's `of` wordings (its first `say`) is held out of training
+    for the `phrasing` split, or None: a seeded draw per template, `fraction` of those with two
+    or more wordings."""
+    rng = random.Random(f"mcp-grpo|phrasing|{seed}|{template}|{of}")
+    if of < 2 or rng.random() >= fraction:
+        return None
+    return rng.randrange(of)
 
 
 @dataclass
@@ -97,7 +109,18 @@ class Generator:
     """Round robin over servers and their templates; see the module doc."""
 
     def __init__(self, tools: SharedToolManager, plans: list[Plan], seed: int, timeout: float | None,
-                 progress: Path | None = None, done: Sequence[dict] = (), later: SharedToolManager | None = None):
+                 progress: Path | None = None, done: Sequence[dict] = (), later: SharedToolManager | None = None,
+                 phrasing_fraction: float = 0.0):
+        self.phrasing_fraction = phrasing_fraction
+        self.held: dict[str, int] = {}
+        """Per trained template with a wording held out: which (the `phrasing` split's)."""
+        for record in done:  # a resumed run knows the held wordings of templates it will not draw again
+            info = record["extra_info"]
+            if info.get("phrasing") and info["split"] in PHRASED_SPLITS:
+                held = held_wording(info["template"], int(info["phrasing"].split(".")[0].split("/")[1]), seed,
+                                    phrasing_fraction)
+                if held is not None:
+                    self.held[info["template"]] = held
         self.runner = Runner(tools, timeout, later)
         self.identifiers: dict[str, set[str]] = defaultdict(set)
         """Per server: the names of its tools and parameters, which no request may name."""
@@ -163,7 +186,8 @@ class Generator:
 
     async def _one(self, template: Template, split: str, task_id: str) -> dict | None:
         try:
-            draft = template.make(self.rng)
+            with recording() as said:
+                draft = template.make(self.rng)
         except (IndexError, ValueError, KeyError) as exc:  # the state has nothing this draw needs
             self.rejections[template.name][f"no draft: {type(exc).__name__}"] += 1
             return None
@@ -173,6 +197,14 @@ class Generator:
         if draft is None:
             self.rejections[template.name]["no draft for this draw"] += 1
             return None
+        if split in PHRASED_SPLITS:
+            held = held_wording(template.name, said[0][1], self.seed, self.phrasing_fraction) if said else None
+            if held is not None:
+                self.held[template.name] = held
+            if (split == "phrasing") != (held is not None and said[0][0] == held):
+                return None  # a wording of another split: a miss, not a rejection
+        if phrasing_of(said):
+            draft.meta["phrasing"] = phrasing_of(said)
         return await self.accept(draft, template, split, task_id)
 
     async def accept(self, draft: Draft, template: Template, split: str, task_id: str) -> dict | None:
@@ -213,9 +245,12 @@ async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | N
                          novel_tasks: int = 40, examples: int = 2, timeout: float | None = None,
                          progress: Path | None = None, digits: int = 2, writer: TaskWriter | None = None,
                          writer_tasks: int = 0, writer_rewrites: int = 0,
-                         later: SharedToolManager | None = None) -> Outcome:
+                         later: SharedToolManager | None = None, phrasing_fraction: float = 0.3,
+                         phrasing_tasks: int = 0) -> Outcome:
     """Training records (`num`), held-out ones (`eval_tasks` of trained multi-call templates,
-    `novel_tasks` of held-out templates) and the report, for `servers` (default: all). Records
+    `novel_tasks` of held-out templates, `phrasing_tasks` of trained templates in the wording
+    each holds out: `phrasing_fraction` of the templates with two or more wordings hold one out
+    of training) and the report, for `servers` (default: all). Records
     already in `progress` count as made (resume); new ones are appended to it. `later`: the same
     servers with their clock ahead (`later_tools`), where every draft runs a second time."""
     wanted = sorted(servers or {s.server for s in tools.tool_specs()})
@@ -237,7 +272,7 @@ async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | N
             plans.append(Plan(",".join(chain_servers), "arithmetic", [], {}, str(exc)))
     templates = [t for p in plans for t in p.templates]
     novel = split_templates(templates, novel_fraction, seed)
-    generator = Generator(tools, plans, seed, timeout, progress, done, later)
+    generator = Generator(tools, plans, seed, timeout, progress, done, later, phrasing_fraction if phrasing_tasks else 0.0)
     share = max(0, len(plans)) and len(plans) / len(wanted)
     need = Counter(r["extra_info"]["split"] for r in done)
     trained = [t for t in templates if t.name not in novel]
@@ -247,6 +282,8 @@ async def generate_tasks(tools: SharedToolManager, *, servers: Sequence[str] | N
         records += await with_writer(generator, writer, tools, plans, records, writer_tasks, writer_rewrites, max_steps)
     records += await generator.fill([t for t in trained if t.calls > 1], "eval",
                                     round(eval_tasks * share) - need["eval"], need["eval"])
+    records += await generator.fill([t for t in trained if t.name in generator.held], "phrasing",
+                                    round(phrasing_tasks * share) - need["phrasing"], need["phrasing"])
     records += await generator.fill([t for t in templates if t.name in novel], "novel",
                                     round(novel_tasks * share) - need["novel"], need["novel"])
     attach_examples(records, examples, seed)

@@ -4,12 +4,23 @@ descriptions a server gives (`order_items` -> "order items", `dueDate` -> "due d
 Requests say what the user wants in words, never the identifiers of the tools and parameters
 that answer them: `is_identifier` says what counts as one (a name holding `_`, `-`, a digit or an
 inner capital), and `names_identifier` finds any of a server's identifiers in a request.
+
+A template says one intent in several ways: `say(rng, options)` picks one, and while
+`recording()` is open each pick is noted (which of how many), so the generator can hold a
+wording out of training and test on it (the `phrasing` split).
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from typing import TypeVar
+
+T = TypeVar("T")
+_SAID: ContextVar[list[tuple[int, int]] | None] = ContextVar("said", default=None)
 
 _IRREGULAR = {"people": "person", "children": "child", "men": "man", "women": "woman", "data": "data",
               "series": "series", "species": "species", "news": "news", "status": "status", "address": "address"}
@@ -83,3 +94,32 @@ def names_identifier(request: str, identifiers: Iterable[str]) -> str | None:
         if name in said and is_identifier(name):
             return name
     return None
+
+
+def say(rng: random.Random, options: Sequence[T]) -> T:
+    """One of a template's ways of saying its request (the same draw as `rng.choice`), noted
+    where `recording()` is open."""
+    index = rng.randrange(len(options))
+    said = _SAID.get()
+    if said is not None:
+        said.append((index, len(options)))
+    return options[index]
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[tuple[int, int]]]:
+    """The picks `say` makes inside the block, in order: (which, of how many)."""
+    said: list[tuple[int, int]] = []
+    token = _SAID.set(said)
+    try:
+        yield said
+    finally:
+        _SAID.reset(token)
+
+
+def phrasing_of(said: Sequence[tuple[int, int]]) -> str | None:
+    """A draw's wording as the record keeps it: "1/3" (the second of three), "0/2.2/3" for two
+    picks; None when the template offered one wording only."""
+    if not said or all(of == 1 for _, of in said):
+        return None
+    return ".".join(f"{which}/{of}" for which, of in said)

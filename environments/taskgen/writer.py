@@ -104,9 +104,11 @@ def draft_from_proposal(proposal: Any, server: str, tools: Sequence[str], max_ca
 class TaskWriter:
     """Proposals and rewrites from an OpenAI-compatible model (see the module doc)."""
 
-    def __init__(self, endpoint: OpenAIEndpoint, temperature: float = 0.7):
+    def __init__(self, endpoint: OpenAIEndpoint, temperature: float = 0.7, max_tokens: int = 2048):
         self.endpoint = endpoint
         self.temperature = temperature
+        self.max_tokens = max_tokens
+        """The longest reply asked for (a proposal of several tasks; a rewrite gets a quarter)."""
 
     async def propose(self, server: str, specs: Sequence[ToolSpec], examples: Sequence[dict], count: int,
                       max_calls: int) -> tuple[list[Draft], list[str]]:
@@ -118,12 +120,18 @@ class TaskWriter:
             for r in examples[:5]) or "(none)"
         prompt = PROPOSE.format(server=server, tools=tools, examples=shown, count=count, max_calls=max_calls)
         try:
-            reply = await self.endpoint.acomplete([{"role": "user", "content": prompt}], temperature=self.temperature)
+            reply = await self.endpoint.acomplete([{"role": "user", "content": prompt}], temperature=self.temperature,
+                                                  max_tokens=self.max_tokens)
+        except EndpointError as exc:
+            return [], [f"the writer's endpoint failed: {exc}"]
+        try:
             proposals = _json_block(reply.get("content") or "").get("tasks")
-        except (EndpointError, DraftRejected, AttributeError) as exc:
-            return [], [f"the writer failed: {exc}"]
+        except (DraftRejected, AttributeError) as exc:
+            return [], [f"the writer's reply is not a task list: {exc}"]
+        if not isinstance(proposals, list):
+            return [], ['the writer\'s reply has no list under "tasks"']
         drafts, problems = [], []
-        for proposal in proposals if isinstance(proposals, list) else []:
+        for proposal in proposals:
             try:
                 drafts.append(draft_from_proposal(proposal, server, [s.tool for s in specs], max_calls))
             except DraftRejected as exc:
@@ -136,9 +144,9 @@ class TaskWriter:
         of the original request) or the model failed."""
         try:
             reply = await self.endpoint.acomplete([{"role": "user", "content": REWRITE.format(request=draft.request)}],
-                                                  temperature=self.temperature)
+                                                  temperature=self.temperature, max_tokens=max(64, self.max_tokens // 4))
         except EndpointError as exc:
-            raise DraftRejected(f"the writer failed: {exc}") from None
+            raise DraftRejected(f"the writer's endpoint failed: {exc}") from None
         text = " ".join((reply.get("content") or "").split()).strip().strip('"')
         literals = [v for call, used in zip(draft.calls, args) for name, value in used.items()
                     if name not in call.picks for v in _literals(value)]

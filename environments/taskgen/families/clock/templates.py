@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from environments.taskgen.drafts import Draft
 from environments.taskgen.families.base import Template
+from environments.taskgen.wording import say
 
 if TYPE_CHECKING:
     from environments.taskgen.families.clock.family import ClockFamily
@@ -37,7 +38,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
 
     def weekday(rng):
         a = rng.choice(zones)
-        return draft(rng.choice((f"What day of the week is it right now in {_place(a)}?",
+        return draft(say(rng, (f"What day of the week is it right now in {_place(a)}?",
                                  f"Which weekday is it at the moment in {_place(a)}?",
                                  (f"Someone in {_place(a)} asks what day it is for them today. Which day of the "
                                  "week is it?"))),
@@ -45,20 +46,20 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
 
     def now(rng):
         a = rng.choice(zones)
-        return draft(rng.choice((f"What is the current date and time in {_place(a)}? {rng.choice(AS_REPORTED)}",
+        return draft(say(rng, (f"What is the current date and time in {_place(a)}? {rng.choice(AS_REPORTED)}",
                                  f"Tell me what time it is now in {_place(a)}. {rng.choice(AS_REPORTED)}")),
                      [clock.now_call(a[1])], now_reading.answer(1, "datetime"))
 
     def today(rng):
         a = rng.choice(zones)
-        return draft(rng.choice((f"What is today's date in {_place(a)}? Answer as YYYY-MM-DD.",
+        return draft(say(rng, (f"What is today's date in {_place(a)}? Answer as YYYY-MM-DD.",
                                  f"Which date is it right now in {_place(a)} (YYYY-MM-DD)?")),
                      [clock.now_call(a[1])], now_reading.answer(1, "datetime", DATE))
 
     def convert(rng):
         a, b = rng.sample(zones, 2)
         time = _time(rng)
-        return draft(rng.choice(((f"It is {time} today in {_place(a)}. What date and time is that in {_place(b)}? "
+        return draft(say(rng, ((f"It is {time} today in {_place(a)}. What date and time is that in {_place(b)}? "
                                  f"{rng.choice(AS_REPORTED)}"),
                                  (f"A meeting is set for {time} today in {_place(a)}. When is that in {_place(b)}? "
                                  f"{rng.choice(AS_REPORTED)}"))),
@@ -67,14 +68,14 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
     def convert_weekday(rng):
         a, b = rng.sample(zones, 2)
         time = _time(rng)
-        return draft(rng.choice((f"When it is {time} today in {_place(a)}, which day of the week is it in {_place(b)}?",
+        return draft(say(rng, (f"When it is {time} today in {_place(a)}, which day of the week is it in {_place(b)}?",
                                  f"Convert {time} today from {_place(a)} to {_place(b)}: what weekday is it there?")),
                      [clock.convert_call(a[1], time, b[1])], target.answer(1, "weekday"))
 
     def difference(rng):
         a, b = rng.sample(zones, 2)
         time = _time(rng)
-        return draft(rng.choice(((f"Convert {time} today from {_place(a)} to {_place(b)}. What time difference does "
+        return draft(say(rng, ((f"Convert {time} today from {_place(a)} to {_place(b)}. What time difference does "
                                  "the time tool report (for example +9.0h)?"),
                                  (f"How far apart are {_place(a)} and {_place(b)} today? Convert {time} from the first "
                                  "to the second and give the difference as the tool reports it (like +9.0h)."))),
@@ -82,7 +83,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
 
     def now_convert(rng):
         a, b = rng.sample(zones, 2)
-        return draft(rng.choice(((f"Look up the current time in {_place(a)}, then convert that time (hours and "
+        return draft(say(rng, ((f"Look up the current time in {_place(a)}, then convert that time (hours and "
                                  f"minutes) to {_place(b)}. What date and time is it there? {rng.choice(AS_REPORTED)}"),
                                  (f"Check what time it is now in {_place(a)} and convert its hours and minutes to "
                                  f"{_place(b)}. {rng.choice(AS_REPORTED)}"))),
@@ -91,7 +92,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
 
     def now_convert_weekday(rng):
         a, b = rng.sample(zones, 2)
-        return draft(rng.choice(((f"Take the current time in {_place(a)} (hours and minutes) and convert it to "
+        return draft(say(rng, ((f"Take the current time in {_place(a)} (hours and minutes) and convert it to "
                                  f"{_place(b)}. Which day of the week is it in {b[0]} at that moment?"),
                                  (f"Read the clock in {_place(a)} now, convert those hours and minutes to {_place(b)}, "
                                  f"and tell me the weekday there."))),
@@ -100,7 +101,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
 
     def now_convert_date(rng):
         a, b = rng.sample(zones, 2)
-        return draft(rng.choice(((f"Look up the current time in {_place(a)} and convert its hours and minutes to "
+        return draft(say(rng, ((f"Look up the current time in {_place(a)} and convert its hours and minutes to "
                                  f"{_place(b)}. Which date is it there then? Answer as YYYY-MM-DD."),
                                  (f"It is now some time in {_place(a)}: read the clock there and convert that to "
                                  f"{_place(b)}. What is the date in {b[0]} (YYYY-MM-DD)?"))),
@@ -109,7 +110,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
 
     def now_difference(rng):
         a, b = rng.sample(zones, 2)
-        return draft(rng.choice(((f"Read the current time in {_place(a)} and convert its hours and minutes to "
+        return draft(say(rng, ((f"Read the current time in {_place(a)} and convert its hours and minutes to "
                                  f"{_place(b)}. What time difference does the tool report (for example +9.0h)?"),
                                  (f"Take the time right now in {_place(a)}, convert it to {_place(b)}, and give the "
                                  "difference between the two as the tool reports it (like -5.0h)."))),
@@ -119,7 +120,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
     def convert_twice_weekday(rng):
         a, b, c = rng.sample(zones, 3)
         time = _time(rng)
-        return draft(rng.choice(((f"Convert {time} today in {_place(a)} to {_place(b)}, then convert that hour and "
+        return draft(say(rng, ((f"Convert {time} today in {_place(a)} to {_place(b)}, then convert that hour and "
                                  f"minute on to {_place(c)}. Which day of the week is it in {c[0]} then?"),
                                  (f"A message is sent at {time} today from {_place(a)}; it is relayed via "
                                  f"{_place(b)} (convert it there) and on to {_place(c)} (convert the relayed time "
@@ -130,7 +131,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
     def convert_twice(rng):
         a, b, c = rng.sample(zones, 3)
         time = _time(rng)
-        return draft(rng.choice(((f"A call starts at {time} today in {_place(a)}. Convert that to {_place(b)}, then "
+        return draft(say(rng, ((f"A call starts at {time} today in {_place(a)}. Convert that to {_place(b)}, then "
                                  f"convert the converted time (hours and minutes) on to {_place(c)}. What date and "
                                  f"time is it in {c[0]}? {rng.choice(AS_REPORTED)}"),
                                  (f"Pass {time} today in {_place(a)} through {_place(b)} (convert it there, then "
@@ -140,7 +141,7 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
 
     def now_convert_twice(rng):
         a, b, c = rng.sample(zones, 3)
-        return draft(rng.choice(((f"Look up the current time in {_place(a)}. Convert its hours and minutes to "
+        return draft(say(rng, ((f"Look up the current time in {_place(a)}. Convert its hours and minutes to "
                                  f"{_place(b)}, then convert that result's hours and minutes to {_place(c)}. Which "
                                  f"day of the week is it in {c[0]} then?"),
                                  (f"Start from the time right now in {_place(a)}, convert it to {_place(b)}, and "

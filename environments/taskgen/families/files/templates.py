@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from environments.taskgen.drafts import Draft, Pick
 from environments.taskgen.families.base import Template
+from environments.taskgen.wording import say
 
 if TYPE_CHECKING:
     from environments.taskgen.families.files.family import FilesFamily
@@ -49,7 +50,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
 
     def read(rng):
         path = rng.choice(one_line)
-        return draft(rng.choice((f"What does the file {path} say? Answer with its text.",
+        return draft(say(rng, (f"What does the file {path} say? Answer with its text.",
                                  f"Read {path} and tell me exactly what it says.",
                                  f"I need the exact text of the file {path}. What is it?")),
                      [fs.read(path)], Pick.field(1, None))
@@ -57,24 +58,24 @@ def file_templates(fs: FilesFamily) -> list[Template]:
     def count(rng):
         folder = rng.choice(fs.dirs)
         if roles.listing.dir_line is not None and rng.random() < 0.4:
-            return draft(rng.choice((f"How many subfolders are directly inside the folder {folder}?",
+            return draft(say(rng, (f"How many subfolders are directly inside the folder {folder}?",
                                      f"List the folder {folder}: how many folders (not files) does it contain?")),
                          [fs.listing(folder)], Pick(1, lambda text, _d: len(roles.listing.names(text, folder=True))))
-        return draft(rng.choice((f"How many files (not folders) are directly inside the folder {folder}?",
+        return draft(say(rng, (f"How many files (not folders) are directly inside the folder {folder}?",
                                  f"Count the files that sit directly in {folder}, leaving out subfolders. How many?",
                                  f"How many files does the folder {folder} itself hold (not counting folders)?")),
                      [fs.listing(folder)], Pick(1, lambda text, _d: len(roles.listing.names(text))))
 
     def size(rng):
         path = rng.choice(sorted(fs.files))
-        return draft(rng.choice((f"How many bytes does the file {path} take?",
+        return draft(say(rng, (f"How many bytes does the file {path} take?",
                                  f"What is the size of {path} in bytes?",
                                  f"Look up the file {path}: how large is it, in bytes?")),
                      [fs.info(path)], Pick(1, lambda text, _d: fs.size_in(text)))
 
     def tree_count(rng):
         folder = rng.choice(fs.dirs)
-        return draft(rng.choice(((f"How many files are there in the folder {folder}, counting those in its "
+        return draft(say(rng, ((f"How many files are there in the folder {folder}, counting those in its "
                                  "subfolders too?"),
                                  f"Counting every level below it, how many files does {folder} hold in all?",
                                  f"Look at the whole tree under {folder}: how many files does it contain?")),
@@ -92,7 +93,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
             return None
         path, word = rng.choice(owned)
         listed = ", ".join(paths[:-1]) + " and " + paths[-1]
-        return draft(rng.choice(((f'Read the files {listed} together. Which of them mentions "{word}"? Answer with '
+        return draft(say(rng, ((f'Read the files {listed} together. Which of them mentions "{word}"? Answer with '
                                  "its path."),
                                  f'One of the files {listed} talks about "{word}". Which one? Give its path.')),
                      [fs.read_many(paths)], Pick(1, lambda _t, _d: path))
@@ -103,7 +104,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         if not sizes or (len(sizes) > 1 and sizes[-1][0] == sizes[-2][0]) or not fs.files[sizes[-1][1]].strip():
             return None
         name = posixpath.basename(sizes[-1][1])
-        return draft(rng.choice(((f"Which file in the folder {folder} is the largest? Read it and tell me its first "
+        return draft(say(rng, ((f"Which file in the folder {folder} is the largest? Read it and tell me its first "
                                  "line."),
                                  (f"Find the biggest file (in bytes) directly inside {folder} and give me the first "
                                  "line of its text."),
@@ -115,7 +116,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
     def search_read(rng):
         path = rng.choice(readable_nested)
         name, folder = posixpath.basename(path), path.split("/")[0]
-        return draft(rng.choice(((f"Somewhere under the folder {folder} there is a file named {name}. Find it with a "
+        return draft(say(rng, ((f"Somewhere under the folder {folder} there is a file named {name}. Find it with a "
                                  "search, then tell me what it says."),
                                  f"Search {folder} for the file called {name} and read it to me: what does it say?",
                                  f"I lost track of where {name} is inside {folder}. Find it and tell me its text.")),
@@ -124,7 +125,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
     def search_size(rng):
         path = rng.choice(nested_unique)
         name, folder = posixpath.basename(path), path.split("/")[0]
-        return draft(rng.choice(((f"Find the file named {name} somewhere under {folder}, then tell me how many "
+        return draft(say(rng, ((f"Find the file named {name} somewhere under {folder}, then tell me how many "
                                  "bytes it takes."),
                                  f"Search {folder} for {name}. How large is that file, in bytes?")),
                      [fs.search(folder, name), fs.info("", fs.found_by_search(1, folder, name))],
@@ -141,7 +142,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
     def list_read(rng):
         folder = rng.choice(with_lone)
         ext = posixpath.splitext(rng.choice(lone(folder)))[1]
-        return draft(rng.choice((f"List the folder {folder}; it holds exactly one {ext} file. What does that file say?",
+        return draft(say(rng, (f"List the folder {folder}; it holds exactly one {ext} file. What does that file say?",
                                  f"There is a single {ext} file in the folder {folder}. Find it and tell me its text.",
                                  f"Look in {folder} for its only {ext} file and read it to me.",
                                  (f"I don't remember the name of the {ext} file in {folder}, there is just one. What "
@@ -151,7 +152,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
     def list_size(rng):
         folder = rng.choice(with_lone)
         ext = posixpath.splitext(rng.choice(lone(folder)))[1]
-        return draft(rng.choice(((f"The folder {folder} holds one {ext} file. List the folder to find it, then tell me "
+        return draft(say(rng, ((f"The folder {folder} holds one {ext} file. List the folder to find it, then tell me "
                                  "how many bytes it takes."),
                                  f"How large, in bytes, is the only {ext} file in {folder}? List the folder first.")),
                      [fs.listing(folder), fs.info("", fs.found_in_listing(1, folder, ext))],
@@ -159,7 +160,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
 
     def write(rng):
         path, text = fs.new_path(rng), rng.choice(TEXTS)
-        return draft(rng.choice((f"Create a new file {path} whose whole content is: {text}",
+        return draft(say(rng, (f"Create a new file {path} whose whole content is: {text}",
                                  f"Write a file {path} containing just this line: {text}",
                                  f"Please save a note as {path} that says: {text}")),
                      [fs.write(path, text)], checks=[fs.read_check(path)])
@@ -167,7 +168,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
     def write_count(rng):
         path, text = fs.new_path(rng), rng.choice(TEXTS)
         folder = posixpath.dirname(path)
-        return draft(rng.choice(((f"Save a new file {path} that says: {text} Then list {folder}: how many files does it "
+        return draft(say(rng, ((f"Save a new file {path} that says: {text} Then list {folder}: how many files does it "
                                  "hold directly now?"),
                                  (f'Write "{text}" into a new file {path}, and tell me how many files sit directly in '
                                  f"{folder} afterwards."))),
@@ -178,7 +179,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         parent, new, path = new_folder(rng)
         if path is None:
             return None
-        return draft(rng.choice((f"Create a folder named {new} inside {parent}.",
+        return draft(say(rng, (f"Create a folder named {new} inside {parent}.",
                                  f"Make a new empty folder {new} in the folder {parent}.")),
                      [fs.mkdir(path)], checks=[fs.entry_check(parent, new, is_dir=True)])
 
@@ -186,7 +187,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         path = rng.choice(sorted(fs.files))
         folder = posixpath.dirname(path)
         new = posixpath.basename(fs.new_path(rng, folder))
-        return draft(rng.choice((f"Rename the file {path} to {new}, in the same folder.",
+        return draft(say(rng, (f"Rename the file {path} to {new}, in the same folder.",
                                  f"Give the file {path} the new name {new} (keep it where it is).")),
                      [fs.move(path, posixpath.join(folder, new))],
                      checks=[fs.entry_check(folder, new), fs.read_check(posixpath.join(folder, new))])
@@ -197,7 +198,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         if not words:
             return None
         old, new = rng.choice(words), rng.choice(NEW_WORDS)
-        return draft(rng.choice((f'In the file {path}, replace the word "{old}" with "{new}".',
+        return draft(say(rng, (f'In the file {path}, replace the word "{old}" with "{new}".',
                                  f'Edit {path} so that "{old}" becomes "{new}"; change nothing else.')),
                      [fs.edit(path, old, new)], checks=[fs.read_check(path)])
 
@@ -218,7 +219,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         if not words:
             return None
         old, new = rng.choice(words), rng.choice(NEW_WORDS)
-        return draft(rng.choice(((f'Find the file named {name} somewhere under {top}, then replace "{old}" in it with '
+        return draft(say(rng, ((f'Find the file named {name} somewhere under {top}, then replace "{old}" in it with '
                                  f'"{new}".'),
                                  f'Search {top} for {name} and edit it so that "{old}" reads "{new}".')),
                      [fs.search(top, name), fs.edit("", old, new, fs.found_by_search(1, top, name))],
@@ -226,7 +227,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
 
     def copy(rng):
         path, target = rng.choice(one_line), fs.new_path(rng)
-        return draft(rng.choice((f"Read {path} and save an exact copy of its text as a new file {target}.",
+        return draft(say(rng, (f"Read {path} and save an exact copy of its text as a new file {target}.",
                                  f"Make a backup copy of {path} named {target}.",
                                  f"Duplicate the file {path}: its text should also be in a new file {target}.")),
                      [fs.read(path), fs.write(target, pick=Pick.field(1, None))], checks=[fs.read_check(target)])
@@ -236,7 +237,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         if folder is None:
             return None
         name, text = posixpath.basename(fs.new_path(rng, parent)), rng.choice(TEXTS)
-        return draft(rng.choice(((f"Create a folder {new} inside {parent}, then write a file {name} in it whose whole "
+        return draft(say(rng, ((f"Create a folder {new} inside {parent}, then write a file {name} in it whose whole "
                                  f"content is: {text}"),
                                  f"Make a new folder {parent}/{new} and put a file {name} there that says: {text}")),
                      [fs.mkdir(folder), fs.write(f"{folder}/{name}", text)], checks=[fs.read_check(f"{folder}/{name}")])
@@ -247,7 +248,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
             return None
         path = rng.choice(one_line)
         name = posixpath.basename(path)
-        return draft(rng.choice(((f"Create a folder {new} inside {parent} and put an exact copy of {path} in it, "
+        return draft(say(rng, ((f"Create a folder {new} inside {parent} and put an exact copy of {path} in it, "
                                  "under the same name."),
                                  f"Back up {path} into a new folder {parent}/{new} (same file name, same text).")),
                      [fs.mkdir(folder), fs.read(path), fs.write(f"{folder}/{name}", pick=Pick.field(2, None))],
@@ -257,7 +258,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         path = rng.choice(nested_unique)
         name, top = posixpath.basename(path), path.split("/")[0]
         folder = rng.choice([d for d in fs.dirs if d != posixpath.dirname(path)])
-        return draft(rng.choice(((f"Find the file named {name} somewhere under {top} with a search, then move it into "
+        return draft(say(rng, ((f"Find the file named {name} somewhere under {top} with a search, then move it into "
                                  f"the folder {folder} (keeping its name)."),
                                  f"Somewhere in {top} there is a file {name}. Move it to {folder}, same name.")),
                      [fs.search(top, name), fs.move(None, f"{folder}/{name}", fs.found_by_search(1, top, name))],
@@ -267,7 +268,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         path = rng.choice(readable_nested)
         name, top = posixpath.basename(path), path.split("/")[0]
         target = fs.new_path(rng)
-        return draft(rng.choice(((f"Search under {top} for the file named {name}, read it, and save an exact copy of "
+        return draft(say(rng, ((f"Search under {top} for the file named {name}, read it, and save an exact copy of "
                                  f"its text as a new file {target}."),
                                  f"Locate {name} inside {top} and make a copy of it called {target}.")),
                      [fs.search(top, name), fs.read("", fs.found_by_search(1, top, name)),
@@ -279,7 +280,7 @@ def file_templates(fs: FilesFamily) -> list[Template]:
             return None
         path = rng.choice(sorted(fs.files))
         name = posixpath.basename(path)
-        return draft(rng.choice((f"Create a folder {new} inside {parent} and move the file {path} into it.",
+        return draft(say(rng, (f"Create a folder {new} inside {parent} and move the file {path} into it.",
                                  f"Tidy up: make a folder {parent}/{new} and move {path} there, keeping its name.")),
                      [fs.mkdir(folder), fs.move(path, f"{folder}/{name}")],
                      checks=[fs.entry_check(folder, name) or fs.read_check(f"{folder}/{name}")])

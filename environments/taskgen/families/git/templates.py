@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from environments.taskgen.drafts import Check, Draft, Pick
 from environments.taskgen.families.base import Template
 from environments.taskgen.families.git.history import added_in, added_lines, changed_files, one
+from environments.taskgen.wording import say
 from environments.tasks.picks import Picked
 from environments.tasks.success import Selection
 
@@ -72,7 +73,7 @@ def repository_templates(git: GitFamily) -> list[Template]:
 
     def author(rng):
         c = rng.choice(unique)
-        return draft(rng.choice((f'In {where(rng)}, who is the author of the commit with the message "{c.message}"?',
+        return draft(say(rng, (f'In {where(rng)}, who is the author of the commit with the message "{c.message}"?',
                                  f'Who wrote the commit "{c.message}" in {where(rng)}?',
                                  f'Look through the history of {where(rng)}: who made the commit "{c.message}"?')),
                      [git.call("log")], by_message(1, c.message, keys.author))
@@ -83,13 +84,13 @@ def repository_templates(git: GitFamily) -> list[Template]:
         return key if count == 1 and not git.one_in_list else f"{n - 1}.{key}"
 
     def last_author(rng):
-        return draft(rng.choice((f"Who made the most recent commit in {where(rng)}?",
+        return draft(say(rng, (f"Who made the most recent commit in {where(rng)}?",
                                  f"Who last committed to the current branch of {where(rng)}?")),
                      [git.call("log", option=1)], Pick.of(Picked(step=1, field=nth(1, 1, keys.author)), "the author"))
 
     def latest(rng):
         n = rng.randint(1, min(5, len(git.commits)))
-        return draft(rng.choice(((f"What is the message of the {ORDINALS[n - 1]} commit on the current branch of "
+        return draft(say(rng, ((f"What is the message of the {ORDINALS[n - 1]} commit on the current branch of "
                                  f"{where(rng)}?"),
                                  f"In {where(rng)}, what does the {ORDINALS[n - 1]} commit's message say?")),
                      [git.call("log", option=n)], Pick.of(Picked(step=1, field=nth(n, n, keys.message)),
@@ -97,7 +98,7 @@ def repository_templates(git: GitFamily) -> list[Template]:
 
     def log_show_file(rng):
         c = rng.choice(one_file)
-        return draft(rng.choice(((f'In {where(rng)}, find the commit with the message "{c.message}" in the log, then '
+        return draft(say(rng, ((f'In {where(rng)}, find the commit with the message "{c.message}" in the log, then '
                                  "show it: which file did it change? Answer with the file name."),
                                  (f'Which file did the commit "{c.message}" in {where(rng)} touch? Find it in the log '
                                  "and show it; answer with the file name."))),
@@ -105,7 +106,7 @@ def repository_templates(git: GitFamily) -> list[Template]:
 
     def log_show_line(rng):
         c = rng.choice(one_line)
-        return draft(rng.choice(((f'In {where(rng)}, look up the commit "{c.message}" in the log and show it. Which '
+        return draft(say(rng, ((f'In {where(rng)}, look up the commit "{c.message}" in the log and show it. Which '
                                  "line did it add? Answer with that line's text."),
                                  (f'The commit "{c.message}" in {where(rng)} added one line. Find the commit and '
                                  "show it: what is that line?"))),
@@ -114,7 +115,7 @@ def repository_templates(git: GitFamily) -> list[Template]:
     def file_at_branch(rng):
         branch = rng.choice(sorted(git.files_at))
         path = rng.choice(git.files_at[branch])
-        return draft(rng.choice((f"In {where(rng)}, how many lines does the file {path} have on the branch {branch}?",
+        return draft(say(rng, (f"In {where(rng)}, how many lines does the file {path} have on the branch {branch}?",
                                  f"Count the lines of {path} as it is on the branch {branch} of {where(rng)}.")),
                      [git.call("show", f"{branch}:{path}")], Pick(1, lambda t, _d: len(t.splitlines())))
 
@@ -125,7 +126,7 @@ def repository_templates(git: GitFamily) -> list[Template]:
         if c is None:
             return None
         path = c.files[0]
-        return draft(rng.choice(((f'In {where(rng)}, find the commit "{c.message}" in the log. How many lines did {path} '
+        return draft(say(rng, ((f'In {where(rng)}, find the commit "{c.message}" in the log. How many lines did {path} '
                                  "have just before that commit (in its parent)?"),
                                  (f'How long was {path} (in lines) right before the commit "{c.message}" in '
                                  f"{where(rng)}? Find the commit in the log first."))),
@@ -134,34 +135,34 @@ def repository_templates(git: GitFamily) -> list[Template]:
     def show_after(rng):
         c = rng.choice(one_file)
         path = c.files[0]
-        return draft(rng.choice(((f'In {where(rng)}, find the commit "{c.message}" in the log. How many lines did '
+        return draft(say(rng, ((f'In {where(rng)}, find the commit "{c.message}" in the log. How many lines did '
                                  f"{path} have right after that commit?"),
                                  (f'Right after the commit "{c.message}" in {where(rng)}, how many lines long was '
                                  f"{path}? Look the commit up in the log first."))),
                      log_then_show(c, "{}:" + path), Pick(2, lambda t, _d: len(t.splitlines())))
 
     def branches(rng):
-        return draft(rng.choice((f"How many local branches does {where(rng)} have?",
+        return draft(say(rng, (f"How many local branches does {where(rng)} have?",
                                  f"Count the branches of {where(rng)}. How many are there?")),
                      [git.call("branches")], Pick(1, lambda t, _d: len([x for x in t.splitlines() if x.strip()])))
 
     def pending_line(rng):
         path = rng.choice(git.modified)
-        return draft(rng.choice(((f"In {where(rng)}, the file {path} has changes that are not staged. Look at the "
+        return draft(say(rng, ((f"In {where(rng)}, the file {path} has changes that are not staged. Look at the "
                                  "unstaged diff: which line was added to it? Answer with that line's text."),
                                  f"What line has been added to {path} in {where(rng)} but not staged yet?")),
                      [git.call("unstaged")], Pick(1, lambda t, _d: added_in(t, path)))
 
     def date(rng):
         c = rng.choice(unique)
-        return draft(rng.choice((f'In {where(rng)}, on which date (YYYY-MM-DD) was the commit "{c.message}" made?',
+        return draft(say(rng, (f'In {where(rng)}, on which date (YYYY-MM-DD) was the commit "{c.message}" made?',
                                  (f'When was "{c.message}" committed in {where(rng)}? Answer with the date as '
                                  "YYYY-MM-DD."))),
                      [git.call("log")], by_message(1, c.message, keys.date, pattern=r"(\d{4}-\d\d-\d\d)"))
 
     def log_show_email(rng):
         c = rng.choice([c for c in unique if c.email])
-        return draft(rng.choice(((f'In {where(rng)}, find the commit "{c.message}" in the log and show it. What is '
+        return draft(say(rng, ((f'In {where(rng)}, find the commit "{c.message}" in the log and show it. What is '
                                  "its author's email address?"),
                                  (f'What email address did the author of "{c.message}" in {where(rng)} commit with? '
                                  "Find the commit and show it."))),
@@ -169,14 +170,14 @@ def repository_templates(git: GitFamily) -> list[Template]:
 
     def diff_branch(rng):
         branch = rng.choice([b for b in git.branches if b != git.current])
-        return draft(rng.choice((f"How many files differ between the work in {where(rng)} and its branch {branch}?",
+        return draft(say(rng, (f"How many files differ between the work in {where(rng)} and its branch {branch}?",
                                  (f"Compare {where(rng)} as it is now with the branch {branch}: how many files "
                                  "differ?"))),
                      [git.call("diff", branch)], Pick(1, lambda t, _d: len(changed_files(t))))
 
     def new_branch(rng):
         branch, base = rng.choice(BRANCH_NAMES), rng.choice(git.branches) if starts else git.current
-        return draft(rng.choice((f"In {where(rng)}, create a new branch named {branch} from the branch {base}.",
+        return draft(say(rng, (f"In {where(rng)}, create a new branch named {branch} from the branch {base}.",
                                  f"Start a branch {branch} in {where(rng)}, based on {base}.")),
                      [git.call("create", branch, option=base if starts else None)],
                      checks=[Check(git.call("branches"), "contains", branch)])
@@ -184,27 +185,27 @@ def repository_templates(git: GitFamily) -> list[Template]:
     def branch_checkout(rng):
         # A start whose files differ from the pending work's would refuse the switch.
         branch, base = rng.choice(BRANCH_NAMES), rng.choice(git.switchable + [git.current]) if starts else git.current
-        return draft(rng.choice((f"In {where(rng)}, create a branch {branch} from {base} and switch to it.",
+        return draft(say(rng, (f"In {where(rng)}, create a branch {branch} from {base} and switch to it.",
                                  f"Make a new branch {branch} off {base} in {where(rng)} and check it out.")),
                      [git.call("create", branch, option=base if starts else None), git.call("checkout", branch)],
                      checks=[Check(git.call("status"), "contains", f"On branch {branch}")])
 
     def checkout(rng):
         branch = rng.choice(git.switchable)
-        return draft(rng.choice((f"Switch {where(rng)} to the branch {branch}.",
+        return draft(say(rng, (f"Switch {where(rng)} to the branch {branch}.",
                                  f"Check out the branch {branch} in {where(rng)}.")),
                      [git.call("checkout", branch)],
                      checks=[Check(git.call("status"), "contains", f"On branch {branch}")])
 
     def stage(rng):
         path = rng.choice(changed)
-        return draft(rng.choice((f"In {where(rng)}, stage the file {path} (and nothing else).",
+        return draft(say(rng, (f"In {where(rng)}, stage the file {path} (and nothing else).",
                                  f"Add {path} to the staging area of {where(rng)}, only that file.")),
                      [git.call("add", [path])], checks=[Check(git.call("staged"))])
 
     def stage_reset_stage(rng):
         first, then = rng.sample(changed, 2)
-        return draft(rng.choice(((f"In {where(rng)}, stage {first}, then unstage everything again, and stage only "
+        return draft(say(rng, ((f"In {where(rng)}, stage {first}, then unstage everything again, and stage only "
                                  f"{then} instead."),
                                  (f"Stage {first} in {where(rng)}; then change your mind: clear the staging area and "
                                  f"stage {then} alone."))),
@@ -214,14 +215,14 @@ def repository_templates(git: GitFamily) -> list[Template]:
     def stage_commit(rng):
         path, message = rng.choice(changed), rng.choice(MESSAGES)
         checks = [log_check(message)] + ([Check(git.call("show", f"HEAD:{path}"))] if git.show_files else [])
-        return draft(rng.choice((f'In {where(rng)}, stage the file {path} and commit it with the message "{message}".',
+        return draft(say(rng, (f'In {where(rng)}, stage the file {path} and commit it with the message "{message}".',
                                  f'Commit {path} in {where(rng)} (stage it first) with the message "{message}".')),
                      [git.call("add", [path]), git.call("commit", message)], checks=checks)
 
     def stage_two_commit(rng):
         a, b = sorted(rng.sample(changed, 2))
         message = rng.choice(MESSAGES)
-        return draft(rng.choice(((f'In {where(rng)}, stage the files {a} and {b} and commit them together with the '
+        return draft(say(rng, ((f'In {where(rng)}, stage the files {a} and {b} and commit them together with the '
                                  f'message "{message}".'),
                                  f'Commit {a} and {b} in {where(rng)} as one commit, message "{message}".')),
                      [git.call("add", [a, b]), git.call("commit", message)],
@@ -229,7 +230,7 @@ def repository_templates(git: GitFamily) -> list[Template]:
 
     def stage_commit_branch(rng):
         path, message, branch = rng.choice(changed), rng.choice(MESSAGES), rng.choice(BRANCH_NAMES)
-        return draft(rng.choice(((f'In {where(rng)}, stage the file {path}, commit it with the message "{message}", '
+        return draft(say(rng, ((f'In {where(rng)}, stage the file {path}, commit it with the message "{message}", '
                                  f"and then create a branch named {branch} from the current branch."),
                                  (f'Stage and commit {path} in {where(rng)} ("{message}"), then start a branch '
                                  f"{branch} from where you are."))),
@@ -238,7 +239,7 @@ def repository_templates(git: GitFamily) -> list[Template]:
 
     def branch_checkout_stage(rng):
         branch, path = rng.choice(BRANCH_NAMES), rng.choice(changed)
-        return draft(rng.choice(((f"In {where(rng)}, create a branch {branch} from {git.current}, switch to it, and "
+        return draft(say(rng, ((f"In {where(rng)}, create a branch {branch} from {git.current}, switch to it, and "
                                  f"stage the file {path} there."),
                                  (f"Open a branch {branch} off {git.current} in {where(rng)}, check it out and stage "
                                  f"{path}."))),

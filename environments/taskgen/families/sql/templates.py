@@ -10,7 +10,7 @@ from environments.taskgen.drafts import Call, Check, Draft, DraftRejected, Pick
 from environments.taskgen.families.base import Template
 from environments.taskgen.families.sql.rows import HOLE, first_cell, picked_value, rows_of
 from environments.taskgen.families.sql.rows import sql_literal as lit
-from environments.taskgen.wording import phrase, quoted
+from environments.taskgen.wording import article, phrase, plural, quoted, say
 
 if TYPE_CHECKING:
     from environments.taskgen.families.sql.database import SqlFamily
@@ -66,7 +66,9 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         column = rng.choice([c for c, _ in db.columns[table] if c not in (name, db._id_column(table))] or [None])
         if column is None:
             return None
-        return Draft("sql", "", f"What is the {phrase(column)} of the {one(table)} {quoted(row[name])}?",
+        return Draft("sql", "", say(rng, (f"What is the {phrase(column)} of the {one(table)} {quoted(row[name])}?",
+                                    f"Look up the {one(table)} {quoted(row[name])}: what is its {phrase(column)}?",
+                                    f"Tell me the {phrase(column)} for the {one(table)} {quoted(row[name])}.")),
                      [q(f"SELECT {column} FROM {table} WHERE {name} = {lit(row[name])}")], Pick(1, first_cell))
 
     def count(rng):
@@ -75,12 +77,17 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         if column is None:
             return None
         value = rng.choice(sorted({str(r[column]) for r in db.rows[table] if r.get(column) is not None}))
-        return Draft("sql", "", f"How many {many(table)} have the {phrase(column)} {quoted(value)}?",
+        return Draft("sql", "", say(rng, (f"How many {many(table)} have the {phrase(column)} {quoted(value)}?",
+                                    f"Count the {many(table)} whose {phrase(column)} is {quoted(value)}.",
+                                    (f"Of all the {many(table)}, how many have {quoted(value)} as their "
+                                    f"{phrase(column)}?"))),
                      [q(f"SELECT COUNT(*) FROM {table} WHERE {column} = {lit(value)}")], Pick(1, first_cell))
 
     def total_rows(rng):
         table = rng.choice(sorted(db.rows))
-        return Draft("sql", "", f"How many {many(table)} are there in the database?",
+        return Draft("sql", "", say(rng, (f"How many {many(table)} are there in the database?",
+                                    f"How many {many(table)} do we have in total?",
+                                    f"Count all the {many(table)}.")),
                      [q(f"SELECT COUNT(*) FROM {table}")], Pick(1, first_cell))
 
     def extreme(rng):
@@ -89,7 +96,8 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         if not numeric:
             return None
         column, (word, fn) = rng.choice(numeric), rng.choice((("highest", "MAX"), ("lowest", "MIN"), ("total", "SUM")))
-        return Draft("sql", "", f"What is the {word} {phrase(column)} across all {many(table)}?",
+        return Draft("sql", "", say(rng, (f"What is the {word} {phrase(column)} across all {many(table)}?",
+                                    f"Across every {one(table)}, what is the {word} {phrase(column)}?")),
                      [q(f"SELECT {fn}({column}) FROM {table}")], Pick(1, first_cell))
 
     def average(rng):
@@ -98,7 +106,10 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         if not numeric:
             return None
         column = rng.choice(numeric)
-        return Draft("sql", "", f"What is the average {phrase(column)} of the {many(table)}, rounded to two decimals?",
+        return Draft("sql", "", say(rng, (
+            f"What is the average {phrase(column)} of the {many(table)}, rounded to two decimals?",
+            (f"On average, what {phrase(column)} do the {many(table)} have? Round it to two "
+            "decimals."))),
                      [q(f"SELECT ROUND(AVG({column}), 2) FROM {table}")], Pick(1, first_cell))
 
     def which_most(rng):
@@ -112,7 +123,10 @@ def sql_templates(db: SqlFamily) -> list[Template]:
             return None
         name = db._name_column(table)
         order = "DESC" if highest else "ASC"
-        return Draft("sql", "", f"Which {one(table)} has the {'highest' if highest else 'lowest'} {phrase(column)}?",
+        return Draft("sql", "", say(rng, (
+            f"Which {one(table)} has the {'highest' if highest else 'lowest'} {phrase(column)}?",
+            (f"Name the {one(table)} with the {'highest' if highest else 'lowest'} "
+            f"{phrase(column)}."))),
                      [q(f"SELECT {name} FROM {table} ORDER BY {column} {order} LIMIT 1")], Pick(1, first_cell))
 
     def distinct(rng):
@@ -120,7 +134,8 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         column = rng.choice(_texts(db, table, db._name_column(table)) or [None])
         if column is None:
             return None
-        return Draft("sql", "", f"How many different values of {phrase(column)} do the {many(table)} have?",
+        return Draft("sql", "", say(rng, (f"How many different values of {phrase(column)} do the {many(table)} have?",
+                                    f"How many distinct {plural(phrase(column))} appear among the {many(table)}?")),
                      [q(f"SELECT COUNT(DISTINCT {column}) FROM {table}")], Pick(1, first_cell))
 
     def id_then_count(rng):
@@ -129,7 +144,9 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         child, column, parent = rng.choice(links)
         pname = db._name_column(parent)
         row = rng.choice(db.rows[parent])
-        return Draft("sql", "", f"How many {many(child)} belong to the {one(parent)} {quoted(row[pname])}?",
+        return Draft("sql", "", say(rng, (f"How many {many(child)} belong to the {one(parent)} {quoted(row[pname])}?",
+                                    f"How many {many(child)} does the {one(parent)} {quoted(row[pname])} have?",
+                                    f"Count the {many(child)} of the {one(parent)} {quoted(row[pname])}.")),
                      _through_id(db, parent, row, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}}"),
                      Pick(2, first_cell))
 
@@ -144,8 +161,11 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         row = rng.choice(db.rows[parent])
         if not any(r.get(column) == row.get("id") for r in db.rows[child]):
             return None
-        return Draft("sql", "", f"What is the total {phrase(field)} of the {many(child)} of the {one(parent)} "
-                     f"{quoted(row[pname])}?",
+        return Draft("sql", "", say(rng, (
+            (f"What is the total {phrase(field)} of the {many(child)} of the {one(parent)} "
+            f"{quoted(row[pname])}?"),
+            (f"Add up the {phrase(field)} over all {many(child)} of the {one(parent)} "
+            f"{quoted(row[pname])}. What do you get?"))),
                      _through_id(db, parent, row, f"SELECT SUM({field}) FROM {child} WHERE {column} = {{}}"),
                      Pick(2, first_cell))
 
@@ -157,8 +177,11 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         wanted = rng.choice([c for c, _ in db.columns[parent] if c != "id"])
         if row is None:
             return None
-        return Draft("sql", "", f"For the {one(child)} with id {row['id']}, what is the {phrase(wanted)} of its "
-                     f"{one(parent)}?",
+        return Draft("sql", "", say(rng, (
+            (f"For the {one(child)} with id {row['id']}, what is the {phrase(wanted)} of its "
+            f"{one(parent)}?"),
+            (f"The {one(child)} number {row['id']} belongs to {article(one(parent))} "
+            f"{one(parent)}: what is that {one(parent)}'s {phrase(wanted)}?"))),
                      [q(f"SELECT {column} FROM {child} WHERE id = {row['id']}"),
                       Call(s, db.reader[0], {db.reader[1]: ""},
                            {db.reader[1]: picked_value(1, f"SELECT {wanted} FROM {parent} WHERE id = {{}}")})],
@@ -174,8 +197,11 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         if a.get(column) == b.get(column) or not all(isinstance(r.get(column), (int, float)) for r in (a, b)):
             return None
         higher = a if a[column] > b[column] else b
-        return Draft("sql", "", f"Which has the higher {phrase(column)}: the {one(table)} {quoted(a[name])} or the "
-                     f"{one(table)} {quoted(b[name])}? Answer with its name.",
+        return Draft("sql", "", say(rng, (
+            (f"Which has the higher {phrase(column)}: the {one(table)} {quoted(a[name])} or the "
+            f"{one(table)} {quoted(b[name])}? Answer with its name."),
+            (f"Between the {many(table)} {quoted(a[name])} and {quoted(b[name])}, which "
+            f"one's {phrase(column)} is higher? Answer with its name."))),
                      [q(f"SELECT {column} FROM {table} WHERE {name} = {lit(a[name])}"),
                       q(f"SELECT {column} FROM {table} WHERE {name} = {lit(b[name])}")],
                      Pick(2, lambda _t, _d, winner=higher[name]: winner))
@@ -188,8 +214,12 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         column, by = rng.choice(numeric), rng.choice(texts)
         value = rng.choice(sorted({str(r[by]) for r in db.rows[table] if r.get(by) is not None}))
         word, fn = rng.choice((("total", "SUM"), ("highest", "MAX"), ("lowest", "MIN")))
-        return Draft("sql", "", f"What is the {word} {phrase(column)} of the {many(table)} with the {phrase(by)} "
-                     f"{quoted(value)}?", [q(f"SELECT {fn}({column}) FROM {table} WHERE {by} = {lit(value)}")],
+        return Draft("sql", "", say(rng, (
+            (f"What is the {word} {phrase(column)} of the {many(table)} with the {phrase(by)} "
+            f"{quoted(value)}?"),
+            (f"Among the {many(table)} whose {phrase(by)} is {quoted(value)}, what is the "
+            f"{word} {phrase(column)}?"))),
+                     [q(f"SELECT {fn}({column}) FROM {table} WHERE {by} = {lit(value)}")],
                      Pick(1, first_cell))
 
     def latest(rng):
@@ -202,8 +232,10 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         if not values or values.count(max(values) if newest else min(values)) != 1:
             return None
         name = db._name_column(table)
-        return Draft("sql", "", f"Which {one(table)} has the {'most recent' if newest else 'earliest'} "
-                     f"{phrase(column)}?",
+        return Draft("sql", "", say(rng, ((f"Which {one(table)} has the {'most recent' if newest else 'earliest'} "
+                                    f"{phrase(column)}?"),
+                                    (f"Name the {one(table)} with the {'latest' if newest else 'earliest'} "
+                                    f"{phrase(column)}."))),
                      [q(f"SELECT {name} FROM {table} WHERE {column} IS NOT NULL ORDER BY {column} "
                         f"{'DESC' if newest else 'ASC'} LIMIT 1")], Pick(1, first_cell))
 
@@ -217,7 +249,8 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         if len(values) < 3:
             return None
         cut = rng.choice(values[1:-1])
-        return Draft("sql", "", f"How many {many(table)} have a {phrase(column)} before {cut}?",
+        return Draft("sql", "", say(rng, (f"How many {many(table)} have a {phrase(column)} before {cut}?",
+                                    f"Count the {many(table)} whose {phrase(column)} is earlier than {cut}.")),
                      [q(f"SELECT COUNT(*) FROM {table} WHERE {column} < {lit(cut)}")], Pick(1, first_cell))
 
     def average_where(rng):
@@ -227,8 +260,11 @@ def sql_templates(db: SqlFamily) -> list[Template]:
             return None
         column, by = rng.choice(numeric), rng.choice(texts)
         value = rng.choice(sorted({str(r[by]) for r in db.rows[table] if r.get(by) is not None}))
-        return Draft("sql", "", f"What is the average {phrase(column)} of the {many(table)} with the {phrase(by)} "
-                     f"{quoted(value)}, rounded to two decimals?",
+        return Draft("sql", "", say(rng, (
+            (f"What is the average {phrase(column)} of the {many(table)} with the {phrase(by)} "
+            f"{quoted(value)}, rounded to two decimals?"),
+            (f"For the {many(table)} whose {phrase(by)} is {quoted(value)}, what is the "
+            f"average {phrase(column)}? Round it to two decimals."))),
                      [q(f"SELECT ROUND(AVG({column}), 2) FROM {table} WHERE {by} = {lit(value)}")], Pick(1, first_cell))
 
     def link_then_list_count(rng):
@@ -241,8 +277,10 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         by, pname = rng.choice(texts), db._name_column(parent)
         row = rng.choice(db.rows[parent])
         value = rng.choice(sorted({str(r[by]) for r in db.rows[child] if r.get(by) is not None}))
-        return Draft("sql", "", f"How many {many(child)} of the {one(parent)} {quoted(row[pname])} have the "
-                     f"{phrase(by)} {quoted(value)}?",
+        return Draft("sql", "", say(rng, ((f"How many {many(child)} of the {one(parent)} {quoted(row[pname])} have the "
+                                    f"{phrase(by)} {quoted(value)}?"),
+                                    (f"The {one(parent)} {quoted(row[pname])}: how many of its {many(child)} are "
+                                    f"{quoted(value)} ({phrase(by)})?"))),
                      _through_id(db, parent, row, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}} AND "
                                                   f"{by} = {lit(value)}"),
                      Pick(2, first_cell))
@@ -290,8 +328,9 @@ def _write_templates(db: SqlFamily, named: list[str], links: list) -> list[tuple
         if row is None:
             return None
         name = db._name_column(table)
-        return Draft("sql", "", f"Add {('an' if one(table)[:1] in 'aeiou' else 'a')} {one(table)} to the database: "
-                     f"{_listed(row)}.",
+        return Draft("sql", "", say(rng, (f"Add {article(one(table))} {one(table)} to the database: {_listed(row)}.",
+                                    f"Record a new {one(table)} with {_listed(row)}.",
+                                    f"Please put {article(one(table))} {one(table)} in: {_listed(row)}.")),
                      [w(_insert(table, row))],
                      checks=[Check(q(f"SELECT {', '.join(row)} FROM {table} WHERE {name} = {lit(row[name])}"))])
 
@@ -307,7 +346,12 @@ def _write_templates(db: SqlFamily, named: list[str], links: list) -> list[tuple
                  else rng.choice(sorted({str(r[column]) for r in db.rows[table] if r.get(column) is not None})))
         if row.get(column) == value:
             return None
-        return Draft("sql", "", f"Change the {phrase(column)} of the {one(table)} {quoted(row[name])} to {quoted(value)}.",
+        return Draft("sql", "", say(rng, (
+            f"Change the {phrase(column)} of the {one(table)} {quoted(row[name])} to {quoted(value)}.",
+            (f"Set the {phrase(column)} of {quoted(row[name])} (a {one(table)}) to "
+            f"{quoted(value)}."),
+            (f"The {one(table)} {quoted(row[name])} needs its {phrase(column)} updated to "
+            f"{quoted(value)}."))),
                      [w(f"UPDATE {table} SET {column} = {lit(value)} WHERE {name} = {lit(row[name])}")],
                      checks=[Check(q(f"SELECT {column} FROM {table} WHERE {name} = {lit(row[name])}"))])
 
@@ -317,7 +361,9 @@ def _write_templates(db: SqlFamily, named: list[str], links: list) -> list[tuple
         if table is None:
             return None
         row = rng.choice(db.rows[table])
-        return Draft("sql", "", f"Delete the {one(table)} with id {row['id']}.",
+        return Draft("sql", "", say(rng, (f"Delete the {one(table)} with id {row['id']}.",
+                                    f"Remove {one(table)} number {row['id']} from the database.",
+                                    f"Get rid of the {one(table)} whose id is {row['id']}.")),
                      [w(f"DELETE FROM {table} WHERE id = {row['id']}")],
                      checks=[Check(q(f"SELECT COUNT(*) FROM {table} WHERE id = {row['id']}"))])
 
