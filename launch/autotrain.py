@@ -60,7 +60,9 @@ def prior_settings(tasks: Path) -> tuple[str, dict | None]:
 
 
 def differences(old: dict, new: dict) -> list[str]:
-    return [f"{name}: {old.get(name)!r} there, {new[name]!r} now" for name in new if old.get(name) != new[name]]
+    """The settings that differ; one the old report does not keep (a setting added since) is
+    taken to have been its default."""
+    return [f"{name}: {old[name]!r} there, {new[name]!r} now" for name in new if name in old and old[name] != new[name]]
 
 
 def results_table(summary: dict, sets: list[str]) -> str:

@@ -86,6 +86,7 @@ def test_what_is_there_already_and_how_settings_differ(tmp_path):
     tasks.with_name("t.report.json").write_text(json.dumps({"servers": {}}))
     assert prior_settings(tasks) == ("finished", None)
     assert differences({"num": 5, "seed": 0}, {"num": 6, "seed": 0}) == ["num: 5 there, 6 now"]
+    assert differences({"num": 5}, {"num": 5, "added_since": 1}) == []  # an older report: its default
 
 
 def test_the_table_has_every_split_and_set_the_run_measured():

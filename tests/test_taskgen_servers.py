@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import REPO
 
+from environments.taskgen.families.clock.family import ZONES
 from environments.taskgen.run import generate_tasks
 from environments.taskgen.wording import names_identifier
 from environments.tasks.schema import Task
@@ -96,7 +97,13 @@ def test_time_answers_come_from_the_episode(four):
         success = record["reward_spec"]["ground_truth"]["success"]
         assert "answer" not in success and success["answer_from"]["field"] in (
             "datetime", "day_of_week", "target.datetime", "target.day_of_week", "time_difference")
-        assert "(time zone " in record["prompt"][0]["content"] or "UTC (Etc/UTC)" in record["prompt"][0]["content"]
+        # Each zone a call is given is named in the request: by its city, with or without the zone.
+        city = {zone: place for place, zone in ZONES}
+        zones = [v for s in record["reward_spec"]["ground_truth"]["tool_sequence"] for v in s["params"].values()
+                 if v in city]
+        assert zones and all(city[z] in record["prompt"][0]["content"] for z in zones), record["prompt"]
+    requests = [r["prompt"][0]["content"] for r in _server_records(outcome, "time")]
+    assert any("(time zone " in q for q in requests) and any("(time zone " not in q for q in requests)
 
 
 def test_sql_answers_match_the_seed_database(four, fixtures):

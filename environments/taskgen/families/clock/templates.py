@@ -20,7 +20,11 @@ AS_REPORTED = ("Answer with the date and time exactly as the time tool reports i
 DATE = r"^(\d{4}-\d\d-\d\d)"
 
 
-def _place(zone: tuple[str, str]) -> str:
+def place(zone: tuple[str, str], bare: bool) -> str:
+    """A place as a request names it: by its city alone, as a person does ("Tokyo"; the model finds
+    the zone), or with its IANA zone ("Tokyo (time zone Asia/Tokyo)")."""
+    if bare:
+        return zone[0]
     return "UTC (Etc/UTC)" if zone[0] == "UTC" else f"{zone[0]} (time zone {zone[1]})"
 
 
@@ -30,6 +34,20 @@ def _time(rng: random.Random) -> str:
 
 def clock_templates(clock: ClockFamily) -> list[Template]:
     zones = clock.zones
+    style = {"bare": False}
+
+    def _place(zone: tuple[str, str]) -> str:
+        return place(zone, style["bare"])
+
+    def styled(make):
+        def make_styled(rng):
+            # Half the draws name places by city alone: a user says "in Tokyo", and a model that
+            # only ever copied "Asia/Tokyo" from the request never learns to find a zone itself.
+            style["bare"] = rng.random() < 0.5
+            return make(rng)
+        make_styled.__name__ = make.__name__
+        return make_styled
+
     now_reading = clock.now[2] if clock.now else None
     target = clock.convert[4] if clock.convert else None
 
@@ -158,4 +176,4 @@ def clock_templates(clock: ClockFamily) -> list[Template]:
     if now_reading is not None and target is not None:
         made += [(now_convert, 2), (now_convert_weekday, 2), (now_convert_date, 2), (now_difference, 2),
                  (now_convert_twice, 3)]
-    return [Template(f"clock:{m.__name__}", n, m) for m, n in made]
+    return [Template(f"clock:{m.__name__}", n, styled(m)) for m, n in made]

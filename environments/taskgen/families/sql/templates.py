@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from environments.taskgen.families.sql.database import SqlFamily
 
 
-def _listed(row: dict[str, Any]) -> str:
-    """A new row's values as a request gives them (its id is the database's business)."""
-    return ", ".join(f"{phrase(c)} {quoted(v)}" for c, v in row.items() if c != "id")
+def _listed(row: dict[str, Any], bare: bool = False) -> str:
+    """A new row's values as a request gives them (its id is the database's business), quoted or
+    as a person writes them."""
+    return ", ".join(f"{phrase(c)} {v if bare else quoted(v)}" for c, v in row.items() if c != "id")
 
 
 def _insert(table: str, row: dict[str, Any]) -> str:
@@ -68,7 +69,8 @@ def sql_templates(db: SqlFamily) -> list[Template]:
             return None
         return Draft("sql", "", say(rng, (f"What is the {phrase(column)} of the {one(table)} {quoted(row[name])}?",
                                     f"Look up the {one(table)} {quoted(row[name])}: what is its {phrase(column)}?",
-                                    f"Tell me the {phrase(column)} for the {one(table)} {quoted(row[name])}.")),
+                                    f"Tell me the {phrase(column)} for the {one(table)} {quoted(row[name])}.",
+                                    f"What's the {phrase(column)} of {row[name]}?")),
                      [q(f"SELECT {column} FROM {table} WHERE {name} = {lit(row[name])}")], Pick(1, first_cell))
 
     def count(rng):
@@ -80,7 +82,8 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         return Draft("sql", "", say(rng, (f"How many {many(table)} have the {phrase(column)} {quoted(value)}?",
                                     f"Count the {many(table)} whose {phrase(column)} is {quoted(value)}.",
                                     (f"Of all the {many(table)}, how many have {quoted(value)} as their "
-                                    f"{phrase(column)}?"))),
+                                    f"{phrase(column)}?"),
+                                    f"How many {many(table)} have {phrase(column)} {value}?")),
                      [q(f"SELECT COUNT(*) FROM {table} WHERE {column} = {lit(value)}")], Pick(1, first_cell))
 
     def total_rows(rng):
@@ -146,7 +149,8 @@ def sql_templates(db: SqlFamily) -> list[Template]:
         row = rng.choice(db.rows[parent])
         return Draft("sql", "", say(rng, (f"How many {many(child)} belong to the {one(parent)} {quoted(row[pname])}?",
                                     f"How many {many(child)} does the {one(parent)} {quoted(row[pname])} have?",
-                                    f"Count the {many(child)} of the {one(parent)} {quoted(row[pname])}.")),
+                                    f"Count the {many(child)} of the {one(parent)} {quoted(row[pname])}.",
+                                    f"How many {many(child)} has {row[pname]} got?")),
                      _through_id(db, parent, row, f"SELECT COUNT(*) FROM {child} WHERE {column} = {{}}"),
                      Pick(2, first_cell))
 
@@ -330,7 +334,8 @@ def _write_templates(db: SqlFamily, named: list[str], links: list) -> list[tuple
         name = db._name_column(table)
         return Draft("sql", "", say(rng, (f"Add {article(one(table))} {one(table)} to the database: {_listed(row)}.",
                                     f"Record a new {one(table)} with {_listed(row)}.",
-                                    f"Please put {article(one(table))} {one(table)} in: {_listed(row)}.")),
+                                    f"Please put {article(one(table))} {one(table)} in: {_listed(row)}.",
+                                    f"New {one(table)}: {_listed(row, bare=True)}. Please add it.")),
                      [w(_insert(table, row))],
                      checks=[Check(q(f"SELECT {', '.join(row)} FROM {table} WHERE {name} = {lit(row[name])}"))])
 
@@ -351,7 +356,8 @@ def _write_templates(db: SqlFamily, named: list[str], links: list) -> list[tuple
             (f"Set the {phrase(column)} of {quoted(row[name])} (a {one(table)}) to "
             f"{quoted(value)}."),
             (f"The {one(table)} {quoted(row[name])} needs its {phrase(column)} updated to "
-            f"{quoted(value)}."))),
+            f"{quoted(value)}."),
+            f"The {phrase(column)} of {row[name]} is {value} now. Please update it.")),
                      [w(f"UPDATE {table} SET {column} = {lit(value)} WHERE {name} = {lit(row[name])}")],
                      checks=[Check(q(f"SELECT {column} FROM {table} WHERE {name} = {lit(row[name])}"))])
 
