@@ -174,6 +174,14 @@ class SqlFamily:
                   and all(isinstance(r[c], str) for r in self.rows[table])]
         return next((c for c in NAME_COLUMNS if c in unique), unique[0] if unique else None)
 
+    def number_columns(self, table: str) -> list[str]:
+        """The table's numeric columns that hold quantities, not ids or links."""
+        return [c for c, k in self.columns[table] if k in ("integer", "real") and c != self._id_column(table)
+                and not c.endswith("_id")]
+
+    def text_columns(self, table: str, but: str | None = None) -> list[str]:
+        return [c for c, k in self.columns[table] if k == "text" and c != but]
+
     def _id_column(self, table: str) -> str | None:
         ints = [c for c, k in self.columns[table] if k == "integer"]
         return next((c for c in ints if c == "id"), None)
