@@ -52,8 +52,12 @@ def repository_templates(git: GitFamily) -> list[Template]:
     changed = git.modified + git.untracked
     name = "the workspace" if git.repo == "." else git.repo
 
+    places = (("the workspace", "the git repository in the workspace", "the workspace's repo") if git.repo == "."
+              else (f"the repository {name}", f"the git repository {name}", f"the {name} repository",
+                    f"the {name} repo", f"my {name} repo"))
+
     def where(rng) -> str:
-        return rng.choice((f"the repository {name}", f"the git repository {name}", f"the {name} repository"))
+        return rng.choice(places)
 
     def draft(request: str, calls, answer=None, checks=()) -> Draft:
         return Draft("git", "", request, calls, answer, checks=list(checks))
