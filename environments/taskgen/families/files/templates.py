@@ -52,7 +52,8 @@ def file_templates(fs: FilesFamily) -> list[Template]:
         path = rng.choice(one_line)
         return draft(say(rng, (f"What does the file {path} say? Answer with its text.",
                                  f"Read {path} and tell me exactly what it says.",
-                                 f"I need the exact text of the file {path}. What is it?")),
+                                 f"I need the exact text of the file {path}. What is it?",
+                                 f"What's written in my {path}? Give me the text exactly.")),
                      [fs.read(path)], Pick.field(1, None))
 
     def count(rng):
@@ -63,14 +64,16 @@ def file_templates(fs: FilesFamily) -> list[Template]:
                          [fs.listing(folder)], Pick(1, lambda text, _d: len(roles.listing.names(text, folder=True))))
         return draft(say(rng, (f"How many files (not folders) are directly inside the folder {folder}?",
                                  f"Count the files that sit directly in {folder}, leaving out subfolders. How many?",
-                                 f"How many files does the folder {folder} itself hold (not counting folders)?")),
+                                 f"How many files does the folder {folder} itself hold (not counting folders)?",
+                                 f"How many files are in my {folder} folder, not counting the ones in subfolders?")),
                      [fs.listing(folder)], Pick(1, lambda text, _d: len(roles.listing.names(text))))
 
     def size(rng):
         path = rng.choice(sorted(fs.files))
         return draft(say(rng, (f"How many bytes does the file {path} take?",
                                  f"What is the size of {path} in bytes?",
-                                 f"Look up the file {path}: how large is it, in bytes?")),
+                                 f"Look up the file {path}: how large is it, in bytes?",
+                                 f"How big is my {path}, in bytes?")),
                      [fs.info(path)], Pick(1, lambda text, _d: fs.size_in(text)))
 
     def tree_count(rng):
