@@ -20,7 +20,7 @@ from environments.taskgen.families.base import Template
 from environments.taskgen.families.generic.collections import Collection, is_date
 from environments.taskgen.families.schema import required
 from environments.taskgen.values import records
-from environments.taskgen.wording import phrase, plural, quoted
+from environments.taskgen.wording import phrase, plural, quoted, say
 from environments.tasks.picks import Picked, Selection, pick_value
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ def read_templates(family: GenericFamily) -> list[Template]:
                 item = rng.choice(c.named)
                 if item.get(field) in ("", None):
                     return None
-                return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c)],
+                return Draft("generic", "", say(rng, _asks(field, ref(c, item))), [read_call(server, c)],
                              select(c, 1, item, field))
             templates.append(Template(f"generic:lookup:{tag}:{field}", 1, lookup))
         for field in repeated if not required(family.specs[collection.read.tool]) else []:
@@ -124,7 +124,9 @@ def read_templates(family: GenericFamily) -> list[Template]:
             def how_many(rng, c=collection, field=field):
                 item = rng.choice(c.named)
                 spec = select(c, 1, item, field).spec
-                return Draft("generic", "", f"How many {phrase(field)} does {ref(c, item)} have?", [read_call(server, c)],
+                return Draft("generic", "", say(rng, (f"How many {phrase(field)} does {ref(c, item)} have?",
+                                                      f"Count the {phrase(field)} of {ref(c, item)}.")),
+                             [read_call(server, c)],
                              Pick(1, lambda text, _d, spec=spec: len(pick_value(spec, text))))
             templates.append(Template(f"generic:how_many:{tag}:{field}", 1, how_many))
         for field in numeric + dates:
@@ -136,15 +138,21 @@ def read_templates(family: GenericFamily) -> list[Template]:
                     return None
                 item = next(i for i in c.named if i[field] == best)
                 word = ("latest" if high else "earliest") if is_date else ("highest" if high else "lowest")
-                return Draft("generic", "", f"Which {c.noun} has the {word} {phrase(field)}? Answer with its "
-                             f"{named(c)}.", [read_call(server, c)],
+                return Draft("generic", "", say(rng, ((f"Which {c.noun} has the {word} {phrase(field)}? Answer with "
+                                                      f"its {named(c)}."),
+                                                      (f"Of all the {plural(c.noun)}, which one's {phrase(field)} is "
+                                                      f"the {word}? Give its {named(c)}."))),
+                             [read_call(server, c)],
                              Pick(1, lambda _t, _d, name=item[c.name_field]: name))
             templates.append(Template(f"generic:extreme:{tag}:{field}", 1, extreme))
         for field in numeric:
             def total(rng, c=collection, field=field):
                 a, b = rng.sample(c.named, 2)
-                return Draft("generic", "", f"What is the {phrase(field)} of {ref(c, a)} and {ref(c, b)} added "
-                             "together?", [read_call(server, c)],
+                return Draft("generic", "", say(rng, ((f"What is the {phrase(field)} of {ref(c, a)} and {ref(c, b)} "
+                                                      "added together?"),
+                                                      (f"Add up the {phrase(field)} of {ref(c, a)} and of {ref(c, b)}: "
+                                                      "what do you get?"))),
+                             [read_call(server, c)],
                              Pick(1, lambda _t, _d, s=a[field] + b[field]: s))
             templates.append(Template(f"generic:total:{tag}:{field}", 1, total))
         templates += _filtered_counts(family, collection)
@@ -158,7 +166,7 @@ def read_templates(family: GenericFamily) -> list[Template]:
                         return None
                     where = found[0]
                     second = family.ref_call(tool, param, Pick.of(select(c, 1, item, ref_field).spec))
-                    return Draft("generic", "", rng.choice(_asks(field, ref(c, item))), [read_call(server, c), second],
+                    return Draft("generic", "", say(rng, _asks(field, ref(c, item))), [read_call(server, c), second],
                                  Pick.of(Picked(step=2, field=f"{where}.{field}" if where else field), f"the {field}"))
                 templates.append(Template(f"generic:lookup_by_ref:{tag}>{tool}:{field}", 2, by_ref))
 
