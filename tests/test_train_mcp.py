@@ -8,6 +8,7 @@ from conftest import REPO
 
 from grpo.config import load_config
 
+
 def test_the_run_attaches_the_four_servers_as_the_shared_description_does():
     cfg = load_config(REPO / "configs" / "cpu_mcp.yaml")
     shared = yaml.safe_load((REPO / "configs" / "mcp_servers.yaml").read_text())["tools"]["servers"]

@@ -203,8 +203,9 @@ class Generator:
                 self.held[template.name] = held
             if (split == "phrasing") != (held is not None and said[0][0] == held):
                 return None  # a wording of another split: a miss, not a rejection
-        if phrasing_of(said):
-            draft.meta["phrasing"] = phrasing_of(said)
+        phrasing = phrasing_of(said)
+        if phrasing:
+            draft.meta["phrasing"] = phrasing
         return await self.accept(draft, template, split, task_id)
 
     async def accept(self, draft: Draft, template: Template, split: str, task_id: str) -> dict | None:
