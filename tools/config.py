@@ -113,6 +113,20 @@ class StateConfig(_Section):
         return paths
 
 
+class LatencyConfig(_Section):
+    """Delay added to every call of one server before its answer is handed back: what a real
+    tool costs (a web API, a database, a sandbox) made visible on a fast local server, for benches
+    and tests of how rollouts overlap with waiting. `latency: 0.3` is `{seconds: 0.3}`."""
+
+    seconds: float = Field(gt=0)
+    """The fixed delay, or the mean of the drawn ones."""
+    distribution: Literal["fixed", "uniform", "exponential"] = "fixed"
+    """`fixed`: always `seconds`; `uniform`: drawn from [0, 2 x seconds]; `exponential`: drawn
+    with mean `seconds` (a long tail: the odd call much slower than the rest)."""
+    seed: int = 0
+    """Seed of the draws (one stream per server)."""
+
+
 class MCPServerConfig(_Section):
     transport: Literal["stdio", "http"] = "stdio"
     """`stdio`: the manager starts `command args` as a child process; `http`: streamable HTTP at `url`."""
@@ -157,10 +171,20 @@ class MCPServerConfig(_Section):
     declare no MCP annotations: task generation and conversation import may call them where the
     server has no disposable state. On a server whose state is disposable and confined (`state:`
     in the cage), what a call is seen to do decides instead."""
+    latency: LatencyConfig | None = None
+    """Delay added to each call (see LatencyConfig); null: none."""
     state: StateConfig | None = None
     """Per-episode state: a pool of instances, each on a fresh copy of a fixture for every
     episode (see StateConfig). Null: one shared server (which may isolate episodes itself by
     `episode_id`, as the bundled kv server does)."""
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _latency_shorthand(cls, value):
+        # `latency: 0.3` means a fixed 0.3 s.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"seconds": value}
+        return value
 
     @field_validator("url")
     @classmethod

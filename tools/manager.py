@@ -46,6 +46,7 @@ from tools.connection import (
     ToolServerStartError,
     TransportFailure,
 )
+from tools.latency import AddedLatency
 from tools.procs import kill_owned_processes
 from tools.results import normalise
 from tools.specs import RegisteredTool, ToolNameClash, ToolSpec, name_tools
@@ -106,6 +107,7 @@ class SharedToolManager:
         self._state = "new"  # new -> started -> closed
         self._counts: Counter[str] = Counter()
         self._latencies: dict[str, deque[float]] = {}
+        self._added_latency = AddedLatency(config)  # each server's `latency:`
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -230,6 +232,7 @@ class SharedToolManager:
                 result.text = entry.connection.relative(instance, result.text)
                 result.structured = entry.connection.relative(instance, result.structured)
             if result.error_kind not in retryable or retries >= self.config.max_retries:
+                await self._added_latency.wait(entry.spec.server)
                 return self._finish(entry, start, result, retries)
             retries += 1
             self._counts["tools/retries"] += 1
