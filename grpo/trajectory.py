@@ -26,6 +26,8 @@ class Trajectory:
     num_turns: int = 0
     num_tool_calls: int = 0
     finish_reasons: list[str] = field(default_factory=list)
+    policy_version: int = 0
+    """Updates done on the weights that sampled it (with async rollouts it may lag the trainer's)."""
     metadata: dict[str, Any] = field(default_factory=dict)
     """Reward breakdown, transcript messages, parse/tool error counts, success flag."""
 

@@ -107,6 +107,13 @@ class DistributedGRPOTrainer(GRPOTrainer):
                 f"train.tasks_per_step={cfg.train.tasks_per_step} must be a multiple of the "
                 f"{self.world_size} processes: every rank plays the same number of whole groups"
             )
+        if cfg.train.async_rollouts.enabled:
+            raise ValueError(
+                "train.async_rollouts with launch/distributed.py: every rank's update takes part in "
+                "collectives, so ranks must take their groups in step, which the per-process producer "
+                "does not arrange yet; run it with one process (launch/train.py), or set "
+                "train.async_rollouts.enabled=false"
+            )
         optimizer = cfg.algorithm.optimizer
         for name in ("micro_batch_tokens", "micro_batch_overhead_tokens"):
             if getattr(optimizer, name) is not None:

@@ -51,6 +51,23 @@ class DynamicSamplingConfig(Section):
     """Most replacement groups per step, played in one extra round; 0 turns it off."""
 
 
+class AsyncRolloutsConfig(Section):
+    """Rollouts that overlap with updates (grpo/train/pipeline.py): a producer keeps playing
+    groups with the newest weights the engine has while the trainer updates on finished ones."""
+
+    enabled: bool = False
+    """Play and update at once; off: each step collects, then updates, then pushes weights."""
+    max_staleness: int = Field(default=1, ge=0)
+    """Most updates a group's sampling weights may lag the trainer's (older groups are dropped and
+    counted); the behaviour correction (`algorithm.behavior_correction`) weights the rest."""
+    round_tasks: int | None = Field(default=None, ge=1)
+    """Tasks the producer plays per round (weights reach the engine between rounds); null:
+    `train.tasks_per_step`."""
+    max_queue_groups: int | None = Field(default=None, ge=1)
+    """Most finished groups waiting for the trainer; the producer pauses while the queue is
+    full (fresher weights are coming). Null: `train.tasks_per_step`."""
+
+
 class TrainConfig(Section):
     steps: int = Field(default=10, ge=0)
     """Training steps (one step = collect, advantages, update)."""
@@ -81,6 +98,8 @@ class TrainConfig(Section):
     """Optional learnability curriculum over the training tasks."""
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     """Optional replacement of zero-variance groups."""
+    async_rollouts: AsyncRolloutsConfig = Field(default_factory=AsyncRolloutsConfig)
+    """Optional overlap of rollouts with updates, bounded by staleness."""
 
 
 class WandbConfig(Section):

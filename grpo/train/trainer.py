@@ -5,7 +5,8 @@ evaluate before (the held-out tasks, then each of `data.evaluation_sets`) → fo
 collect groups → update (grpo/algorithm/update.py) → EMA reference → push weights to the engine →
 metrics → checkpoint → evaluate after → final model, summary.json and the reward/success curve.
 Ctrl-C checkpoints the last finished step and raises TrainingInterrupted, which says where the run
-stopped and how to resume it.
+stopped and how to resume it. With `train.async_rollouts` the steps instead take groups from a
+producer that keeps playing while the update runs (grpo/train/async_steps.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from grpo.models.devices import (
 from grpo.models.export import save_pretrained
 from grpo.models.policy import PolicyWithValueHead
 from grpo.rollout.registry import choose_engine, make_engine
+from grpo.train.async_steps import AsyncRolloutSteps
 from grpo.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -53,9 +55,11 @@ from grpo.train.checkpoint import (
 from grpo.train.curriculum import CurriculumStream
 from grpo.train.evaluation import evaluate, grouped_success, set_metrics, summary_figures
 from grpo.train.logger import MetricsLogger, close_run_logging, setup_console_logging
+from grpo.train.pipeline import RolloutPipeline
 from grpo.train.plots import plot_curves
 from grpo.train.refill import refill
 from grpo.train.step_memory import check_step_memory, model_shape
+from grpo.train.stops import TrainingInterrupted, TrainingStopped
 from grpo.train.task_stream import TaskStream
 from grpo.train.warmup import warm_start
 from tools.manager import SharedToolManager
@@ -63,15 +67,7 @@ from tools.manager import SharedToolManager
 log = logging.getLogger("mcp_grpo")
 
 
-class TrainingStopped(RuntimeError):
-    """The run stopped on a health check; the message says which and why."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the run; the message says at which step and which checkpoint holds it."""
-
-
-class GRPOTrainer:
+class GRPOTrainer(AsyncRolloutSteps):
     def __init__(self, config: RunConfig):
         self.config = config
         self.run_dir = config.run_dir
@@ -79,6 +75,10 @@ class GRPOTrainer:
         self.history: list[dict[str, float]] = []
         self._nonfinite_in_a_row = 0
         self._saved_step: int | None = None
+        self.pipeline: RolloutPipeline | None = None
+        """The producer-trainer queue of `train.async_rollouts` (None: synchronous steps)."""
+        self._pipeline_state: dict[str, Any] | None = None  # the queue of a resumed checkpoint
+        self._round_metrics: list[dict[str, float]] = []  # rounds finished since the last step
 
     # ---------------------------------------------------------------- setup
     @property
@@ -130,6 +130,7 @@ class GRPOTrainer:
         self.engine = make_engine(self.engine_name, policy=self.policy, tokenizer=self.tokenizer,
                                   config=cfg, device=self.device)
         log.info("rollout engine: %s", ", ".join(f"{k}={v}" for k, v in self.engine.describe().items()))
+        self._check_async_engine()
         self.logger = MetricsLogger(
             self.run_dir if main else None,
             is_main_process=main,
@@ -192,6 +193,7 @@ class GRPOTrainer:
             self.scaler.load_state_dict(state["grad_scaler"])
         self.stream.load_state_dict(state["data"])
         self.history = state.get("history", [])
+        self._keep_pipeline_state(state.get("pipeline"))
         restore_rng_state(state["rng"])
         self.step = state["step"]
         self.logger.truncate_after(self.step)  # rows a killed run wrote after this checkpoint
@@ -207,6 +209,7 @@ class GRPOTrainer:
             "grad_scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "data": self.stream.state_dict(),
             "history": self.history,
+            "pipeline": self._pipeline_checkpoint(),
         }
 
     # ---------------------------------------------------------------- the loop
@@ -252,9 +255,12 @@ class GRPOTrainer:
             await self._warm_start(tools)
             if cfg.train.warmup.eval_after:  # what the warm start alone gives, so GRPO's own gain shows
                 summary.update(summary_figures(await self._evaluate("warmup"), "warmup", self.eval_sets))
-        while self.step < cfg.train.steps:
-            if cfg.train.max_minutes and time.time() - started > 60 * cfg.train.max_minutes:
-                log.info("train.max_minutes=%g reached after %d steps: stopping", cfg.train.max_minutes, self.step)
+        minutes = cfg.train.max_minutes
+        self.logger.schedule(cfg.train.steps, self.step, started + 60 * minutes if minutes else None)
+        if cfg.train.async_rollouts.enabled:
+            await self._async_steps(tools, started)
+        while self.step < cfg.train.steps and not cfg.train.async_rollouts.enabled:
+            if self._out_of_time(started):
                 break
             metrics = await self._one_step(tools)
             self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
@@ -265,6 +271,13 @@ class GRPOTrainer:
         if cfg.train.eval_after:
             after = await self._evaluate("after")
             summary.update(summary_figures(after, "after", self.eval_sets))
+
+    def _out_of_time(self, started: float) -> bool:
+        minutes = self.config.train.max_minutes
+        if minutes and time.time() - started > 60 * minutes:
+            log.info("train.max_minutes=%g reached after %d steps: stopping", minutes, self.step)
+            return True
+        return False
 
     def run(self) -> dict[str, Any]:
         self.setup()
@@ -306,20 +319,7 @@ class GRPOTrainer:
             )
         self.engine.sleep()  # vLLM with sleep mode hands its GPU memory to the update meanwhile
         release_free_memory()  # what the rollout freed, before the update allocates
-        updated = True
-        try:
-            stats = self._train_step(trajectories)
-            self._nonfinite_in_a_row = 0
-        except NonFiniteLossError as exc:  # train_step undid the whole update
-            updated = False
-            self._nonfinite_in_a_row += 1
-            log.warning("step %d: %s; update skipped (%d in a row)", self.step, exc, self._nonfinite_in_a_row)
-            if self._nonfinite_in_a_row >= cfg.algorithm.max_nonfinite_steps:
-                raise TrainingStopped(
-                    f"{self._nonfinite_in_a_row} non-finite losses in a row: stopping "
-                    "(lower algorithm.optimizer.learning_rate or check the data)"
-                ) from exc
-            stats = {"train/skipped_nonfinite": 1.0}
+        stats, updated = self._update(trajectories)
         self.step += 1
         if updated:  # a skipped update left the weights as they were: no EMA step, nothing to push
             self._after_update()
@@ -339,6 +339,23 @@ class GRPOTrainer:
         tools.reset_metrics()
         self.logger.log(metrics, self.step)
         return metrics
+
+    def _update(self, trajectories: list) -> tuple[dict[str, float], bool]:
+        """One update on `trajectories`: its metrics, and whether the weights changed (a
+        non-finite loss undoes the update; too many in a row stop the run)."""
+        try:
+            stats = self._train_step(trajectories)
+            self._nonfinite_in_a_row = 0
+            return stats, True
+        except NonFiniteLossError as exc:  # train_step undid the whole update
+            self._nonfinite_in_a_row += 1
+            log.warning("step %d: %s; update skipped (%d in a row)", self.step, exc, self._nonfinite_in_a_row)
+            if self._nonfinite_in_a_row >= self.config.algorithm.max_nonfinite_steps:
+                raise TrainingStopped(
+                    f"{self._nonfinite_in_a_row} non-finite losses in a row: stopping "
+                    "(lower algorithm.optimizer.learning_rate or check the data)"
+                ) from exc
+            return {"train/skipped_nonfinite": 1.0}, False
 
     async def _dynamic_sampling(self, collected, tasks: list) -> tuple[list, dict[str, float]]:
         """The curriculum learns from every episode played; then zero-variance groups are swapped
