@@ -1,7 +1,7 @@
 import json
 import logging
 
-from grpo.train.logger import MetricsLogger, finite_metrics, format_console
+from grpo.train.logger import MetricsLogger, duration, eta_seconds, finite_metrics, format_console
 
 
 def test_non_finite_and_non_numeric_values_are_dropped():
@@ -50,3 +50,24 @@ def test_resume_truncates_rows_written_after_the_checkpoint(tmp_path):
     assert [row["step"] for row in rows] == [0, 110, 111, 112, 113]
     assert [row["train/loss"] for row in rows[-2:]] == [-112.0, -113.0]
     assert MetricsLogger(tmp_path, is_main_process=False).truncate_after(0) == 0  # other ranks: no-op
+
+
+def test_eta_is_the_mean_step_times_the_steps_left_capped_by_the_deadline():
+    # Resumed at step 10 of 50 at t=100; step 14 ends at t=180: 20 s a step, 36 steps left.
+    assert eta_seconds(14, 50, 10, since=100.0, now=180.0, deadline=None) == 720.0
+    assert eta_seconds(14, 50, 10, since=100.0, now=180.0, deadline=480.0) == 300.0
+    assert eta_seconds(14, 50, 10, since=100.0, now=180.0, deadline=150.0) == 0.0
+    assert eta_seconds(50, 50, 10, since=100.0, now=900.0, deadline=None) == 0.0
+    assert [duration(s) for s in (44.6, 60, 725, 3600, 11_240)] == ["45s", "1m00s", "12m05s", "1h00m", "3h07m"]
+
+
+def test_a_scheduled_step_line_says_how_far_and_how_long(tmp_path, caplog):
+    logger = MetricsLogger(tmp_path)
+    logger.schedule(total_steps=200, first_step=0)
+    with caplog.at_level(logging.INFO, logger="mcp_grpo"):
+        logger.log({"train/loss": 0.5, "time/step_s": 1.0}, step=3)
+        logger.log({"eval/success_rate": 0.5}, step=3)
+    logger.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("step 3/200 | loss 0.5 | step_s 1 | eta ")
+    assert lines[1] == "step 3 | eval/success_rate 0.5"  # an evaluation row is no step: no schedule

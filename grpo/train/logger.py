@@ -32,6 +32,9 @@ _CONSOLE_KEYS = (
     ("train/logprob_mismatch", "mismatch"),
     ("train/mismatch_kl", "mismatch_kl"),
     ("train/is_weight_mean", "is_w"),
+    ("async/staleness_mean", "stale"),
+    ("async/queue_groups", "queue"),
+    ("async/dropped_stale_groups", "dropped"),
     ("time/step_s", "step_s"),
 )
 
@@ -65,6 +68,7 @@ class MetricsLogger:
     ):
         self.enabled = is_main_process and run_dir is not None
         self.log_every = log_every
+        self._schedule: tuple[int, int, float, float | None] | None = None
         self._jsonl = None
         self._wandb = None
         if not self.enabled:
@@ -91,7 +95,18 @@ class MetricsLogger:
                 log.warning("wandb log failed (%s); continuing without it", exc)
                 self._wandb = None
         if console and (step % self.log_every == 0 or any(k.startswith("eval/") for k in kept)):
-            log.info("step %d | %s", step, format_console(kept))
+            if self._schedule is not None and "time/step_s" in kept:
+                total, first, since, deadline = self._schedule
+                eta = eta_seconds(step, total, first, since, time.time(), deadline)
+                log.info("step %d/%d | %s | eta %s", step, total, format_console(kept), duration(eta))
+            else:
+                log.info("step %d | %s", step, format_console(kept))
+
+    def schedule(self, total_steps: int, first_step: int, deadline: float | None = None) -> None:
+        """From now on a training step's console line says `step i/total` and an ETA: the mean
+        step time since this call times the steps left, capped by `deadline` (the wall-clock
+        time after which no step starts, `train.max_minutes`)."""
+        self._schedule = (total_steps, first_step, time.time(), deadline)
 
     def truncate_after(self, step: int) -> int:
         """Drop the metrics.jsonl rows of steps after `step`, the checkpoint this run resumes
@@ -130,6 +145,24 @@ class MetricsLogger:
             except Exception as exc:  # noqa: BLE001 - wandb must never stop a run
                 log.warning("wandb finish failed (%s)", exc)
             self._wandb = None
+
+
+def eta_seconds(step: int, total: int, first: int, since: float, now: float, deadline: float | None) -> float:
+    """Seconds until the last step ends: steps left x the mean step since `since` (when step
+    `first` began), no later than `deadline` allows."""
+    done = max(step - first, 1)
+    left = (now - since) / done * max(total - step, 0)
+    return min(left, max(deadline - now, 0.0)) if deadline is not None else left
+
+
+def duration(seconds: float) -> str:
+    """`45s`, `12m05s`, `3h07m`."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 def format_console(metrics: dict[str, float]) -> str:
