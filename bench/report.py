@@ -68,6 +68,11 @@ def table_rows(report: dict) -> list[Row]:
     if mt:
         rows.append(("  shares: generating / tools / update",
                      f"{mt['share_generating']} / {mt['share_waiting_on_tools']} / {mt['share_updating']}", ""))
+    if "async" in report:
+        a = report["async"]
+        rows.append(("async rollouts, groups/hour vs sync", report.get("async_speedup"),
+                     (f"{a['async_groups_per_hour']} vs {a['sync_groups_per_hour']}, tools "
+                      f"{a['tool_latency_s']} s, max_staleness {a['max_staleness']}; target >= 1.5")))
     if "calculator512" in report:
         last = report["calculator512"]["steps"][-1]
         rows.append(("calculator 512-episode step, median s", report["calculator512_step_s"], "target <= 5"))

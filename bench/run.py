@@ -20,6 +20,9 @@ on a shared machine every wall time is an upper bound):
   tools       calls/s and p50/p99 latency through SharedToolManager vs the raw SDK client
   multiturn   one step of configs/cpu.yaml (calculator server, 8 tasks x G=4) through the trainer:
               seconds, and the share generating / waiting on tools / updating
+  async       configs/cpu.yaml with every calculator call taking 0.3 s: synchronous steps beside
+              `train.async_rollouts` (max_staleness 1), groups trained per hour and their ratio
+              (bench/async_rollouts.py)
   calculator512  (CUDA only) one step of configs/gpu.yaml: 64 calculator tasks x G=8, 512
               episodes, through the trainer (median of the steps after a warm-up)
   trl         (where TRL is installed; not a dependency) the standard work under TRL's
@@ -59,6 +62,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.async_rollouts import async_vs_sync
 from bench.continuous import TRAINED
 from bench.continuous import measure as measure_continuous
 from bench.continuous import parse_args as continuous_args
@@ -76,7 +80,7 @@ from grpo.rollout.base import GenerationRequest, SamplingParams
 from grpo.rollout.config import HFEngineConfig
 from grpo.rollout.hf.engine import HFEngine
 
-SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "calculator512", "trl",
+SECTIONS = ("peak", "standard", "generation", "training", "tools", "multiturn", "async", "calculator512", "trl",
             "continuous", "engines")
 CPU_SECTIONS = tuple(s for s in SECTIONS if s != "calculator512")
 CUDA_BATCHES = [16, 64, 256, 512]
@@ -236,6 +240,8 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
         elif section == "multiturn":
             report["multiturn"] = multi_turn_step(
                 threads=threads, overrides=(f"device={device}", *trainer_overrides))
+        elif section == "async":
+            report["async"] = async_vs_sync(threads=threads, overrides=(f"device={device}", *trainer_overrides))
         elif section == "trl":
             # TRL with torch's own attention kernels, as its users get them (our sections may
             # have switched cuDNN's off: model.cudnn_attention).
@@ -286,6 +292,7 @@ def headline(report: dict) -> dict:
         "train_fraction_of_peak": None,
         "tool_overhead_fraction": None,
         "multi_turn_step_s": report.get("multiturn", {}).get("multi_turn_step_s"),
+        "async_speedup": report.get("async", {}).get("async_speedup"),
     }
     gen_peak = peaks.get(f"{_SHORT_DTYPE.get(gen_dtype)}_gflops")
     if gen_peak and gen.get("b64_tokens_per_s"):
