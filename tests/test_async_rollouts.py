@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import pytest
@@ -290,3 +291,30 @@ def test_the_bench_section_runs_both_sides_at_the_same_step_size(tmp_path):
     assert report["async_speedup"] == round(report["async_groups_per_hour"] / report["sync_groups_per_hour"], 3)
     assert max(asynchronous["staleness_mean"]) <= 1 and "staleness_mean" not in sync
     assert asynchronous["producer_finished_groups"] >= 6
+
+
+def test_stale_samples_are_weighted_by_the_updates_made_since_they_were_sampled():
+    """Groups sampled by version 0 and trained at version 1: each sampled token's weight is
+    min(pi_1 / pi_0, C), where pi_0 is what the engine reported when it sampled."""
+    from update_helpers import adam, make_policy, make_settings, make_trajectories
+
+    from grpo.algorithm.update import train_step
+
+    policy = make_policy(value_head=False)
+    stale = make_trajectories(policy, [[1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.5, 1.0]], seed=1)  # version 0
+    settings = make_settings(loss={"kl": "off"}, correction={"max_sequence_kl": None, "clip": 1.05})
+    opt, sched = adam(policy, lr=3e-2)
+    train_step(policy, None, opt, sched, make_trajectories(policy, [[1.0, 0.0], [0.0, 1.0]], seed=2), settings)
+    # Version 1's log-probs of the stale tokens, and the weights they give.
+    rho = []
+    with torch.no_grad():
+        for t in stale:
+            lp = policy(torch.tensor([t.token_ids]), torch.ones(1, len(t.token_ids), dtype=torch.long)).logprobs[0]
+            rho += [math.exp(float(lp[i - 1]) - t.behavior_logprobs[i]) for i in range(1, len(t.token_ids))
+                    if t.loss_mask[i]]
+    stats = train_step(policy, None, opt, sched, stale, settings)
+    assert max(abs(r - 1) for r in rho) > 0.05, "the update must have moved the stale tokens' probabilities"
+    assert stats["train/is_weight_mean"] == pytest.approx(sum(min(r, 1.05) for r in rho) / len(rho), rel=1e-4)
+    assert stats["train/is_clip_frac"] == pytest.approx(sum(r > 1.05 for r in rho) / len(rho), rel=1e-6)
+    assert stats["train/mismatch_kl"] == pytest.approx(
+        sum(r - 1 - math.log(r) for r in rho) / len(rho), rel=1e-3)
