@@ -318,3 +318,25 @@ def test_stale_samples_are_weighted_by_the_updates_made_since_they_were_sampled(
     assert stats["train/is_clip_frac"] == pytest.approx(sum(r > 1.05 for r in rho) / len(rho), rel=1e-6)
     assert stats["train/mismatch_kl"] == pytest.approx(
         sum(r - 1 - math.log(r) for r in rho) / len(rho), rel=1e-3)
+
+
+def test_dropping_groups_makes_room_for_a_producer_waiting_on_a_full_queue():
+    """The trainer drops every queued group (zero variance) and waits for more while the
+    producer waits for room: the drops must wake the producer."""
+    rounds = []
+
+    async def play(tasks, index):
+        rounds.append(index)
+        rewards = (1.0, 1.0) if index == 0 else (0.0, 1.0)  # round 0: flat groups only
+        return [trajectory(f"{index}-{t}", r) for t in tasks for r in rewards]
+
+    async def scenario():
+        queue = pipeline(play, round_tasks=2, capacity=2)
+        queue.start()
+        await asyncio.sleep(0.05)  # round 0 queued: the queue is full, the producer waits
+        taken = await asyncio.wait_for(queue.take(2, version=0, max_flat=2), timeout=5)
+        await queue.stop()
+        return taken
+
+    taken = asyncio.run(scenario())
+    assert taken.dropped_flat == 2 and [g.round for g in taken.groups] == [1, 1]

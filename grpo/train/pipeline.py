@@ -167,6 +167,9 @@ class RolloutPipeline:
         while len(self.taking) < n:
             if not self.queue:
                 async with self._changed:
+                    # The groups taken or dropped so far made room: a producer waiting on a full
+                    # queue must play on, or both sides would wait for each other.
+                    self._changed.notify_all()
                     await self._changed.wait_for(lambda: bool(self.queue) or self.failure is not None)
                 if not self.queue and self.failure is not None:
                     raise ProducerFailed(
