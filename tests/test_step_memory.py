@@ -46,6 +46,15 @@ def test_the_terms_of_a_small_step_on_a_cpu():
         "trajectories", "log-prob chunks"]
 
 
+def test_async_rollouts_count_the_queue_and_the_round_beside_the_step():
+    config = load_config("configs/smoke.yaml", ["train.async_rollouts.enabled=true",
+                                                "train.async_rollouts.max_queue_groups=3"])
+    term = estimate_step_memory(config, TINY, torch.device("cpu"), "hf")[0]
+    assert (term.what, term.bytes) == ("trajectories", (2 + 3 + 2) * 2 * 768 * 100)
+    assert term.formula == ("(train.tasks_per_step 2 + queue 3 + a round 2 of train.async_rollouts) x "
+                            "algorithm.group_size 2 x rollout.max_total_tokens 768 x 100 B")
+
+
 def test_a_gpus_512_episode_step_of_a_7b_model_fits_an_h200():
     config = RunConfig.model_validate({
         "device": "cuda", "model": {"dtype": "bfloat16"}, "algorithm": {"group_size": 8},

@@ -7,7 +7,8 @@ step's largest holdings are estimated from the config and the model's shape, eac
 and compared with what is available there (`check_step_memory`):
 
 - **trajectories** (host): every episode of the step at `rollout.max_total_tokens` tokens, at
-  TRAJECTORY_BYTES_PER_TOKEN;
+  TRAJECTORY_BYTES_PER_TOKEN (with `train.async_rollouts`, also a full queue of finished groups
+  and the round that overflows it);
 - **the KV cache of the rollout rows** (the training device, with our `hf` engine): the rows
   decoded at once (the engine's `max_batch_size`, at most the step's episodes and
   `rollout.max_concurrent_episodes`) at full length, keys and values of every layer in the
@@ -93,11 +94,17 @@ def estimate_step_memory(config, shape: ModelShape, device: torch.device, engine
     episodes = config.train.tasks_per_step * config.algorithm.group_size
     dtype_bytes = torch.finfo(compute_dtype(device, config.model.dtype)).bits // 8
     on_device = "host" if device.type in ("cpu", "mps") else "device"  # MPS memory is the host's
+    groups, counted = config.train.tasks_per_step, f"train.tasks_per_step {config.train.tasks_per_step:,}"
+    asynchronous = config.train.async_rollouts
+    if asynchronous.enabled:  # the step's groups, a full queue, and the round that overflows it
+        queue = asynchronous.max_queue_groups or groups
+        round_tasks = asynchronous.round_tasks or groups
+        groups += queue + round_tasks
+        counted = f"({counted} + queue {queue:,} + a round {round_tasks:,} of train.async_rollouts)"
     terms = [MemoryTerm(
-        "trajectories", "host", episodes * tokens * TRAJECTORY_BYTES_PER_TOKEN,
-        f"train.tasks_per_step {config.train.tasks_per_step:,} x algorithm.group_size "
-        f"{config.algorithm.group_size:,} x rollout.max_total_tokens {tokens:,} x "
-        f"{TRAJECTORY_BYTES_PER_TOKEN} B")]
+        "trajectories", "host", groups * config.algorithm.group_size * tokens * TRAJECTORY_BYTES_PER_TOKEN,
+        f"{counted} x algorithm.group_size {config.algorithm.group_size:,} x rollout.max_total_tokens "
+        f"{tokens:,} x {TRAJECTORY_BYTES_PER_TOKEN} B")]
     if engine == "hf":
         batch = rollout.hf.for_device(device.type).max_batch_size
         rows = min(batch, episodes, rollout.max_concurrent_episodes)
