@@ -14,10 +14,7 @@ import logging
 import time
 from typing import Any
 
-from grpo.collect.episode import task_id_of
-from grpo.models.devices import memory_metrics, release_free_memory
-from grpo.train.curriculum import CurriculumStream
-from grpo.train.evaluation import grouped_success
+from grpo.models.devices import release_free_memory
 from grpo.train.pipeline import ProducerFailed, RolloutPipeline, Taken
 from grpo.train.stops import TrainingStopped
 
@@ -64,13 +61,7 @@ class AsyncRolloutSteps:
         self.pipeline.start()
         try:
             while self.step < cfg.train.steps and not self._out_of_time(started):
-                metrics = await self._one_async_step(tools)
-                self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
-                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
-                    async with self.pipeline.between_rounds():  # on the version just pushed
-                        await self._evaluate(f"step{self.step}")
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
-                    self._save()
+                await self._after_step(await self._one_async_step(tools))
         finally:
             await self.pipeline.stop()
 
@@ -83,11 +74,7 @@ class AsyncRolloutSteps:
                 f"round {index}: every episode group failed ({collected.excluded_groups} excluded); "
                 "see the warnings above for the episode errors"
             )
-        task_ids = [task_id_of(t, i) for i, t in enumerate(tasks)]
-        if isinstance(self.stream, CurriculumStream):
-            self.stream.record(collected.trajectories, tasks, task_ids)
-        grouped = grouped_success(collected.trajectories, tasks, task_ids, cfg.algorithm.group_size, prefix="rollout")
-        self._round_metrics.append({**collected.metrics, **{k: v for k, v in grouped.items() if "/complexity=" in k}})
+        self._round_metrics.append({**collected.metrics, **self._record_played(collected.trajectories, tasks)})
         return collected.trajectories
 
     async def _one_async_step(self, tools) -> dict[str, float]:
@@ -120,20 +107,8 @@ class AsyncRolloutSteps:
             pipeline.version = self.step
         release_free_memory()
         wall = time.time() - t0
-        metrics = {
-            **self._rounds_summary(),
-            **self._async_metrics(taken, idle_before, wall),
-            **(self.stream.metrics() if isinstance(self.stream, CurriculumStream) else {}),
-            **stats,
-            **tools.metrics(),
-            "time/rollout_s": t_wait,
-            "time/step_s": wall,
-            "train/lr": self.scheduler.get_last_lr()[0],
-            **memory_metrics(self.device),
-        }
-        tools.reset_metrics()
-        self.logger.log(metrics, self.step)
-        return metrics
+        return self._log_step({**self._rounds_summary(), **self._async_metrics(taken, idle_before, wall)},
+                              stats, tools, {"time/rollout_s": t_wait, "time/step_s": wall})
 
     def _async_update(self, trajectories: list) -> tuple[dict[str, float], bool]:
         """The worker thread's part: the update and the EMA reference step (the engine's weights

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo.train.refill import zero_variance_groups
 from grpo.trajectory import Trajectory
 
 
@@ -47,8 +48,7 @@ class Group:
     @property
     def flat(self) -> bool:
         """Every episode got the same reward: no GRPO signal."""
-        rewards = [t.reward for t in self.trajectories]
-        return max(rewards) == min(rewards)
+        return bool(zero_variance_groups(self.trajectories))
 
 
 @dataclass

@@ -12,6 +12,7 @@ producer that keeps playing while the update runs (grpo/train/async_steps.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -53,11 +54,12 @@ from grpo.train.checkpoint import (
     save_checkpoint,
 )
 from grpo.train.curriculum import CurriculumStream
-from grpo.train.evaluation import evaluate, grouped_success, set_metrics, summary_figures
+from grpo.train.evaluation import grouped_success, summary_figures
 from grpo.train.logger import MetricsLogger, close_run_logging, setup_console_logging
 from grpo.train.pipeline import RolloutPipeline
 from grpo.train.plots import plot_curves
 from grpo.train.refill import refill
+from grpo.train.run_evaluations import RunEvaluations
 from grpo.train.step_memory import check_step_memory, model_shape
 from grpo.train.stops import TrainingInterrupted, TrainingStopped
 from grpo.train.task_stream import TaskStream
@@ -67,7 +69,7 @@ from tools.manager import SharedToolManager
 log = logging.getLogger("mcp_grpo")
 
 
-class GRPOTrainer(AsyncRolloutSteps):
+class GRPOTrainer(AsyncRolloutSteps, RunEvaluations):
     def __init__(self, config: RunConfig):
         self.config = config
         self.run_dir = config.run_dir
@@ -259,18 +261,23 @@ class GRPOTrainer(AsyncRolloutSteps):
         self.logger.schedule(cfg.train.steps, self.step, started + 60 * minutes if minutes else None)
         if cfg.train.async_rollouts.enabled:
             await self._async_steps(tools, started)
-        while self.step < cfg.train.steps and not cfg.train.async_rollouts.enabled:
-            if self._out_of_time(started):
-                break
-            metrics = await self._one_step(tools)
-            self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
-            if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
-                await self._evaluate(f"step{self.step}")
-            if cfg.train.save_every and self.step % cfg.train.save_every == 0:
-                self._save()
+        else:
+            while self.step < cfg.train.steps and not self._out_of_time(started):
+                await self._after_step(await self._one_step(tools))
         if cfg.train.eval_after:
             after = await self._evaluate("after")
             summary.update(summary_figures(after, "after", self.eval_sets))
+
+    async def _after_step(self, metrics: dict[str, float]) -> None:
+        """A finished step's history row, then its evaluation and checkpoint when due (with
+        async rollouts the evaluation waits for the round in flight: grpo/train/pipeline.py)."""
+        train = self.config.train
+        self.history.append({k: v for k, v in metrics.items() if isinstance(v, float)})
+        if train.eval_every and self.step % train.eval_every == 0 and self.step < train.steps:
+            async with self.pipeline.between_rounds() if self.pipeline else contextlib.nullcontext():
+                await self._evaluate(f"step{self.step}")
+        if train.save_every and self.step % train.save_every == 0:
+            self._save()
 
     def _out_of_time(self, started: float) -> bool:
         minutes = self.config.train.max_minutes
@@ -324,14 +331,19 @@ class GRPOTrainer(AsyncRolloutSteps):
         if updated:  # a skipped update left the weights as they were: no EMA step, nothing to push
             self._after_update()
         release_free_memory()  # what the update freed, before the next rollout and the memory metric
+        return self._log_step({**collected.metrics, **dynamic}, stats, tools,
+                              {"time/rollout_s": t_rollout, "time/step_s": time.time() - t0})
+
+    def _log_step(self, rollout: dict[str, float], stats: dict[str, float], tools,
+                  times: dict[str, float]) -> dict[str, float]:
+        """A step's metrics row (rollout, curriculum, update, tools, times, learning rate,
+        memory), logged; the tools' counters start again for the next step."""
         metrics = {
-            **collected.metrics,
-            **dynamic,
+            **rollout,
             **(self.stream.metrics() if isinstance(self.stream, CurriculumStream) else {}),
             **stats,
             **tools.metrics(),
-            "time/rollout_s": t_rollout,
-            "time/step_s": time.time() - t0,
+            **times,
             "train/lr": self.scheduler.get_last_lr()[0],
             **memory_metrics(self.device),
         }
@@ -376,13 +388,17 @@ class GRPOTrainer(AsyncRolloutSteps):
             # The refill round's failures count too (its other metrics describe that round only).
             for key in ("rollout/failed_episodes", "rollout/excluded_groups", "rollout/wall_s"):
                 metrics[key] = collected.metrics.get(key, 0.0) + extra.metrics.get(key, 0.0)
-        task_ids = [task_id_of(t, i) for i, t in enumerate(all_tasks)]
-        if isinstance(self.stream, CurriculumStream):
-            self.stream.record(played, all_tasks, task_ids)
-        # Success of the episodes played, per complexity (curves.png draws one line each).
-        grouped = grouped_success(played, all_tasks, task_ids, cfg.algorithm.group_size, prefix="rollout")
-        metrics.update({k: v for k, v in grouped.items() if "/complexity=" in k})
+        metrics.update(self._record_played(played, all_tasks))
         return trajectories, metrics
+
+    def _record_played(self, played: list, tasks: list) -> dict[str, float]:
+        """The curriculum learns from every episode played; returns their success per complexity
+        (curves.png draws one line each)."""
+        task_ids = [task_id_of(t, i) for i, t in enumerate(tasks)]
+        if isinstance(self.stream, CurriculumStream):
+            self.stream.record(played, tasks, task_ids)
+        grouped = grouped_success(played, tasks, task_ids, self.config.algorithm.group_size, prefix="rollout")
+        return {k: v for k, v in grouped.items() if "/complexity=" in k}
 
     async def _warm_start(self, tools) -> None:
         """`train.warmup`: supervised steps on gold trajectories, then the engine and the
@@ -400,41 +416,6 @@ class GRPOTrainer(AsyncRolloutSteps):
         self.engine.sync_weights(self.policy)
         if self.reference is not None:
             self.reference.copy_policy()
-
-    async def _evaluate(self, tag: str) -> dict[str, float]:
-        """The held-out tasks (transcripts eval/<tag>.jsonl), then each further evaluation set
-        (eval/<tag>.<name>.jsonl, figures under `eval/set=<name>/`), logged as one row."""
-        cfg = self.config
-        held_out = self.val_tasks[: cfg.train.eval_tasks] if cfg.train.eval_tasks else self.val_tasks
-        metrics = await self._play_evaluation(held_out, tag)
-        log.info("eval %s: success %.1f%% on %d held-out tasks (%.0f s)", tag,
-                 100 * metrics["eval/success_rate"], len(held_out), metrics["eval/seconds"])
-        for name, tasks in self.eval_sets.items():
-            figures = await self._play_evaluation(tasks, f"{tag}.{name}")
-            log.info("eval %s: success %.1f%% on %d tasks of the set %s (%.0f s)", tag,
-                     100 * figures["eval/success_rate"], len(tasks), name, figures["eval/seconds"])
-            metrics.update(set_metrics(figures, name))
-        self.logger.log(metrics, self.step)
-        return metrics
-
-    async def _play_evaluation(self, all_tasks: list, transcripts: str) -> dict[str, float]:
-        """One evaluation of `all_tasks` (this process plays its share): the run's figures, each
-        set reduced over the ranks with its own weight."""
-        cfg = self.config
-        tasks = self._local_share(all_tasks)
-        t0 = time.time()
-        metrics: dict[str, float] = {}
-        # evaluate() rejects an empty held-out set; with data parallelism one rank may get no share.
-        if tasks or not all_tasks:
-            # Transcripts come from the main process only (with data parallelism: its share).
-            path = self.run_dir / "eval" / f"{transcripts}.jsonl" if self.is_main_process else None
-            metrics = await evaluate(
-                self.collector, tasks, k=1, temperature=cfg.rollout.eval_temperature, seed=cfg.seed,
-                transcripts_path=path,
-            )
-        metrics["eval/seconds"] = time.time() - t0
-        release_free_memory()
-        return self._reduce_metrics(metrics, weight=float(len(tasks)))
 
     def _save(self) -> None:
         if self.is_main_process and self._saved_step != self.step:
