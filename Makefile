@@ -174,15 +174,19 @@ train-mcp: install servers
 	$(PY) -m launch.autotrain --config configs/cpu_mcp.yaml --servers time,git,filesystem,sqlite \
 		$(MCP_GENERATE) --tasks $(MCP_TASKS) $(ARGS)
 
-# vLLM rollouts: on a CUDA machine its CUDA build (install-gpu), elsewhere its CPU build (install).
+# vLLM rollouts: on a CUDA machine its CUDA build (install-gpu) and configs/vllm.yaml; elsewhere
+# its CPU build (install) and configs/vllm_cpu.yaml, the run sized for a CPU (why: its header).
 train-vllm:
-	@if command -v nvidia-smi >/dev/null 2>&1; then $(MAKE) install-gpu; else $(MAKE) install; fi
-	$(PY) -m launch.train --config configs/vllm.yaml $(ARGS)
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory install-gpu && $(PY) -m launch.train --config configs/vllm.yaml $(ARGS); \
+	else \
+		$(MAKE) --no-print-directory install && $(PY) -m launch.train --config configs/vllm_cpu.yaml $(ARGS); \
+	fi
 
 # The calculator run with vLLM in process on the CPU: full fine-tuning, then LoRA.
 train-vllm-cpu: install
-	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm run_name=calculator-vllm-cpu $(ARGS)
-	$(PY) -m launch.train --config configs/cpu.yaml rollout.engine=vllm lora.enabled=true \
+	$(PY) -m launch.train --config configs/vllm_cpu.yaml $(ARGS)
+	$(PY) -m launch.train --config configs/vllm_cpu.yaml lora.enabled=true \
 		algorithm.optimizer.learning_rate=1.0e-4 run_name=calculator-vllm-cpu-lora $(ARGS)
 
 # Two vLLM servers on this machine sample for the trainer (rollout.engine: vllm_server).
