@@ -21,7 +21,8 @@ on a shared machine every wall time is an upper bound):
   multiturn   one step of configs/cpu.yaml (calculator server, 8 tasks x G=4) through the trainer:
               seconds, and the share generating / waiting on tools / updating
   async       configs/cpu.yaml with every calculator call taking 0.3 s: synchronous steps beside
-              `train.async_rollouts` (max_staleness 1), groups trained per hour and their ratio
+              `train.async_rollouts` (max_staleness 1), groups trained per hour and their ratio;
+              where vLLM is installed (CPU), the same pair sampled by two `vllm serve` processes
               (bench/async_rollouts.py)
   calculator512  (CUDA only) one step of configs/gpu.yaml: 64 calculator tasks x G=8, 512
               episodes, through the trainer (median of the steps after a warm-up)
@@ -62,7 +63,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.async_rollouts import async_vs_sync
+from bench.async_rollouts import async_vs_sync, async_vs_sync_vllm_servers
 from bench.continuous import TRAINED
 from bench.continuous import measure as measure_continuous
 from bench.continuous import parse_args as continuous_args
@@ -242,6 +243,8 @@ def run(sections: list[str], steps: int, threads: int, tool_calls: int, skip_zer
                 threads=threads, overrides=(f"device={device}", *trainer_overrides))
         elif section == "async":
             report["async"] = async_vs_sync(threads=threads, overrides=(f"device={device}", *trainer_overrides))
+            if device == "cpu" and vllm_installed():  # configs/vllm_servers.yaml is a CPU run
+                report["async"]["vllm_server"] = async_vs_sync_vllm_servers(threads=threads)
         elif section == "trl":
             # TRL with torch's own attention kernels, as its users get them (our sections may
             # have switched cuDNN's off: model.cudnn_attention).
@@ -293,6 +296,7 @@ def headline(report: dict) -> dict:
         "tool_overhead_fraction": None,
         "multi_turn_step_s": report.get("multiturn", {}).get("multi_turn_step_s"),
         "async_speedup": report.get("async", {}).get("async_speedup"),
+        "async_speedup_vllm_server": report.get("async", {}).get("vllm_server", {}).get("async_speedup"),
     }
     gen_peak = peaks.get(f"{_SHORT_DTYPE.get(gen_dtype)}_gflops")
     if gen_peak and gen.get("b64_tokens_per_s"):
