@@ -177,6 +177,39 @@ def test_calculator_multi_step_expressions_match_the_real_calculator():
         assert task.complexity == "medium"
 
 
+def test_calculator_kinds_come_in_turn_and_their_answers_are_the_real_calculators():
+    kinds = ["sum", "difference", "product", "quotient", "word", "two_step"]
+    tasks = generate_tasks("calculator", 120, seed=0, options={"kinds": kinds})
+    assert [t.extra_info["kind"] for t in tasks[:12]] == kinds * 2
+    operators = {"sum": " + ", "difference": " - ", "product": " * ", "quotient": " // "}
+    for task in tasks:
+        kind, expression = task.extra_info["kind"], task.extra_info["expression"]
+        answer = task.ground_truth.success.answer
+        assert evaluate(expression) == answer and isinstance(answer, int) and answer >= 0
+        assert [s.params for s in task.ground_truth.tool_sequence] == [{"expression": expression}]
+        assert task.complexity == ("medium" if kind == "two_step" else "easy")
+        if kind in operators:  # one operation, its operands written as in the expression
+            a, b = expression.split(operators[kind])
+            assert a in task.question and b in task.question
+        if kind == "two_step":
+            assert len(re.findall(r" [-+*] ", expression)) == 2
+    word = [t.question for t in tasks if t.extra_info["kind"] == "word"]
+    assert all(not re.search(r"\d \S{1,2} \d", q) for q in word)  # stories, not symbols
+
+
+def test_calculator_request_spells_what_a_user_writes():
+    from environments.tasks.generators import calculator_request
+
+    rng = random.Random(5)
+    question, expression, value = calculator_request(rng, "quotient")
+    assert (question, expression, value) == (
+        "How many whole times does 97 go into 36657?", "36657 // 97", 377)
+    with pytest.raises(ValueError, match="unknown calculator kind 'cube'; kinds: sum, difference"):
+        calculator_request(rng, "cube")
+    with pytest.raises(TaskDataError, match="allowed kinds are sum, difference, product"):
+        generate_tasks("calculator", 2, options={"kinds": ["sum", "root"]})
+
+
 def test_multistep_generator_is_consistent():
     for task in generate_tasks("multistep", 20, seed=0):
         gt = task.ground_truth

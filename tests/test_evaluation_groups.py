@@ -28,6 +28,18 @@ def _chain(servers: list[str | None], split: str | None = None):
                            reward_spec=SimpleNamespace(ground_truth=SimpleNamespace(tool_sequence=steps)))
 
 
+def test_a_kind_is_its_own_group():
+    task = SimpleNamespace(task_id="k", complexity="easy", extra_info={"kind": "word", "split": "handwritten"})
+    assert group_of(task) == {"complexity": "easy", "kind": "word", "split": "handwritten"}
+
+
+def test_curves_draw_one_dotted_line_per_kind_instead_of_per_complexity():
+    history = [{"rollout/reward_mean": 0.2, "rollout/success_rate": 0.1, "rollout/success/complexity=easy": 0.5,
+                "rollout/success/kind=sum": 0.5, "rollout/success/kind=quotient": 0.0}]
+    assert [(key, style) for key, _, style in curve_series(history)][2:] == [
+        ("rollout/success/kind=quotient", ":"), ("rollout/success/kind=sum", ":")]
+
+
 def test_a_gold_chain_adds_its_length_and_servers_also_within_its_split():
     assert group_of(_chain(["git", "git"], "eval")) == {
         "complexity": "medium", "calls": "2", "server": "git", "split": "eval",

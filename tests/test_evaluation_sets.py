@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from conftest import REPO
@@ -42,6 +43,18 @@ def test_the_mcp_run_names_the_hand_written_set_and_an_override_adds_another(tmp
     assert load_config(REPO / "configs" / "smoke.yaml").data.evaluation_sets == {}
     with pytest.raises(ConfigError, match="evaluation set name 'My Set'"):
         load_config(REPO / "configs" / "smoke.yaml", ["data.evaluation_sets.My Set.path=x.jsonl"])
+
+
+def test_the_calculator_run_is_judged_on_hand_written_requests_the_generator_never_writes():
+    cfg = load_config(REPO / "configs" / "cpu.yaml")
+    assert cfg.data.evaluation_sets["handwritten"].path == "configs/data/calculator_handwritten.jsonl"
+    hand = load_tasks(cfg.data.evaluation_sets["handwritten"])
+    assert len(hand) == 30 and {t.extra_info["kind"] for t in hand} == {
+        "sum", "difference", "product", "quotient", "two_step"}
+    # The generator's phrasings, with every hand-written request's numbers: none comes out the same.
+    generated = load_tasks(cfg.data.train.model_copy(update={"num_tasks": 3000}))
+    shapes = {re.sub(r"[\d,]+", "N", t.question) for t in generated}
+    assert not [t.question for t in hand if re.sub(r"[\d,]+", "N", t.question) in shapes]
 
 
 def test_a_set_is_loaded_whole_and_may_share_no_question_with_training(tmp_path):

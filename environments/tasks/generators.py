@@ -1,8 +1,10 @@
 """Synthetic task generators (deterministic given their `random.Random`).
 
-- `calculator_tasks`: "What is 964 * 494?" (the embedded default), or multi-step expressions
-  such as "What is (12 + 345) * 67?" with `terms > 2`. The answer is an exact integer; the
-  expected tool sequence is one `calculate` call with the whole expression.
+- `calculator_tasks`: "What is 964 * 494?", or multi-step expressions such as "What is
+  (12 + 345) * 67?" with `terms > 2`; with `kinds`, requests of several kinds in turn (sums,
+  differences, products, whole quotients, word problems, two-operation requests; `CALCULATOR_KINDS`),
+  each tagged `extra_info.kind` so held-out success is reported per kind. The answer is an exact
+  integer; the expected tool sequence is one `calculate` call with the whole expression.
 - `multistep_tasks`: two dependent calls on each of two servers: compute A op B, store it under
   a key in kv, compute (that stored value) op C, store the result under a second key, answer it.
   Scored on the final answer and the final kv state (and the tool sequence, for partial credit).
@@ -64,14 +66,19 @@ def calculator_tasks(
     max_turns: int | None = None,
     server: str = CALCULATOR_SERVER,
     tool: str = CALCULATOR_TOOL,
+    kinds: list[str] | None = None,
 ) -> Iterator[dict]:
     """Arithmetic questions that need the calculator.
 
     digits: operand digits (or a [low, high] range); ops: operators drawn per step (default
     `["*"]`); terms: operands (> 2 gives a multi-step expression, e.g. "(A + B) * C");
     instruction: text appended to the question; methods: reward components (default
-    final_answer + must_call_tool).
+    final_answer + must_call_tool). kinds: request kinds of `CALCULATOR_KINDS`, taken in turn
+    (then `ops` and `terms` are not used; see `calculator_request`).
     """
+    if kinds is not None:
+        yield from _calculator_kinds(rng, kinds, digits, instruction, methods, max_turns, server, tool)
+        return
     ops = _check_ops(ops or ["*"])
     if terms < 2:
         raise ValueError(f"terms must be >= 2, got {terms}")
@@ -92,6 +99,112 @@ def calculator_tasks(
             success={"answer": value, "must_call_tool": [tool]},
             tool_sequence=[{"step": 1, "server": server, "tool": tool, "params": {CALCULATOR_ARG: expression}}],
             limits={"max_tool_calls": 2 * terms, "max_servers": 1},
+        )
+
+
+CALCULATOR_KINDS = ("sum", "difference", "product", "quotient", "word", "two_step")
+"""What `calculator_tasks(kinds=...)` draws: a plain request for one operation (quotients rounded
+down: the calculator's `//`), a word problem of any one operation, or a request that combines
+two operations."""
+
+_NAMES = ["Ana", "Ben", "Chloe", "Dev", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal", "Lena"]
+
+# (template, operator): {a} and {b} are the operands in expression order; {n} a name.
+_PLAIN = {
+    "sum": [("What is {a} + {b}?", "+"), ("What is {a} plus {b}?", "+"),
+            ("What do {a} and {b} add up to?", "+"), ("Compute the sum of {a} and {b}.", "+")],
+    "difference": [("What is {a} - {b}?", "-"), ("What is {a} minus {b}?", "-"),
+                   ("What is the difference between {a} and {b}?", "-"), ("Take {b} from {a}.", "-")],
+    "product": [("What is {a} * {b}?", "*"), ("What is {a} times {b}?", "*"),
+                ("What is the product of {a} and {b}?", "*"), ("Compute {a} multiplied by {b}.", "*")],
+    "quotient": [("What is {a} divided by {b}, rounded down to a whole number?", "//"),
+                 ("How many whole times does {b} go into {a}?", "//"),
+                 ("What is the whole-number part of {a} / {b}?", "//")],
+}
+_WORD = [
+    ("A farm keeps {a} sheep and {b} goats. How many animals is that?", "+"),
+    ("{n} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {n} read?", "+"),
+    ("A tank held {a} litres and {b} litres leaked out. How many litres are left?", "-"),
+    ("{n} needs {a} points to win and has {b}. How many more points does {n} need?", "-"),
+    ("Each crate holds {a} bottles. How many bottles are in {b} crates?", "*"),
+    ("A worker earns {a} dollars a day. How much is that over {b} days?", "*"),
+    ("{a} cookies are packed in bags of {b}. How many bags can be filled completely?", "//"),
+    ("A rope {a} cm long is cut into pieces of {b} cm. How many whole pieces are there?", "//"),
+]
+# (template, expression, value): a request combining two operations on {a}, {b} and {c}.
+_TWO_STEP = [
+    ("What is {a} * {b} + {c}?", "{a} * {b} + {c}", lambda a, b, c: a * b + c),
+    ("What is {a} * {b} - {c}?", "{a} * {b} - {c}", lambda a, b, c: a * b - c),
+    ("What is ({a} + {b}) * {c}?", "({a} + {b}) * {c}", lambda a, b, c: (a + b) * c),
+    ("Multiply {a} by {b}, then add {c}. What do you get?", "{a} * {b} + {c}", lambda a, b, c: a * b + c),
+    ("Each of {a} boxes holds {b} pens, and {c} more pens are loose. How many pens are there?",
+     "{a} * {b} + {c}", lambda a, b, c: a * b + c),
+    ("{n} buys {a} tickets at {b} dollars each and pays a {c} dollar fee. What is the total?",
+     "{a} * {b} + {c}", lambda a, b, c: a * b + c),
+    ("{n} earns {a} dollars a month and spends {b}. How much does {n} save in {c} months?",
+     "({a} - {b}) * {c}", lambda a, b, c: (a - b) * c),
+]
+
+
+def _spelled(rng: random.Random, value: int) -> str:
+    """A number as a person writes it: thousands commas half of the time."""
+    return f"{value:,}" if value >= 1000 and rng.random() < 0.5 else str(value)
+
+
+def _operands(rng: random.Random, op: str, digits: int | list[int]) -> tuple[int, int]:
+    """Operands for `op` that keep the answer a positive whole number worth a calculator."""
+    if op == "//":
+        divisor = rng.randint(3, 99)
+        return divisor * rng.randint(10, 999) + rng.randint(0, divisor - 1), divisor
+    a, b = _operand(rng, digits), _operand(rng, digits)
+    if op == "-" and a < b:
+        a, b = b, a
+    return a, b
+
+
+def calculator_request(rng: random.Random, kind: str, digits: int | list[int] = 3) -> tuple[str, str, int]:
+    """(request, expression, answer) of one kind of `CALCULATOR_KINDS`. The expression is what the
+    calculator computes: the operands in the request's order, `//` for a whole quotient."""
+    name = rng.choice(_NAMES)
+    if kind in _PLAIN or kind == "word":
+        template, op = rng.choice(_PLAIN.get(kind, _WORD))
+        a, b = _operands(rng, op, digits)
+        expression = f"{a} {op} {b}"
+        spelled = {"a": _spelled(rng, a), "b": _spelled(rng, b)} if kind == "word" else {"a": a, "b": b}
+        return template.format(n=name, **spelled), expression, _OPS_ALL[op](a, b)
+    if kind == "two_step":
+        template, shape, compute = rng.choice(_TWO_STEP)
+        a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(10, 999)
+        if shape.startswith("({a} - {b})"):  # savings: income above spending, a few months
+            a, b, c = rng.randint(1000, 4000), rng.randint(200, 999), rng.randint(2, 24)
+        elif "- {c}" in shape:
+            c = rng.randint(10, a * b - 1)
+        question = template.format(n=name, a=_spelled(rng, a), b=_spelled(rng, b), c=_spelled(rng, c))
+        return question, shape.format(a=a, b=b, c=c), compute(a, b, c)
+    raise ValueError(f"unknown calculator kind {kind!r}; kinds: {', '.join(CALCULATOR_KINDS)}")
+
+
+_OPS_ALL = {**_OPS, "//": lambda a, b: a // b}
+
+
+def _calculator_kinds(rng, kinds, digits, instruction, methods, max_turns, server, tool) -> Iterator[dict]:
+    unknown = [kind for kind in kinds if kind not in CALCULATOR_KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"kinds {kinds!r}: allowed kinds are {', '.join(CALCULATOR_KINDS)}")
+    methods = methods or ["final_answer", "must_call_tool"]
+    index = 0
+    while True:
+        kind = kinds[index % len(kinds)]
+        index += 1
+        question, expression, value = calculator_request(rng, kind, digits)
+        if instruction.strip():
+            question = f"{question} {instruction.strip()}"
+        yield _synthetic_task(
+            "synthetic/calculator", question, methods, {"expression": expression, "kind": kind},
+            complexity="medium" if kind == "two_step" else "easy", max_turns=max_turns,
+            success={"answer": value, "must_call_tool": [tool]},
+            tool_sequence=[{"step": 1, "server": server, "tool": tool, "params": {CALCULATOR_ARG: expression}}],
+            limits={"max_tool_calls": 4, "max_servers": 1},
         )
 
 

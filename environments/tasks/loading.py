@@ -299,7 +299,10 @@ def generate_tasks(
     attempts, max_attempts = 0, 50 * num_tasks + 1000
     while len(tasks) < num_tasks:
         attempts += 1
-        item = next(produced, None)
+        try:
+            item = next(produced, None)
+        except ValueError as exc:  # a generator checks its option values as it starts
+            raise TaskDataError(f"generator {name!r}: bad options {options}: {exc}") from exc
         if item is None or attempts > max_attempts:
             raise TaskDataError(
                 f"generator {name!r} (options {options or {}}) gave only {len(tasks)} distinct questions for "

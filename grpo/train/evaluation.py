@@ -20,7 +20,8 @@ def group_of(task: Any) -> dict[str, str]:
     chain (`calls=2`) and the servers the chain uses (`server=git`, several joined by `+`) when it
     has one; and its `extra_info.split` when it has one (generated tasks: `eval` = a trained
     template, `novel` = a template never trained on), then also calls and servers within the split
-    (`eval/server=git`), so held-out templates are never mixed into the trained ones' figures."""
+    (`eval/server=git`), so held-out templates are never mixed into the trained ones' figures; and
+    its `extra_info.kind` when it has one (the calculator's `sum`, `word`, ...)."""
     groups = {}
     complexity = getattr(task, "complexity", None)
     if complexity:
@@ -33,7 +34,10 @@ def group_of(task: Any) -> dict[str, str]:
         if servers:
             by_chain["server"] = "+".join(servers)
     groups.update(by_chain)
-    split = (getattr(task, "extra_info", None) or {}).get("split")
+    extra = getattr(task, "extra_info", None) or {}
+    if extra.get("kind"):
+        groups["kind"] = str(extra["kind"])
+    split = extra.get("split")
     if split:
         groups["split"] = str(split)
         groups.update({f"{split}/{name}": value for name, value in by_chain.items()})

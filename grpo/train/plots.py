@@ -11,21 +11,26 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 _COMPLEXITY = "rollout/success/complexity="
+_KIND = "rollout/success/kind="
 _ORDER = {"easy": 0, "medium": 1, "hard": 2}
 
 
 def curve_series(history: list[dict[str, float]]) -> list[tuple[str, str, str]]:
     """(metric key, legend label, line style) of each curve: reward, success, then success per
-    complexity (easy, medium, hard, then any other name)."""
+    kind where the tasks have kinds (dotted), else per complexity (easy, medium, hard, then any
+    other name; dashed)."""
     series = [("rollout/reward_mean", "train reward", "-"), ("rollout/success_rate", "train success", "-")]
+    per_kind = sorted({key for h in history for key in h if key.startswith(_KIND)})
+    if per_kind:
+        return series + [(key, f"train success, {key[len(_KIND):]}", ":") for key in per_kind]
     per_complexity = sorted({key for h in history for key in h if key.startswith(_COMPLEXITY)},
                             key=lambda key: (_ORDER.get(key[len(_COMPLEXITY):], len(_ORDER)), key))
     return series + [(key, f"train success, {key[len(_COMPLEXITY):]}", "--") for key in per_complexity]
 
 
 def plot_curves(history: list[dict[str, float]], summary: dict[str, Any], path: Path) -> Path:
-    """Training reward and success per step (and success per task complexity, dashed, where the
-    tasks have one), with held-out success before/after as markers."""
+    """Training reward and success per step (and success per task kind or complexity where the
+    tasks have them), with held-out success before/after as markers."""
     steps = list(range(1, len(history) + 1))
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     for key, label, style in curve_series(history):

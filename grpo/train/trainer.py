@@ -393,12 +393,12 @@ class GRPOTrainer(AsyncRolloutSteps, RunEvaluations):
 
     def _record_played(self, played: list, tasks: list) -> dict[str, float]:
         """The curriculum learns from every episode played; returns their success per complexity
-        (curves.png draws one line each)."""
+        and per kind (curves.png draws one line each)."""
         task_ids = [task_id_of(t, i) for i, t in enumerate(tasks)]
         if isinstance(self.stream, CurriculumStream):
             self.stream.record(played, tasks, task_ids)
         grouped = grouped_success(played, tasks, task_ids, self.config.algorithm.group_size, prefix="rollout")
-        return {k: v for k, v in grouped.items() if "/complexity=" in k}
+        return {k: v for k, v in grouped.items() if "/complexity=" in k or "/kind=" in k}
 
     async def _warm_start(self, tools) -> None:
         """`train.warmup`: supervised steps on gold trajectories, then the engine and the
