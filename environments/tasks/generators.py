@@ -124,12 +124,27 @@ _PLAIN = {
 _WORD = [
     ("A farm keeps {a} sheep and {b} goats. How many animals is that?", "+"),
     ("{n} read {a} pages on Monday and {b} pages on Tuesday. How many pages did {n} read?", "+"),
+    ("A shop sold {a} shirts in May and {b} in June. How many shirts did it sell over both months?", "+"),
+    ("{n} had {a} dollars saved and got {b} dollars for a birthday. How much money does {n} have now?", "+"),
+    ("The hall has {a} seats downstairs and {b} in the balcony. How many seats are there in total?", "+"),
     ("A tank held {a} litres and {b} litres leaked out. How many litres are left?", "-"),
     ("{n} needs {a} points to win and has {b}. How many more points does {n} need?", "-"),
+    ("A bridge is {a} m long and a tunnel {b} m. How much longer is the bridge than the tunnel?", "-"),
+    ("{n} paid with {a} dollars for something that cost {b}. How much change comes back?", "-"),
+    ("A town had {a} residents; {b} moved away. How many residents stayed?", "-"),
+    ("The castle was built in year {b}. How many years before year {a} was that?", "-"),
     ("Each crate holds {a} bottles. How many bottles are in {b} crates?", "*"),
     ("A worker earns {a} dollars a day. How much is that over {b} days?", "*"),
+    ("A printer prints {a} pages an hour. How many pages does it print in {b} hours?", "*"),
+    ("There are {b} rows of {a} chairs each. How many chairs are there?", "*"),
+    ("One bag of rice weighs {a} grams. What do {b} bags weigh?", "*"),
     ("{a} cookies are packed in bags of {b}. How many bags can be filled completely?", "//"),
     ("A rope {a} cm long is cut into pieces of {b} cm. How many whole pieces are there?", "//"),
+    ("{a} dollars are shared equally by {b} friends. How many whole dollars does each get?", "//"),
+    ("A van carries {b} boxes per trip. How many full trips does it take to move {a} boxes?", "//"),
+    ("How many whole hours are in {a} minutes?", "//60"),
+    ("How many complete days are in {a} hours?", "//24"),
+    ("{a} students are split into teams of {b}. How many full teams can be formed?", "//"),
 ]
 # (template, expression, value): a request combining two operations on {a}, {b} and {c}.
 _TWO_STEP = [
@@ -143,6 +158,14 @@ _TWO_STEP = [
      "{a} * {b} + {c}", lambda a, b, c: a * b + c),
     ("{n} earns {a} dollars a month and spends {b}. How much does {n} save in {c} months?",
      "({a} - {b}) * {c}", lambda a, b, c: (a - b) * c),
+    ("A theatre sells {a} tickets a night for {b} nights, and {c} more at a matinee. How many tickets is that?",
+     "{a} * {b} + {c}", lambda a, b, c: a * b + c),
+    ("A baker makes {a} trays of {b} rolls and {c} rolls burn. How many good rolls are left?",
+     "{a} * {b} - {c}", lambda a, b, c: a * b - c),
+    ("{n} buys {a} apples and {b} pears; each piece of fruit costs {c} cents. What is the bill in cents?",
+     "({a} + {b}) * {c}", lambda a, b, c: (a + b) * c),
+    ("First add {a} and {b}, then multiply by {c}.", "({a} + {b}) * {c}", lambda a, b, c: (a + b) * c),
+    ("Take {c} away from the product of {a} and {b}.", "{a} * {b} - {c}", lambda a, b, c: a * b - c),
 ]
 
 
@@ -168,9 +191,13 @@ def calculator_request(rng: random.Random, kind: str, digits: int | list[int] = 
     name = rng.choice(_NAMES)
     if kind in _PLAIN or kind == "word":
         template, op = rng.choice(_PLAIN.get(kind, _WORD))
-        a, b = _operands(rng, op, digits)
+        if op.startswith("//") and op != "//":  # a unit's fixed divisor ("//60": minutes to hours)
+            op, b = "//", int(op[2:])
+            a = b * rng.randint(10, 999) + rng.randint(0, b - 1)
+        else:
+            a, b = _operands(rng, op, digits)
         expression = f"{a} {op} {b}"
-        spelled = {"a": _spelled(rng, a), "b": _spelled(rng, b)} if kind == "word" else {"a": a, "b": b}
+        spelled = {"a": _spelled(rng, a), "b": _spelled(rng, b)}
         return template.format(n=name, **spelled), expression, _OPS_ALL[op](a, b)
     if kind == "two_step":
         template, shape, compute = rng.choice(_TWO_STEP)
