@@ -49,7 +49,7 @@ def run_side(mode: str, *, steps: int, config_path: str, threads: int, latency: 
         cfg = load_config(config_path, [
             f"output_dir={out}", f"run_name=bench-{mode}", f"threads={threads}", f"train.steps={steps}",
             f"train.tasks_per_step={tasks_per_step}", "train.eval_before=false", "train.eval_after=false",
-            "train.save_final_model=false", "logging.progress=false", "train.warmup.steps=0",
+            "train.save_final_model=false", "logging.progress=false", "train.warmup.steps=0", "train.curriculum.enabled=false",
             f"tools.servers.calculator.latency={latency}",
             f"train.async_rollouts.enabled={str(mode == 'async').lower()}",
             f"train.async_rollouts.max_staleness={max_staleness}", *overrides,

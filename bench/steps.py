@@ -202,7 +202,7 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
             f"output_dir={out}", "run_name=bench", f"threads={threads}", f"train.steps={steps}",
             f"train.tasks_per_step={tasks_per_step}", f"algorithm.group_size={group_size}",
             "train.eval_before=false", "train.eval_after=false", "train.save_final_model=false",
-            "logging.progress=false", "train.warmup.steps=0", *overrides,
+            "logging.progress=false", "train.warmup.steps=0", "train.curriculum.enabled=false", *overrides,
         ])
         trainer = GRPOTrainer(cfg)
         trainer.setup()  # what `run` does first; the engine exists from here until the run closes it
