@@ -25,6 +25,8 @@ KV_SERVER = "kv"
 KV_PUT = "put"
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_OPS_ALL = {**_OPS, "//": lambda a, b: a // b}
+"""`_OPS` and the whole quotient (calculator kinds; `ops` of the plain generator stay `_OPS`)."""
 
 
 def _operand(rng: random.Random, digits: int | list[int]) -> int:
@@ -146,26 +148,29 @@ _WORD = [
     ("How many complete days are in {a} hours?", "//24"),
     ("{a} students are split into teams of {b}. How many full teams can be formed?", "//"),
 ]
-# (template, expression, value): a request combining two operations on {a}, {b} and {c}.
+# The expressions a two-step request computes, each with its value.
+_SHAPES = {
+    "{a} * {b} + {c}": lambda a, b, c: a * b + c,
+    "{a} * {b} - {c}": lambda a, b, c: a * b - c,
+    "({a} + {b}) * {c}": lambda a, b, c: (a + b) * c,
+    "({a} - {b}) * {c}": lambda a, b, c: (a - b) * c,
+}
+# (template, expression of `_SHAPES`): a request combining two operations on {a}, {b} and {c}.
 _TWO_STEP = [
-    ("What is {a} * {b} + {c}?", "{a} * {b} + {c}", lambda a, b, c: a * b + c),
-    ("What is {a} * {b} - {c}?", "{a} * {b} - {c}", lambda a, b, c: a * b - c),
-    ("What is ({a} + {b}) * {c}?", "({a} + {b}) * {c}", lambda a, b, c: (a + b) * c),
-    ("Multiply {a} by {b}, then add {c}. What do you get?", "{a} * {b} + {c}", lambda a, b, c: a * b + c),
-    ("Each of {a} boxes holds {b} pens, and {c} more pens are loose. How many pens are there?",
-     "{a} * {b} + {c}", lambda a, b, c: a * b + c),
-    ("{n} buys {a} tickets at {b} dollars each and pays a {c} dollar fee. What is the total?",
-     "{a} * {b} + {c}", lambda a, b, c: a * b + c),
-    ("{n} earns {a} dollars a month and spends {b}. How much does {n} save in {c} months?",
-     "({a} - {b}) * {c}", lambda a, b, c: (a - b) * c),
+    ("What is {a} * {b} + {c}?", "{a} * {b} + {c}"),
+    ("What is {a} * {b} - {c}?", "{a} * {b} - {c}"),
+    ("What is ({a} + {b}) * {c}?", "({a} + {b}) * {c}"),
+    ("Multiply {a} by {b}, then add {c}. What do you get?", "{a} * {b} + {c}"),
+    ("Each of {a} boxes holds {b} pens, and {c} more pens are loose. How many pens are there?", "{a} * {b} + {c}"),
+    ("{n} buys {a} tickets at {b} dollars each and pays a {c} dollar fee. What is the total?", "{a} * {b} + {c}"),
+    ("{n} earns {a} dollars a month and spends {b}. How much does {n} save in {c} months?", "({a} - {b}) * {c}"),
     ("A theatre sells {a} tickets a night for {b} nights, and {c} more at a matinee. How many tickets is that?",
-     "{a} * {b} + {c}", lambda a, b, c: a * b + c),
-    ("A baker makes {a} trays of {b} rolls and {c} rolls burn. How many good rolls are left?",
-     "{a} * {b} - {c}", lambda a, b, c: a * b - c),
+     "{a} * {b} + {c}"),
+    ("A baker makes {a} trays of {b} rolls and {c} rolls burn. How many good rolls are left?", "{a} * {b} - {c}"),
     ("{n} buys {a} apples and {b} pears; each piece of fruit costs {c} cents. What is the bill in cents?",
-     "({a} + {b}) * {c}", lambda a, b, c: (a + b) * c),
-    ("First add {a} and {b}, then multiply by {c}.", "({a} + {b}) * {c}", lambda a, b, c: (a + b) * c),
-    ("Take {c} away from the product of {a} and {b}.", "{a} * {b} - {c}", lambda a, b, c: a * b - c),
+     "({a} + {b}) * {c}"),
+    ("First add {a} and {b}, then multiply by {c}.", "({a} + {b}) * {c}"),
+    ("Take {c} away from the product of {a} and {b}.", "{a} * {b} - {c}"),
 ]
 
 
@@ -174,10 +179,11 @@ def _spelled(rng: random.Random, value: int) -> str:
     return f"{value:,}" if value >= 1000 and rng.random() < 0.5 else str(value)
 
 
-def _operands(rng: random.Random, op: str, digits: int | list[int]) -> tuple[int, int]:
-    """Operands for `op` that keep the answer a positive whole number worth a calculator."""
+def _operands(rng: random.Random, op: str, digits: int | list[int], divisor: int | None = None) -> tuple[int, int]:
+    """Operands for `op` that keep the answer a positive whole number worth a calculator; a
+    quotient's divisor is `divisor` when given (a unit's: 60 minutes to the hour), else drawn."""
     if op == "//":
-        divisor = rng.randint(3, 99)
+        divisor = divisor or rng.randint(3, 99)
         return divisor * rng.randint(10, 999) + rng.randint(0, divisor - 1), divisor
     a, b = _operand(rng, digits), _operand(rng, digits)
     if op == "-" and a < b:
@@ -191,27 +197,23 @@ def calculator_request(rng: random.Random, kind: str, digits: int | list[int] = 
     name = rng.choice(_NAMES)
     if kind in _PLAIN or kind == "word":
         template, op = rng.choice(_PLAIN.get(kind, _WORD))
-        if op.startswith("//") and op != "//":  # a unit's fixed divisor ("//60": minutes to hours)
-            op, b = "//", int(op[2:])
-            a = b * rng.randint(10, 999) + rng.randint(0, b - 1)
-        else:
-            a, b = _operands(rng, op, digits)
+        fixed = int(op[2:]) if op[2:] else None  # a unit's divisor ("//60": minutes to hours)
+        op = op[:2] if fixed else op
+        a, b = _operands(rng, op, digits, fixed)
         expression = f"{a} {op} {b}"
         spelled = {"a": _spelled(rng, a), "b": _spelled(rng, b)}
         return template.format(n=name, **spelled), expression, _OPS_ALL[op](a, b)
     if kind == "two_step":
-        template, shape, compute = rng.choice(_TWO_STEP)
+        template, shape = rng.choice(_TWO_STEP)
         a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(10, 999)
         if shape.startswith("({a} - {b})"):  # savings: income above spending, a few months
             a, b, c = rng.randint(1000, 4000), rng.randint(200, 999), rng.randint(2, 24)
         elif "- {c}" in shape:
             c = rng.randint(10, a * b - 1)
         question = template.format(n=name, a=_spelled(rng, a), b=_spelled(rng, b), c=_spelled(rng, c))
-        return question, shape.format(a=a, b=b, c=c), compute(a, b, c)
+        return question, shape.format(a=a, b=b, c=c), _SHAPES[shape](a, b, c)
     raise ValueError(f"unknown calculator kind {kind!r}; kinds: {', '.join(CALCULATOR_KINDS)}")
 
-
-_OPS_ALL = {**_OPS, "//": lambda a, b: a // b}
 
 
 def _calculator_kinds(rng, kinds, digits, instruction, methods, max_turns, server, tool) -> Iterator[dict]:
