@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import statistics
@@ -33,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.engines import vllm_installed
+from bench.report import write_json_report
+from bench.steps import STEPS_ONLY
 from grpo.config import load_config
 from grpo.train.trainer import GRPOTrainer
 
@@ -48,8 +49,7 @@ def run_side(mode: str, *, steps: int, config_path: str, threads: int, latency: 
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(config_path, [
             f"output_dir={out}", f"run_name=bench-{mode}", f"threads={threads}", f"train.steps={steps}",
-            f"train.tasks_per_step={tasks_per_step}", "train.eval_before=false", "train.eval_after=false",
-            "train.save_final_model=false", "logging.progress=false", "train.warmup.steps=0", "train.curriculum.enabled=false",
+            f"train.tasks_per_step={tasks_per_step}", *STEPS_ONLY,
             f"tools.servers.calculator.latency={latency}",
             f"train.async_rollouts.enabled={str(mode == 'async').lower()}",
             f"train.async_rollouts.max_staleness={max_staleness}", *overrides,
@@ -163,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             report["vllm_server"] = {"skipped": "vLLM is not installed"}
     report["load_average_end"] = round(os.getloadavg()[0], 2)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"report: {args.out}")
+    write_json_report(report, args.out)
     return 0
 
 

@@ -30,11 +30,11 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
 from bench.generation import make_prompts
+from bench.report import write_json_report
 from bench.steps import multi_turn_step
 from grpo.config import load_config
 from grpo.models.policy import PolicyWithValueHead
@@ -200,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report = compare_engines(tuple(args.batches), args.repeats, args.threads, args.device, lora_modes,
                                  not args.no_step, args.eager)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"report: {args.out}")
+    write_json_report(report, args.out)
     return 0
 
 

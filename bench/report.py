@@ -4,6 +4,7 @@ keeps the others (the page is generated; it is not edited by hand)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -143,3 +144,11 @@ def write_performance_page(report: dict, command: list[str], path: Path) -> None
     body = "\n".join(sections[key] for key in sorted(sections))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(PAGE_HEAD + "\n" + body, encoding="utf-8")
+
+
+def write_json_report(report: dict, path: str | Path) -> None:
+    """A bench module's raw figures as JSON at `path` (its folder made if missing), and where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"report: {path}")

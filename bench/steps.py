@@ -191,6 +191,12 @@ def standard_step(steps: int = 4, threads: int = 2, micro_batch_size: int = 16, 
     }
 
 
+STEPS_ONLY = ("train.eval_before=false", "train.eval_after=false", "train.save_final_model=false",
+              "logging.progress=false", "train.warmup.steps=0", "train.curriculum.enabled=false")
+"""Overrides of a bench that times a run's GRPO steps: no evaluations, warm start, final model or
+progress bar, and tasks in a shuffled pass (no curriculum)."""
+
+
 def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threads: int = 2,
                     tasks_per_step: int = 8, group_size: int = 4, overrides: tuple[str, ...] = ()) -> dict:
     """`steps` training steps of `config_path` (`tasks_per_step` tasks x G=`group_size` on the
@@ -201,8 +207,7 @@ def multi_turn_step(steps: int = 2, config_path: str = "configs/cpu.yaml", threa
         cfg = load_config(config_path, [
             f"output_dir={out}", "run_name=bench", f"threads={threads}", f"train.steps={steps}",
             f"train.tasks_per_step={tasks_per_step}", f"algorithm.group_size={group_size}",
-            "train.eval_before=false", "train.eval_after=false", "train.save_final_model=false",
-            "logging.progress=false", "train.warmup.steps=0", "train.curriculum.enabled=false", *overrides,
+            *STEPS_ONLY, *overrides,
         ])
         trainer = GRPOTrainer(cfg)
         trainer.setup()  # what `run` does first; the engine exists from here until the run closes it
