@@ -87,6 +87,13 @@ class EnvironmentConfig(_Section):
     """Subtracted from the reward per invalid tool call (unknown tool, bad arguments)."""
     parse_failure_penalty: float = Field(default=0.0, ge=0.0)
     """Subtracted from the reward per turn whose tool-call markup could not be parsed."""
+    turn_credit: Literal["off", "verified"] = "off"
+    """`verified`: when an MCP tool episode ends, replay its calls on fresh state to find which
+    did what a step of the task's gold chain would have done there (environments/turn_credit.py,
+    environments/mcp_tool/replay.py); each call, and each unreadable turn, becomes a credit unit
+    for the `turn_grpo` advantage estimator. Costs tool calls after every episode (the step's
+    `rollout/turn_credit_*` metrics say how many and how long). Tasks without a tool sequence
+    get no units."""
     state_tool: str = "dump"
     """For tasks with a `success.state` check: the tool (on each server named in the check) called
     with the episode id when the episode ends; its result's `state` object is the final state

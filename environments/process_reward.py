@@ -25,11 +25,12 @@ import itertools
 import re
 from collections.abc import Sequence
 
+from environments.alignment import align
 from environments.comparisons import values_match
 from environments.tasks.picks import PickError, picked_arguments
 from environments.tasks.schema import Task, ToolStep
 
-_REF = re.compile(r"\{(\d+)\}")
+STEP_REFERENCE = re.compile(r"\{(\d+)\}")
 _MAX_CANDIDATES = 3
 """Most recent earlier calls tried per referenced step when filling a template."""
 
@@ -46,7 +47,7 @@ def calls_tool(call, tool: str, server: str | None = None) -> bool:
 def _filled(template: str, steps: Sequence[ToolStep], earlier: Sequence) -> list[str]:
     """The template filled with results of earlier ok calls of each referenced step's tool
     (the most recent few per reference, every combination)."""
-    refs = sorted({int(n) for n in _REF.findall(template)})
+    refs = sorted({int(n) for n in STEP_REFERENCE.findall(template)})
     options = []
     for ref in refs:
         if ref > len(steps):
@@ -58,7 +59,7 @@ def _filled(template: str, steps: Sequence[ToolStep], earlier: Sequence) -> list
     filled = []
     for combo in itertools.product(*options):
         values = dict(zip(refs, combo))
-        filled.append(_REF.sub(lambda m, values=values: values[int(m.group(1))], template))
+        filled.append(STEP_REFERENCE.sub(lambda m, values=values: values[int(m.group(1))], template))
     return filled
 
 
@@ -116,10 +117,5 @@ def process_score(task: Task, episode) -> float:
     if not steps:
         return 1.0
     calls = episode.ok_calls
-    # best[i][j]: the best total credit aligning the first i steps with the first j ok calls.
-    best = [[0.0] * (len(calls) + 1) for _ in range(len(steps) + 1)]
-    for i, step in enumerate(steps, start=1):
-        for j, call in enumerate(calls, start=1):
-            credit = step_credit(step, call, steps, calls[: j - 1])
-            best[i][j] = max(best[i - 1][j], best[i][j - 1], best[i - 1][j - 1] + credit)
-    return best[len(steps)][len(calls)] / max(len(steps), len(episode.calls))
+    total, _ = align(len(steps), len(calls), lambda i, j: step_credit(steps[i], calls[j], steps, calls[:j]))
+    return total / max(len(steps), len(episode.calls))

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from environments.alignment import align
 from environments.base import Message, load_callable
 from environments.comparisons import answer_is_correct, values_match
 from environments.config import EnvironmentConfig
@@ -93,6 +94,8 @@ class Episode:
     turns: int = 0
     parse_failures: int = 0
     """Turns whose tool-call markup could not be read."""
+    unreadable_turns: list[int] = field(default_factory=list)
+    """Those turns (1-based)."""
     state: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Final state by server, read by the environment for tasks with `success.state`."""
     check_results: list[CallRecord] = field(default_factory=list)
@@ -160,12 +163,8 @@ def tool_sequence_score(task: Task, episode: Episode) -> float:
     if not steps:
         return 1.0
     calls = episode.ok_calls
-    # best[i][j]: best total similarity aligning the first i steps with the first j calls.
-    best = [[0.0] * (len(calls) + 1) for _ in range(len(steps) + 1)]
-    for i, step in enumerate(steps, start=1):
-        for j, call in enumerate(calls, start=1):
-            best[i][j] = max(best[i - 1][j], best[i][j - 1], best[i - 1][j - 1] + _step_similarity(step, call))
-    return best[len(steps)][len(calls)] / len(steps)
+    total, _ = align(len(steps), len(calls), lambda i, j: _step_similarity(steps[i], calls[j]))
+    return total / len(steps)
 
 
 def limits_ok(task: Task, episode: Episode) -> bool:

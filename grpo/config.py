@@ -64,6 +64,10 @@ class RunConfig(Section):
             raise ValueError("model.load_in_4bit needs lora.enabled: 4-bit base weights cannot be trained")
         if isinstance(self.algorithm.advantage, GAEConfig) and not self.model.value_head:
             raise ValueError("algorithm.advantage.estimator=gae needs model.value_head: true")
+        if (self.algorithm.advantage.estimator == "turn_grpo" and self.environment.turn_credit == "off"
+                and self.environment.env_class in (None, "mcp_tool")):
+            raise ValueError("algorithm.advantage.estimator=turn_grpo needs per-turn credit: set "
+                             "environment.turn_credit: verified (calls checked against each task's gold chain)")
         if self.rollout.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
             raise ValueError(f"rollout.hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
         if self.rollout.engine == "vllm" and self.device == "mps":

@@ -6,6 +6,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True)
+class CreditSpan:
+    """A credit unit the environment scored (environments/turn_credit.py), on its turn's tokens."""
+
+    start: int
+    """token_ids index of the turn's first sampled token."""
+    end: int
+    """One past its last sampled token."""
+    score: float
+    key: str
+    """Units are compared within the group by key (e.g. `progress=2`: two gold steps done before it)."""
+
+
 @dataclass
 class Trajectory:
     task_id: str
@@ -23,6 +36,9 @@ class Trajectory:
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)
     """(index of the last token of the turn, reward) for rewards given before the end;
     token-level advantages (GAE) place them there, the final reward on the last sampled token."""
+    credit: list[CreditSpan] = field(default_factory=list)
+    """Per-turn credit units in order (several may share a turn), for the `turn_grpo` estimator;
+    empty when the environment gave none. Not part of `reward`."""
     num_turns: int = 0
     num_tool_calls: int = 0
     finish_reasons: list[str] = field(default_factory=list)

@@ -71,10 +71,11 @@ def test_estimator_registry_entries():
     assert torch.equal(ESTIMATORS["rloo"].compute(rewards, config), rloo_advantages(rewards))
     no_std = OutcomeAdvantageConfig(estimator="grpo", normalize_std=False)
     assert torch.equal(ESTIMATORS["grpo"].compute(rewards, no_std), dr_grpo_advantages(rewards))
-    assert [(n, e.token_level, e.needs_values) for n, e in ESTIMATORS.items()] == [
-        ("grpo", False, False), ("dr_grpo", False, False), ("rloo", False, False), ("gae", True, True)]
+    assert [(n, e.token_level, e.needs_values, e.per_turn) for n, e in ESTIMATORS.items()] == [
+        ("grpo", False, False, False), ("dr_grpo", False, False, False), ("rloo", False, False, False),
+        ("turn_grpo", False, False, True), ("gae", True, True, False)]
     # The config's estimator names and the registry's are the same set.
-    names = {*OutcomeAdvantageConfig.model_fields["estimator"].annotation.__args__, "gae"}
+    names = {*OutcomeAdvantageConfig.model_fields["estimator"].annotation.__args__, "turn_grpo", "gae"}
     assert names == set(ESTIMATORS)
     with pytest.raises(ValueError, match="num_groups"):
         grpo_advantages(torch.tensor(GROUP))

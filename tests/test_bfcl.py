@@ -216,6 +216,11 @@ def test_corrupted_trajectories_fail_and_credit_counts_leading_turns(loop, tools
     assert last[-1].info["bfcl"]["error_type"] == "multi_turn:empty_turn_model_response"
     assert last[-1].info["bfcl"]["turns_passed"] == 3 and sum(r.reward for r in last) == pytest.approx(0.75)
     assert last[-1].info["reward_breakdown"] == {"official": 0.0, "turn_credit": 0.75}
+    # Per-turn credit for turn_grpo: every assistant step of a passed user turn scores 1.
+    units = last[-1].info["turn_credit"]["units"]
+    assert len(units) == len(skipped_last_turn) and units[-1] == [len(units), 0.0, "user_turn=3"]
+    assert [u[1] for u in units if u[2] != "user_turn=3"] == [1.0] * (len(units) - 1)
+    assert {u[1] for u in first[-1].info["turn_credit"]["units"]} == {0.0}
     assert good[-1].info["bfcl"]["official"] is True and sum(r.reward for r in good) == pytest.approx(1.0)
 
 

@@ -41,7 +41,7 @@ def test_advantage_is_a_union_on_the_estimator():
             "with estimator: gae)") in str(err.value)
     with pytest.raises(ConfigError) as err:
         load_config(None, ["algorithm.advantage=ppo"])
-    assert "algorithm.advantage.estimator: got 'ppo'; allowed values: 'grpo', 'dr_grpo', 'rloo', 'gae'" in str(err.value)
+    assert "algorithm.advantage.estimator: got 'ppo'; allowed values: 'grpo', 'dr_grpo', 'rloo', 'turn_grpo', 'gae'" in str(err.value)
 
 
 def test_keys_from_an_older_release_name_their_new_place():

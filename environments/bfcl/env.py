@@ -15,7 +15,8 @@ forces the episode to quit (it fails, as in BFCL).
 Scoring (environments.bfcl.scoring): the official checker's verdict on the whole episode
 (`info["bfcl"]["official"]`, also `info["success"]`), and a per-turn credit: the fraction of
 leading user turns that pass the checker (`info["bfcl"]["turn_credit"]`). `bfcl.reward` picks which
-one is the reward. Transport failures raise (the collector retries the episode from scratch,
+one is the reward. Each assistant step is also a credit unit for the `turn_grpo` estimator
+(`info["turn_credit"]["units"]`): 1 when the user turn it answered passed, keyed by that turn. Transport failures raise (the collector retries the episode from scratch,
 because the server-side state is gone); everything the model does wrong is an observation.
 """
 
@@ -116,6 +117,8 @@ class BFCLEnvironment:
         self.turn_steps = 0
         self.decoded: list[list[list[str]]] = [[]]
         self.turns_passed = 0
+        self.step_turns: list[int] = []
+        """The user turn (0-based) each assistant step answered, in order."""
         self.last_check: tuple[int, CheckResult] | None = None
         self.force_quit = False
         self.done = False
@@ -177,6 +180,7 @@ class BFCLEnvironment:
         if self.done:
             return StepResult([], 0.0, True, self._info())
         text = assistant_text if isinstance(assistant_text, str) else ""
+        self.step_turns.append(self.turn)
         self.counts["turns"] += 1
         self.counts["truncated_turns"] += bool(truncated)
         parsed = parse_tool_calls(text, formats=accepted_formats(self.config.call_format),
@@ -329,6 +333,10 @@ class BFCLEnvironment:
                     "error_message": (self.official.error_message or "")[:1000] or None,
                     "decoded": self.decoded,
                 },
+                # One credit unit per assistant step: did the user turn it answered pass the
+                # checker (turn_grpo, grpo/algorithm/turn_advantages.py)?
+                "turn_credit": {"units": [[step, 1.0 if turn < self.turns_passed else 0.0, f"user_turn={turn}"]
+                                          for step, turn in enumerate(self.step_turns, start=1)]},
             })
         return info
 

@@ -17,7 +17,9 @@ markup at all (its text is then the answer candidate; an empty turn ends it with
 after `max_turns` assistant turns. It is then scored by environments.rewards (reading the final
 server state and making the end-state checks first when the task has them:
 environments/mcp_tool/final_reads.py, and asking the LLM judge when `judge` is a method:
-environments/judge/); the reward arrives on the last step only.
+environments/judge/); the reward arrives on the last step only. With `turn_credit: verified` the
+episode's calls are then replayed on fresh state to find which did a gold step
+(environments/mcp_tool/replay.py), and the credit units go into the final info.
 `close()` calls the cleanup tool (kv `reset`) for this episode on every server it touched and
 gives back its instances of stateful servers, also when the episode failed.
 """
@@ -36,9 +38,11 @@ from environments.mcp_tool.examples import episode_examples
 from environments.mcp_tool.exposure import exposed_specs, public_specs, spec_of
 from environments.mcp_tool.final_reads import read_state, run_checks
 from environments.mcp_tool.prompt import call_id, opening_prompt
+from environments.mcp_tool.replay import Replay
 from environments.rewards import CallRecord, Episode, RewardBreakdown, score
 from environments.tasks.schema import Task
 from environments.toolcalls import ToolCall, accepted_formats, parse_tool_calls
+from environments.turn_credit import credit_units
 from tools.secrets import mask_text
 
 if TYPE_CHECKING:
@@ -67,6 +71,8 @@ class MCPToolEnvironment:
         self.done = False
         self.done_reason: str | None = None
         self.breakdown: RewardBreakdown | None = None
+        self.credit: dict[str, Any] | None = None
+        """Verified turn credit of the finished episode (`turn_credit: verified`): its units and cost."""
         self.empty_turns = 0
         self.truncated_turns = 0
         self._specs: list[ToolSpec] = []
@@ -79,7 +85,7 @@ class MCPToolEnvironment:
     async def reset(self, task: Task | dict) -> list[Message]:
         self.task = task if isinstance(task, Task) else Task.from_record(task, f"task for episode {self.episode_id}")
         self.episode = Episode()
-        self.done, self.done_reason, self.breakdown = False, None, None
+        self.done, self.done_reason, self.breakdown, self.credit = False, None, None, None
         self.empty_turns = self.truncated_turns = 0
         self._all_specs = list(self.tools.tool_specs())
         self._specs = exposed_specs(self.task, public_specs(self._all_specs, self.config), self.config.tools)
@@ -163,6 +169,7 @@ class MCPToolEnvironment:
         observations = await self._run_calls(parsed.calls, turn)
         if parsed.errors:
             self.episode.parse_failures += 1
+            self.episode.unreadable_turns.append(turn)
             observations += [{"role": "tool", "content": f"Error: {message}"} for message in parsed.errors]
         if self.config.tool_prompt == "native":
             for observation in observations:  # the template pairs each result with its call
@@ -204,6 +211,8 @@ class MCPToolEnvironment:
                                                    self.config.judge, self.judge)
         self.breakdown = score(self.task, self.episode, self.config,
                                judge_score=None if verdict is None else verdict.score)
+        if self.config.turn_credit == "verified" and self.task.reward_spec.ground_truth.tool_sequence:
+            await self._verify_turns()
         info = self._info()
         if verdict is not None:
             info["judge"] = {"score": verdict.score, "reason": verdict.reason}
@@ -250,6 +259,19 @@ class MCPToolEnvironment:
         self.episode.check_results = await run_checks(self.tools, self._all_specs, success.checks, self.episode_id,
                                                       self.config.tool_timeout, self.task.task_id)
 
+    async def _verify_turns(self) -> None:
+        """Verified turn credit (environments/mcp_tool/replay.py). The episode's own instances go
+        back first: its state has been read, and a replay leasing more while holding them could
+        wait forever on a full pool."""
+        await self.close()
+        verification = await Replay(self.tools, self._all_specs, self.task, self.episode.calls, self.config,
+                                    self.episode_id).run()
+        units = credit_units(self.episode.calls, set(verification.matched), self.episode.unreadable_turns)
+        cost = verification.cost
+        self.credit = {"units": [unit.as_list() for unit in units], "steps_done": len(verification.matched),
+                       "forks": cost.forks, "calls": cost.calls, "seconds": cost.seconds,
+                       "judged_by_arguments": cost.fallbacks}
+
     def _info(self) -> dict[str, Any]:
         episode = self.episode
         info: dict[str, Any] = {
@@ -264,6 +286,8 @@ class MCPToolEnvironment:
                 "truncated_turns": self.truncated_turns,
             },
         }
+        if self.credit is not None:
+            info["turn_credit"] = self.credit
         if self.done and self.breakdown is not None:
             info.update({
                 "done_reason": self.done_reason,

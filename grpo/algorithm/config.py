@@ -49,7 +49,23 @@ class GAEConfig(Section):
     number of ranks."""
 
 
-AdvantageConfig = Annotated[OutcomeAdvantageConfig | GAEConfig, Field(discriminator="estimator")]
+class TurnAdvantageConfig(Section):
+    """Turn-level GRPO (grpo/algorithm/turn_advantages.py): the episode's outcome advantage, as
+    `grpo` gives it, on every sampled token, plus on each turn's tokens the advantage of that
+    turn's credit units (its tool calls, verified against the gold chain by the environment:
+    `environment.turn_credit: verified`), each normalised among the group's units of the same
+    progress. A turn without units (the final answer, or an environment that gives none) gets
+    the outcome advantage alone, so with no units at all this is `grpo`."""
+
+    estimator: Literal["turn_grpo"] = "turn_grpo"
+    normalize_std: bool = True
+    """Divide the outcome advantages by the group's reward std and each unit's advantage by the
+    std of its key's units (zero-variance groups and keys give exactly 0)."""
+    turn_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the turn advantage added to the outcome one (GiGPO's omega); 0 is `grpo`."""
+
+
+AdvantageConfig = Annotated[OutcomeAdvantageConfig | TurnAdvantageConfig | GAEConfig, Field(discriminator="estimator")]
 
 
 class LossConfig(Section):
@@ -167,7 +183,7 @@ class AlgorithmConfig(Section):
     group_size: int = Field(default=4, ge=2)
     """G: episodes sampled per task; advantages are computed within each group."""
     advantage: AdvantageConfig = Field(default_factory=OutcomeAdvantageConfig)
-    """How advantages are computed (`estimator: grpo | dr_grpo | rloo | gae`)."""
+    """How advantages are computed (`estimator: grpo | dr_grpo | rloo | turn_grpo | gae`)."""
     loss: LossConfig = Field(default_factory=LossConfig)
     """The PPO surrogate, value and entropy terms and their aggregation."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)

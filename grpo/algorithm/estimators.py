@@ -26,8 +26,9 @@ from grpo.algorithm.advantages import (
     token_rewards_from_outcome,
     whiten_advantages,
 )
-from grpo.algorithm.config import GAEConfig, OutcomeAdvantageConfig
+from grpo.algorithm.config import GAEConfig, OutcomeAdvantageConfig, TurnAdvantageConfig
 from grpo.algorithm.loss import LossSettings, kl_reward_penalty
+from grpo.algorithm.turn_advantages import unit_advantages
 from grpo.trajectory import Trajectory
 
 
@@ -38,17 +39,21 @@ class Estimator:
     `(token_rewards [1, T], values [1, T], loss_mask [1, T], config) -> (advantages, returns)`."""
     token_level: bool
     needs_values: bool
+    per_turn: bool = False
+    """An outcome estimator whose turns' tokens also get their credit units' advantage
+    (grpo/algorithm/turn_advantages.py)."""
 
 
 ESTIMATORS: dict[str, Estimator] = {
     "grpo": Estimator(lambda r, cfg: grpo_advantages(r, cfg.normalize_std), False, False),
     "dr_grpo": Estimator(lambda r, cfg: dr_grpo_advantages(r), False, False),
     "rloo": Estimator(lambda r, cfg: rloo_advantages(r), False, False),
+    "turn_grpo": Estimator(lambda r, cfg: grpo_advantages(r, cfg.normalize_std), False, False, per_turn=True),
     "gae": Estimator(lambda rw, v, m, cfg: gae(rw, v, m, cfg.gamma, cfg.lam, value_lam=cfg.value_lam),
                      True, True),
 }
 
-AdvantageConfig = OutcomeAdvantageConfig | GAEConfig
+AdvantageConfig = OutcomeAdvantageConfig | TurnAdvantageConfig | GAEConfig
 
 
 def estimator_of(config: AdvantageConfig) -> Estimator:
@@ -105,6 +110,8 @@ def trajectory_advantages(
         for g, m in enumerate(members):
             for j, i in enumerate(m):
                 advantages[i] = adv[g, j] * target_mask(trajectories[i]).float()  # [n]
+            if estimator.per_turn:
+                _add_turn_advantages(advantages, [trajectories[i] for i in m], m, config)
         return advantages, returns
     for i, t in enumerate(trajectories):
         mask = target_mask(t).float().unsqueeze(0)  # [1, n]
@@ -119,6 +126,19 @@ def trajectory_advantages(
     if isinstance(config, GAEConfig) and config.whiten:
         advantages = _whiten_rows(advantages, trajectories)
     return advantages, returns
+
+
+def _add_turn_advantages(advantages: dict[int, torch.Tensor], group: Sequence[Trajectory], rows: Sequence[int],
+                         config: TurnAdvantageConfig) -> None:
+    """Add turn_weight x each turn's mean unit advantage to that turn's tokens, in place."""
+    units = unit_advantages([[(span.key, span.score) for span in t.credit] for t in group], config.normalize_std)
+    for t, row, unit_advs in zip(group, rows, units, strict=True):
+        per_turn: dict[tuple[int, int], list[float]] = defaultdict(list)
+        for span, value in zip(t.credit, unit_advs, strict=True):
+            per_turn[(span.start, span.end)].append(value)
+        for (start, end), values in per_turn.items():
+            # token_ids index k is scored at target position k - 1
+            advantages[row][start - 1:end - 1] += config.turn_weight * sum(values) / len(values)
 
 
 def _whiten_rows(advantages: dict[int, torch.Tensor], trajectories: Sequence[Trajectory]) -> dict[int, torch.Tensor]:
@@ -150,10 +170,22 @@ def rows_to_train(trajectories: Sequence[Trajectory], config: AdvantageConfig, l
     return [i for i in rows if bool(advantages[i].any())]
 
 
-def zero_variance_fraction(trajectories: Sequence[Trajectory]) -> float:
-    """Fraction of groups whose episodes all got the same reward (no signal for GRPO)."""
-    groups: dict[str, list[float]] = defaultdict(list)
+def zero_variance_groups(trajectories: Sequence[Trajectory]) -> set[str]:
+    """Group ids that carry no signal: every episode got the same reward, and no credit unit
+    (turn_grpo) differs from the others of its key."""
+    members: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
-        groups[t.group_id].append(t.reward)
-    flat = [max(r) - min(r) == 0 for r in groups.values()]
-    return sum(flat) / len(flat) if flat else 0.0
+        members[t.group_id].append(t)
+    flat = set()
+    for group_id, group in members.items():
+        rewards = [t.reward for t in group]
+        units = unit_advantages([[(span.key, span.score) for span in t.credit] for t in group])
+        if max(rewards) == min(rewards) and not any(any(row) for row in units):
+            flat.add(group_id)
+    return flat
+
+
+def zero_variance_fraction(trajectories: Sequence[Trajectory]) -> float:
+    """Fraction of groups that carry no signal (`zero_variance_groups`)."""
+    groups = {t.group_id for t in trajectories}
+    return len(zero_variance_groups(trajectories)) / len(groups) if groups else 0.0

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from environments.base import Message, StepResult
-from grpo.trajectory import Trajectory
+from grpo.trajectory import CreditSpan, Trajectory
 
 
 def task_id_of(task: Any, index: int) -> str:
@@ -57,6 +57,8 @@ class EpisodeRecord:
     transcript: list[Message] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     turn_rewards: list[tuple[int, float]] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    """[start, end) token_ids indices of each sampled turn, in order."""
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -82,6 +84,7 @@ class EpisodeRecord:
         self.prompt_messages = len(messages)
 
     def add_sampled(self, ids: list[int], logprobs: Sequence[float], finish_reason: str) -> None:
+        self.turn_spans.append((len(self.token_ids), len(self.token_ids) + len(ids)))
         self.token_ids += ids
         self.loss_mask += [1] * len(ids)
         self.behavior_logprobs += [float(x) for x in logprobs]
@@ -99,6 +102,20 @@ class EpisodeRecord:
         if reward and not final:
             # A non-final step's reward belongs to the last token of the turn just sampled.
             self.turn_rewards.append((len(self.token_ids) - 1, reward))
+
+    def credit_spans(self) -> list[CreditSpan]:
+        """The environment's credit units (final info `turn_credit.units`: [turn, score, key],
+        turns 1-based) on their turns' tokens; a unit of a turn that was never sampled raises."""
+        credit = self.info.get("turn_credit")
+        units = credit.get("units", []) if isinstance(credit, dict) else []
+        spans = []
+        for turn, score, key in units:
+            if not 1 <= int(turn) <= len(self.turn_spans):
+                raise ValueError(f"episode {self.episode_id}: a credit unit names turn {turn}, but "
+                                 f"{len(self.turn_spans)} turn(s) were sampled")
+            start, end = self.turn_spans[int(turn) - 1]
+            spans.append(CreditSpan(start, end, float(score), str(key)))
+        return spans
 
     def to_trajectory(self, stats: EpisodeStats) -> Trajectory:
         info = self.info
@@ -125,6 +142,7 @@ class EpisodeRecord:
             prompt_length=self.prompt_length,
             reward=self.reward,
             turn_rewards=self.turn_rewards,
+            credit=self.credit_spans(),
             num_turns=self.num_turns,
             num_tool_calls=stats.tool_calls,
             finish_reasons=list(self.finish_reasons),

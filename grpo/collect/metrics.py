@@ -44,6 +44,8 @@ def collection_metrics(
       tokens inside the step).
     - parse_failure_rate: turns whose tool-call markup could not be read / turns;
       tool_error_rate: tool calls that returned an error / tool calls.
+    - turn_credit_* (`environment.turn_credit: verified`): unit_score, the mean credit unit
+      score; replay_forks, replay_calls and replay_s, the verification's cost over the step.
     """
     n = len(trajectories)
 
@@ -98,4 +100,20 @@ def collection_metrics(
         **{f"rollout/engine_{key}": value for key, value in batcher.engine_totals.items()},
         "rollout/failed_episodes": float(failed_episodes),
         "rollout/excluded_groups": float(excluded_groups),
+        **_turn_credit_metrics(trajectories),
+    }
+
+
+def _turn_credit_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """With verified turn credit: the share of units that scored, and what the replays cost
+    (summed over the episodes; they run concurrently, so `seconds` exceeds their wall time)."""
+    credits = [c for t in trajectories if isinstance(c := t.metadata.get("info", {}).get("turn_credit"), dict)]
+    if not credits:
+        return {}
+    units = [unit for c in credits for unit in c.get("units", [])]
+    return {
+        "rollout/turn_credit_unit_score": sum(float(u[1]) for u in units) / len(units) if units else 0.0,
+        "rollout/turn_credit_replay_forks": float(sum(c.get("forks", 0) for c in credits)),
+        "rollout/turn_credit_replay_calls": float(sum(c.get("calls", 0) for c in credits)),
+        "rollout/turn_credit_replay_s": float(sum(c.get("seconds", 0.0) for c in credits)),
     }

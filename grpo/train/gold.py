@@ -18,22 +18,15 @@ from typing import Any
 
 from environments.base import Environment, resolve
 from environments.end_state import answer_from_calls
-from environments.process_reward import calls_tool
 from environments.tasks.picks import PickError, picked_arguments
 from environments.toolcalls import format_tool_call
+from environments.turn_credit import step_result
 from grpo.collect.collector import TrajectoryCollector
 from grpo.rollout.base import GenerationRequest
 from grpo.rollout.scripted import ScriptedEngine
 
 CHECKS_ONLY_ANSWER = "Done."
 """The final turn of a task scored on its end state alone (it has no answer to give)."""
-
-
-def step_result(steps: Sequence[Any], calls: Sequence[Any], ref: int) -> str | None:
-    """The episode's result of step `ref` (1-based): its last successful call of that step's tool."""
-    step = steps[ref - 1]
-    made = [c for c in calls if c.status == "ok" and calls_tool(c, step.tool, step.server)]
-    return made[-1].result if made else None
 
 
 def gold_answer(task: Any, calls: Sequence[Any] = ()) -> Any:

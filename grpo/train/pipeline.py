@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.train.refill import zero_variance_groups
+from grpo.algorithm.estimators import zero_variance_groups
 from grpo.trajectory import Trajectory
 
 

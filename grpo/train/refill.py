@@ -1,22 +1,15 @@
 """Dynamic sampling (as DAPO does): groups whose episodes all got the same reward carry no GRPO
-signal; they are dropped and new tasks are played instead, one extra round of at most
+signal (nor, with turn_grpo, any credit unit that differs from its key's others:
+grpo/algorithm/estimators.py `zero_variance_groups`); they are dropped and new tasks are played instead, one extra round of at most
 `max_groups` groups per step."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from grpo.algorithm.estimators import zero_variance_groups
 from grpo.trajectory import Trajectory
-
-
-def zero_variance_groups(trajectories: Sequence[Trajectory]) -> set[str]:
-    """Group ids whose episodes all have the same reward."""
-    rewards: dict[str, list[float]] = defaultdict(list)
-    for t in trajectories:
-        rewards[t.group_id].append(t.reward)
-    return {g for g, r in rewards.items() if max(r) == min(r)}
 
 
 async def refill(trajectories: list[Trajectory], play: Callable[[int], Awaitable[Any]], max_groups: int
