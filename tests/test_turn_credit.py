@@ -4,8 +4,11 @@ episode on fresh state; and the pure parts (alignment, units, the gold step in c
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
-from conftest import running_manager
+from conftest import REPO, running_manager
 
 from environments.alignment import align
 from environments.config import EnvironmentConfig
@@ -15,6 +18,8 @@ from environments.tasks.schema import Task, ToolStep
 from environments.toolcalls import format_tool_call
 from environments.turn_credit import CreditUnit, credit_units, gold_arguments
 from grpo.collect.episode import EpisodeRecord
+from tools.config import ToolsConfig
+from tools.manager import SharedToolManager
 
 VERIFIED = EnvironmentConfig(turn_credit="verified", one_shot_example=False)
 
@@ -168,3 +173,49 @@ def test_gold_arguments_come_from_the_episodes_own_results():
     # A reference the episode never produced keeps the recorded value.
     assert gold_arguments(steps[1], steps, []) == {"key": "subtotal", "value": 5369}
     assert gold_arguments(ToolStep(tool="x", params={"a": 1}), steps, earlier) == {"a": 1}
+
+
+# -- a server whose state is a directory per episode (tools/state.py) -----------------------------
+
+def test_on_a_one_instance_pool_the_episode_gives_back_first_and_writes_are_judged_by_the_copy(tmp_path):
+    """A file written through another spelling of its path does the gold write; a file with other
+    content does not; a read that changes nothing is judged by its result. One instance only: the
+    replays lease it after the episode has given it back."""
+    fixture = tmp_path / "fixture"
+    fixture.mkdir()
+    (fixture / "seed.txt").write_text("seed")
+    server = {"command": "python", "args": [str(REPO / "tests" / "servers" / "files.py")], "startup_timeout": 60,
+              "state": {"fixture": str(fixture), "reset": "copy", "pool_size": 1, "lease_timeout": 5}}
+    steps = [{"server": "files", "tool": "read_file", "params": {"path": "seed.txt"}},
+             {"server": "files", "tool": "write_file", "params": {"path": "notes/a.txt", "content": "seed"},
+              "uses": {"content": "{1}"}}]
+    task = {"prompt": [{"role": "user", "content": "Copy seed.txt to notes/a.txt."}],
+            "reward_spec": {"method": ["state"], "ground_truth": {
+                "task_id": "copy", "complexity": "medium", "tool_sequence": steps,
+                "success": {"checks": [{"server": "files", "tool": "read_file", "params": {"path": "notes/a.txt"},
+                                        "expect": "seed"}]}}}}
+
+    def write(path, content):
+        return f"<tool_call>{json.dumps({'name': 'write_file', 'arguments': {'path': path, 'content': content}})}</tool_call>"
+
+    read = '<tool_call>{"name": "read_file", "arguments": {"path": "./seed.txt"}}</tool_call>'
+
+    async def scenario():
+        async with SharedToolManager(ToolsConfig(servers={"files": server})) as manager:
+            results = []
+            for n, texts in enumerate([[read, write("./notes/../notes/a.txt", "seed"), "<answer>done</answer>"],
+                                       [read, write("notes/a.txt", "SEED!"), "<answer>done</answer>"]]):
+                env = MCPToolEnvironment(manager, VERIFIED, f"pool-{n}")
+                await env.reset(task)
+                for text in texts:
+                    result = await env.step(text)
+                await env.close()
+                results.append(result)
+            after = await manager.call_tool("list_files", {}, episode_id="after")
+            return results, json.loads(after.text)
+
+    (right, wrong), listing = asyncio.run(scenario())
+    assert right.info["success"] and units_of(right) == [[1, 1.0, "progress=0"], [2, 1.0, "progress=1"]]
+    assert not wrong.info["success"] and units_of(wrong) == [[1, 1.0, "progress=0"], [2, 0.0, "progress=1"]]
+    assert right.info["turn_credit"]["judged_by_arguments"] == 0
+    assert listing == ["seed.txt"]  # every fork's copy went back to the fixture

@@ -235,7 +235,8 @@ class Replay:
         after = await self._snapshot(fork)
         for s, (result, state) in ran.items():
             wrote = not same_state(state, before)
-            # The same effect on the state; where neither wrote, the same result as well.
-            if not result.is_error and same_state(state, after) and (wrote or same_result(result.text, call.result)):
+            # The same effect on the state; where neither wrote, the same result as well (the
+            # replayed call's, read moments after the step's: a clock reads alike in both).
+            if not result.is_error and same_state(state, after) and (wrote or same_result(result.text, replayed.text)):
                 found.add((s, index))
         return fork, after, found
