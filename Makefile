@@ -53,12 +53,13 @@ NODE_MAJOR_MIN := 20
 ARGS ?=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install install-gpu servers servers-python servers-node faketime test smoke lint train-cpu train-multistep \
+.PHONY: install install-gpu servers servers-python servers-node faketime browser test smoke lint train-cpu train-multistep \
 	train-vllm train-vllm-cpu train-vllm-servers train-mcp bench validate clean
 
 install: $(VENV)/.installed servers-python
 	@$(MAKE) --no-print-directory servers-node || echo "make install: the npm MCP servers are not installed (above: why); their tests skip"
 	@$(MAKE) --no-print-directory faketime || echo "make install: libfaketime is not installed (above: why); tools.clock_offset needs it and its tests skip"
+	@$(MAKE) --no-print-directory browser || echo "make install: Chromium is not installed (above: why); the run report's browser tests skip"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -129,6 +130,16 @@ faketime:
 	$$SUDO apt-get install -y -q faketime >/dev/null 2>&1 || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q faketime >/dev/null; } \
 		|| { echo "make faketime: apt-get install faketime failed (above: why)" >&2; exit 1; }; \
 	$(PYTHON) -c '$(FAKETIME_FOUND)' || { echo "make faketime: installed, but tools/clock.py finds no libfaketime.so.1" >&2; exit 1; }
+
+# Headless Chromium (Debian's package) opens the run report in tests/test_report_browser.py.
+browser:
+	@command -v chromium >/dev/null && exit 0; \
+	command -v apt-get >/dev/null || { echo "make browser: no apt-get here; install Chromium with this system's package manager" >&2; exit 1; }; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else echo "make browser: apt-get needs root or sudo without a password: run sudo apt-get install -y chromium" >&2; exit 1; fi; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	$$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; } \
+		|| { echo "make browser: apt-get install chromium failed (above: why)" >&2; exit 1; }
 
 # Some states are built with a server's own code (its venv): a reinstalled server rebuilds them.
 $(SERVERS)/fixtures/.built: launch/build_fixtures.py \

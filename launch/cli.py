@@ -1,7 +1,7 @@
 """The `mcp-grpo` console command: one entry point over the launch modules and the bench.
 
     mcp-grpo train --config configs/cpu.yaml [dotted.key=value ...] [--dry-run]
-    mcp-grpo autotrain | evaluate | generate-tasks | validate | smoke | bench | distributed ...
+    mcp-grpo autotrain | evaluate | generate-tasks | report | validate | smoke | bench | distributed ...
 
 Each subcommand is a `python -m <module>` entry point, run with the remaining arguments; the
 `python -m launch.*` forms and the Makefile targets stay as they are. Modules are imported by
@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "autotrain": ("launch.autotrain", "tasks from your MCP servers, then warm start, GRPO and evaluations, one table"),
     "evaluate": ("launch.evaluate", "held-out success of a model on a config's tasks"),
     "generate-tasks": ("launch.generate_tasks", "verified tasks from MCP servers' tools"),
+    "report": ("launch.report", "write a run directory's report.html (also mid-run)"),
     "validate": ("launch.validate_setup", "check dependencies, device, model, servers, dataset"),
     "smoke": ("launch.smoke", "tiny model, two steps, real MCP server, resume check"),
     "bench": ("bench.run", "speed report of this machine (writes docs/performance.md)"),

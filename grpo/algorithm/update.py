@@ -141,10 +141,13 @@ def make_scheduler(optimizer: torch.optim.Optimizer, config: OptimizerConfig) ->
 # ------------------------------------------------------------------------------ the step
 def train_step(policy, reference, optimizer, scheduler, trajectories: Sequence[Trajectory],
                settings: UpdateSettings, *, check_logprobs: bool = False,
-               scaler: torch.amp.GradScaler | None = None) -> dict[str, float]:
+               scaler: torch.amp.GradScaler | None = None, sample: dict | None = None) -> dict[str, float]:
     """Update the policy on whole groups of trajectories. Returns flat `train/…` metrics.
     `scaler` (fp16 compute, `make_grad_scaler`) scales the loss; a step whose scaled gradient
-    overflows is skipped by it (counted in `train/scaler_skipped_steps`), not an error."""
+    overflows is skipped by it (counted in `train/scaler_skipped_steps`), not an error.
+    `sample`, when given, is filled with one row as the update saw it, for the run report's
+    token view: `row`, and per target position its `advantages` and the trainer's `old_logprobs`
+    before the update (one more scoring pass of that row when the step made none)."""
     seconds: dict[str, float] = defaultdict(float)
     # 1. Rows whose update would be exactly zero are left out (decidable from rewards alone).
     rows = rows_to_train(trajectories, settings.advantage, settings.loss, settings.skip_zero_advantage)
@@ -166,6 +169,8 @@ def train_step(policy, reference, optimizer, scheduler, trajectories: Sequence[T
     # 3. Advantages (and value targets) per row.
     advantages, returns = trajectory_advantages(trajectories, settings.advantage, settings.loss,
                                                 old=scores.old, ref=scores.ref, values=scores.values)
+    if sample is not None:
+        _fill_sample(sample, policy, trajectories, rows, scores, advantages, settings, seconds)
     # 4. PPO epochs over minibatches, all or nothing.
     undo = None
     if settings.multi_pass and settings.rollback_on_nonfinite:  # one step only: checked before it
@@ -189,6 +194,18 @@ def train_step(policy, reference, optimizer, scheduler, trajectories: Sequence[T
         "train/num_sequences": float(len(trajectories)),
         **{f"time/{key}": value for key, value in seconds.items()},
     }
+
+
+def _fill_sample(sample: dict, policy, trajectories: Sequence[Trajectory], rows: list[int], scores,
+                 advantages: dict[int, torch.Tensor], settings: UpdateSettings, seconds: dict[str, float]) -> None:
+    """`train_step`'s `sample`: the trained row with the largest advantage (else row 0)."""
+    row = max(rows, key=lambda i: float(advantages[i].abs().sum()), default=0)
+    old = scores.old.get(row) if scores.old else None
+    if old is None:
+        old = score(policy, None, trajectories, [row], want_old=True, want_values=False,
+                    micro_batch_size=1, pad_token_id=settings.pad_token_id, temperature=settings.temperature,
+                    seconds=seconds).old[row]
+    sample.update(row=row, advantages=advantages[row].tolist(), old_logprobs=old.float().cpu().tolist())
 
 
 def _snapshot(policy, optimizer, scheduler, scaler) -> Callable[[], None]:

@@ -120,3 +120,6 @@ class LoggingConfig(Section):
     """Weights & Biases settings."""
     progress: bool = True
     """Show rich progress bars."""
+    token_samples: bool = True
+    """Keep one trajectory per training step, token by token, for the run report's token view
+    (`samples/tokens.jsonl`; costs one scoring pass of that row when the step makes none)."""

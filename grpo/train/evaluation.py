@@ -125,12 +125,16 @@ async def _with_every_tool(collector, tasks: Sequence, k: int, temperature: floa
     return {f"eval/all_tools/{name}": metrics[f"eval/{name}"] for name in kept}
 
 
-def transcript_records(trajectories: Sequence) -> list[dict[str, Any]]:
+def transcript_records(trajectories: Sequence, groups: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
     """One record per episode for the transcripts file, secrets masked (tools/secrets.py): the
-    transcript holds what the model wrote and what tools returned."""
+    transcript holds what the model wrote and what tools returned; `prompt_messages` of it are
+    the prompt (system prompt, worked examples, the request); `groups` by task id (`group_of`)."""
+    groups = groups or {}
     return [
         mask_value({
             "task_id": t.task_id,
+            "groups": groups.get(t.task_id, {}),
+            "prompt_messages": t.metadata.get("prompt_messages"),
             "reward": t.reward,
             "success": t.success,
             "num_turns": t.num_turns,
@@ -165,6 +169,7 @@ async def evaluate(
         metrics.update(await _with_every_tool(collector, tasks, k, temperature, seed))
     if transcripts_path is not None:
         transcripts_path.parent.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories)]
+        groups = {task_id: group_of(task) for task_id, task in zip(task_ids, tasks, strict=True)}
+        lines = [json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories, groups)]
         transcripts_path.write_text("".join(lines))  # one small write after the collection
     return metrics

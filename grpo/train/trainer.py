@@ -44,6 +44,8 @@ from grpo.models.devices import (
 )
 from grpo.models.export import save_pretrained
 from grpo.models.policy import PolicyWithValueHead
+from grpo.report.page import write_report
+from grpo.report.samples import append_sample, token_record
 from grpo.rollout.registry import choose_engine, make_engine
 from grpo.train.async_steps import AsyncRolloutSteps
 from grpo.train.checkpoint import (
@@ -157,10 +159,15 @@ class GRPOTrainer(AsyncRolloutSteps, RunEvaluations):
         return collected.trajectories
 
     def _train_step(self, trajectories: list) -> dict[str, float]:
-        return train_step(
+        sample: dict | None = {} if self.is_main_process and self.config.logging.token_samples else None
+        stats = train_step(
             self.policy, self.reference, self.optimizer, self.scheduler,
-            trajectories, self.settings, check_logprobs=(self.step == 0), scaler=self.scaler,
+            trajectories, self.settings, check_logprobs=(self.step == 0), scaler=self.scaler, sample=sample,
         )
+        if sample:  # the report's token view (grpo/report/samples.py)
+            append_sample(self.run_dir, token_record(self.step + 1, trajectories[sample["row"]], sample,
+                                                     self.tokenizer))
+        return stats
 
     def _after_update(self) -> None:
         """EMA reference step, then the engine samples from the updated weights."""
@@ -429,3 +436,4 @@ class GRPOTrainer(AsyncRolloutSteps, RunEvaluations):
             return
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         plot_curves(self.history, summary, self.run_dir / "curves.png")
+        log.info("report: %s", write_report(self.run_dir))

@@ -1,0 +1,99 @@
+"""The run report's data and file (grpo/report/): what it reads from a run directory, exact;
+the JSON that cannot end its script block; the CLI. The browser tests are in
+tests/test_report_browser.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from report_runs import write_run
+
+from grpo.report.page import POLICY, embedded_json, render, write_report
+from grpo.report.payload import MAX_MESSAGE_CHARS, run_payload
+from grpo.report.samples import masked_pieces
+from launch.report import main as report_main
+
+
+def test_the_payload_of_a_finished_run(tmp_path):
+    payload = run_payload(write_run(tmp_path / "run", steps=3, episodes=8))
+    run = payload["run"]
+    assert (run["name"], run["finished"], run["steps"], run["config"]["device"]) == ("run", True, 3, "cpu")
+    assert payload["stages"] == {"all": {"before": 0.25, "after": 0.75}, "kind=sum": {"before": 0.0, "after": 1.0}}
+    # Curves: the named ones with their points, the warm start by its own step, groups per panel.
+    curves = payload["curves"]
+    assert curves["reward (sampled)"]["reward (sampled)"] == [[1, 1 / 3], [2, 2 / 3], [3, 1.0]]
+    assert curves["success (held-out)"]["success (held-out)"] == [[0, 0.25], [3, 0.75]]
+    assert curves["warm start loss"]["warm start loss"] == [[1, 1.0], [2, 0.5]]
+    assert curves["success by kind (sampled)"] == {"sum": [[1, 0.5], [2, 0.5], [3, 0.5]]}
+    # Tools: calls and errors summed over the steps, the median p50, the worst step's p99.
+    assert payload["tools"]["per_tool"] == [{"tool": "calculator.calculate", "calls": 30, "errors": 3,
+                                             "p50_ms": 4.0, "p99_ms": 30.0}]
+    assert payload["tools"]["totals"] == {"errors/tool_error": 3, "restarts": 1}
+    episodes = payload["episodes"]
+    assert [e["change"] for e in episodes[:4]] == ["fixed", "broken", "still failing", "always right"]
+    first = episodes[0]
+    assert first["groups"] == {"kind": "sum", "split": "eval", "server": "calculator"}
+    assert first["tools"] == ["calculate"] and first["request"].startswith("What is 0 + ")
+    # The episode's own messages: no system prompt, no request.
+    assert [m["role"] for m in first["stages"]["after"]["messages"]] == ["assistant", "tool", "assistant"]
+    assert [s["step"] for s in payload["tokens"]] == [1, 2]
+
+
+def test_a_run_in_progress_and_long_messages(tmp_path):
+    run_dir = write_run(tmp_path / "going", finished=False, hostile="x" * (MAX_MESSAGE_CHARS + 10))
+    payload = run_payload(run_dir)
+    assert payload["run"]["finished"] is False and payload["stages"] == {}
+    tool = payload["episodes"][0]["stages"]["before"]["messages"][1]["content"]
+    assert tool == "x" * MAX_MESSAGE_CHARS + " …[10 characters cut]"
+
+
+def test_older_transcripts_without_prompt_messages_start_after_the_last_request(tmp_path):
+    run_dir = write_run(tmp_path / "old", episodes=1)
+    path = run_dir / "eval" / "after.jsonl"
+    record = json.loads(path.read_text())
+    del record["prompt_messages"]
+    path.write_text(json.dumps(record) + "\n")
+    after = run_payload(run_dir)["episodes"][0]["stages"]["after"]
+    assert [m["role"] for m in after["messages"]] == ["assistant", "tool", "assistant"]
+
+
+def test_the_json_cannot_end_its_script_block_and_nothing_may_load():
+    hostile = '</script><script>alert(1)</script><!-- <img src="http://127.0.0.1:9/x"> \u2028'
+    text = embedded_json({"result": hostile})
+    assert "<" not in text and ">" not in text and "\u2028" not in text
+    assert json.loads(text) == {"result": hostile}
+    page = render({"run": {"name": "r", "dir": "d", "config": {}, "summary": {}, "finished": True, "steps": 0},
+                   "curves": {}, "stages": {}, "tools": {"per_tool": [], "totals": {}}, "episodes": [], "tokens": []})
+    assert f'content="{POLICY}"' in page and "default-src 'none'" in POLICY
+    assert page.count("<script") == 2  # the data block and the page's own script, nothing else
+
+
+def test_token_pieces_hide_a_secret_split_over_several_tokens():
+    pieces = ["key ", "sk-", "abcdefghij", "klmnopqrstuv", "wxyz", " end"]
+    masked = masked_pieces(pieces)
+    assert masked[0] == "key " and masked[-1] == " end"
+    assert "abcdefghij" not in "".join(masked) and "***" in masked
+
+
+def test_the_cli_writes_each_report_and_refuses_what_is_no_run(tmp_path, capsys):
+    run_dir = write_run(tmp_path / "run")
+    assert report_main([str(run_dir)]) == 0
+    assert f"report: {run_dir / 'report.html'}" in capsys.readouterr().out
+    assert (run_dir / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert report_main([str(tmp_path / "nothing")]) == 1
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_write_report_replaces_the_file_whole(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    first = write_report(run_dir).read_text()
+    (run_dir / "summary.json").unlink()
+    second = write_report(run_dir).read_text()
+    assert first != second and not list(run_dir.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("name", ["fixed", "broken"])
+def test_change_names_are_what_the_page_filters_on(tmp_path, name):
+    episodes = run_payload(write_run(tmp_path / "run"))["episodes"]
+    assert sum(e["change"] == name for e in episodes) == 1
