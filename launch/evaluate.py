@@ -5,7 +5,8 @@
 
 `--model` is an HF directory (e.g. a run's `final_model/`); `--checkpoint` a training checkpoint
 (`outputs/RUN/checkpoints/step-000010`); neither: the config's model as it is. Writes per-task
-transcripts to `<run_dir>/eval/<name>.jsonl` and prints the metrics as JSON. A setup problem (the
+transcripts to `<run_dir>/eval/<name>.jsonl`, prints the metrics as JSON, and rewrites the run's
+`report.html` with this evaluation among its episodes (its path on stderr). A setup problem (the
 model, the dataset, a server, a task naming a tool no server offers) is one line, exit status 1;
 so is a run in which every task was excluded (each group had an episode that failed).
 `--task-file` evaluates a task file instead of the config's held-out tasks; `--gold` needs no model:
@@ -57,6 +58,7 @@ from grpo.config import ConfigError, RunConfig, load_config, name_problem
 from grpo.models.devices import resolve_device
 from grpo.models.policy import PolicyWithValueHead
 from grpo.models.source import load_tokenizer
+from grpo.report.page import write_report
 from grpo.rollout.registry import choose_engine, make_engine
 from grpo.train.checkpoint import load_checkpoint
 from grpo.train.evaluation import evaluate, summarize, transcript_records
@@ -265,6 +267,7 @@ def main(argv=None) -> int:
         print(f"evaluate: {problem}", file=sys.stderr)
         return 1
     print(json.dumps(metrics, indent=2))
+    print(f"report: {write_report(config.run_dir)}", file=sys.stderr)  # stdout stays the metrics' JSON
     if metrics["eval/num_tasks"] and metrics["eval/excluded_tasks"] >= metrics["eval/num_tasks"]:
         print(f"evaluate: all {metrics['eval/num_tasks']:.0f} tasks were excluded (every group had an episode "
               "that failed: see the warnings above); nothing was evaluated", file=sys.stderr)

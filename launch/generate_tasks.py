@@ -14,7 +14,9 @@ writes, or for nondeterministic tools the answer the episode's own call gives), 
   several ways holds one out, `--phrasing-fraction` of them);
 - OUT with `.report.json`: per server its family, templates, tasks and share of multi-call
   tasks; every tool used, every tool left out with the reason, servers that contributed nothing,
-  and why drafts were rejected; also printed.
+  and why drafts were rejected; also printed;
+- OUT with `.report.html`: that report as a page, with sample requests and their gold chains
+  (grpo/report/, the run report's Tasks view).
 Verified tasks go to OUT with `.progress.jsonl` as they are made: run the same command again after
 an interruption and it continues from there (requests are never repeated); the file is removed
 when the run completes. `--writer-*` adds tasks proposed by a model behind an OpenAI-compatible
@@ -37,6 +39,7 @@ from environments.taskgen.build import ChainError
 from environments.taskgen.run import generate_tasks, later_tools
 from environments.taskgen.writer import TaskWriter
 from grpo.config import ConfigError, load_config
+from grpo.report.page import write_tasks_report
 from launch.interrupt import stops_cleanly_on_interrupt
 from tools.manager import SharedToolManager, ToolServerStartError
 from tools.secrets import mask_text, mask_value
@@ -163,11 +166,13 @@ async def _run(args: argparse.Namespace) -> int:
     out.write_text("".join(json.dumps(r) + "\n" for r in train), encoding="utf-8")
     heldout_path.write_text("".join(json.dumps(r) + "\n" for r in heldout), encoding="utf-8")
     report_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    page = write_tasks_report(report, records, report_path.with_suffix(".html"))
     progress.unlink(missing_ok=True)
     splits = Counter(r["extra_info"]["split"] for r in records)
     print_report(report)
     print(f"{len(records)} tasks in {time.time() - started:.1f} s: train {splits['train']}, eval {splits['eval']}, "
           f"novel {splits['novel']}, phrasing {splits['phrasing']}")
+    print(f"report: {page}")
     print(f"wrote {out}, {heldout_path}, {report_path}")
     return 0 if records else 2
 

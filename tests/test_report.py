@@ -10,7 +10,7 @@ import pytest
 from report_runs import write_run
 
 from grpo.report.page import POLICY, embedded_json, render, write_report
-from grpo.report.payload import MAX_MESSAGE_CHARS, run_payload
+from grpo.report.payload import MAX_MESSAGE_CHARS, run_payload, tasks_payload
 from grpo.report.samples import masked_pieces
 from launch.report import main as report_main
 
@@ -97,3 +97,22 @@ def test_write_report_replaces_the_file_whole(tmp_path):
 def test_change_names_are_what_the_page_filters_on(tmp_path, name):
     episodes = run_payload(write_run(tmp_path / "run"))["episodes"]
     assert sum(e["change"] == name for e in episodes) == 1
+
+
+def generated(split: str, template: str, n: int) -> dict:
+    return {"prompt": [{"role": "user", "content": f"Compute {n} + 1."}], "extra_info": {"split": split, "template": template},
+            "reward_spec": {"ground_truth": {"success": {"answer": n + 1}, "tool_sequence": [
+                {"server": "calculator", "tool": "calculate", "params": {"expression": f"{n} + 1"}}]}}}
+
+
+def test_a_task_generation_report_keeps_two_requests_of_each_template_and_split():
+    records = [generated(split, template, n) for n in range(3) for split in ("train", "novel") for template in ("A", "B")]
+    report = {"servers": {}, "tools_used": [], "tools_left_out": [{"server": "kv", "tool": "reset", "reason": "why"}],
+              "servers_without_tasks": [], "rejections": {}, "settings": {"num": 12}}
+    payload = tasks_payload(report, records, "chains", "outputs/data")
+    samples = payload["generation"]["samples"]
+    assert len(samples) == 8 and {(s["split"], s["template"]) for s in samples} == {
+        ("train", "A"), ("train", "B"), ("novel", "A"), ("novel", "B")}
+    assert samples[0] == {"split": "train", "template": "A", "request": "Compute 0 + 1.",
+                          "chain": ['calculator.calculate({"expression": "0 + 1"})'], "answer": "1"}
+    assert payload["run"]["config"] == {"num": 12} and payload["generation"]["tools_left_out"][0]["reason"] == "why"

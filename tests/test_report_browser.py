@@ -12,7 +12,7 @@ import pytest
 from browser import console_errors, needs_chromium, page_dom
 from report_runs import write_run
 
-from grpo.report.page import SIZE_BUDGET_BYTES, write_report
+from grpo.report.page import SIZE_BUDGET_BYTES, write_report, write_tasks_report
 
 pytestmark = needs_chromium
 
@@ -99,3 +99,22 @@ def test_a_large_run_opens_on_its_first_episode_page_with_a_filter_fast(tmp_path
         print(f"\nreport of 500 steps, 5000 held-out episodes: {size / 2**20:.1f} MiB; first page drawn after "
               f"{timings[0]:.0f} ms, filtered page after {timings[1]:.0f} ms")
     assert max(timings) < 3000
+
+
+def test_a_task_generation_report_opens_on_its_tasks_and_filters_by_split(tmp_path):
+    records = [{"prompt": [{"role": "user", "content": f"Compute {n} + 1. <b>bold?</b>"}],
+                "extra_info": {"split": ["train", "novel"][n % 2], "template": f"T{n}"},
+                "reward_spec": {"ground_truth": {"success": {"answer": n + 1}, "tool_sequence": [
+                    {"server": "calculator", "tool": "calculate", "params": {"expression": f"{n} + 1"}}]}}}
+               for n in range(6)]
+    report = {"servers": {"calculator": {"family": "arithmetic", "templates": 6, "tasks": 6, "multi_call_share": 0.0}},
+              "tools_used": [{"server": "calculator", "tool": "calculate", "tasks": 6, "checks": 0}],
+              "tools_left_out": [], "servers_without_tasks": [], "rejections": {}, "settings": {}}
+    path = write_tasks_report(report, records, tmp_path / "chains.report.html")
+    dom, log = page_dom(path)
+    assert_drawn(dom, log)
+    assert dom.count('<tr><td>train</td>') == 3 and dom.count('<tr><td>novel</td>') == 3
+    assert "&lt;b&gt;bold?&lt;/b&gt;" in dom and "<b>bold" not in dom
+    dom, log = page_dom(path, "tab=tasks&split=novel")
+    assert_drawn(dom, log)
+    assert dom.count('<tr><td>train</td>') == 0 and dom.count('<tr><td>novel</td>') == 3

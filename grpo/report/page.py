@@ -5,7 +5,8 @@ as text (the script builds the DOM with textContent; the JSON is escaped so that
 or `<!--` in a result can end its block).
 
 `write_report(run_dir)` writes `<run_dir>/report.html` and returns its path; `mcp-grpo report
-RUN_DIR` calls it at any time, also while the run is going."""
+RUN_DIR` calls it at any time, also while the run is going. `write_tasks_report` writes a task
+generation's page (`generate-tasks`: `<out>.report.html`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo.report.payload import run_payload
+from grpo.report.payload import run_payload, tasks_payload
 
 ASSETS = Path(__file__).parent / "assets"
 REPORT_FILE = "report.html"
@@ -54,8 +55,16 @@ def render(payload: dict[str, Any]) -> str:
 def write_report(run_dir: Path) -> Path:
     """Write `<run_dir>/report.html` from what the run directory holds now."""
     run_dir = Path(run_dir)
-    html = render(run_payload(run_dir))
-    path = run_dir / REPORT_FILE
+    return write_page(render(run_payload(run_dir)), run_dir / REPORT_FILE)
+
+
+def write_tasks_report(report: dict[str, Any], records: list[dict], path: Path) -> Path:
+    """A task generation's report as a page at `path` (its Tasks view)."""
+    return write_page(render(tasks_payload(report, records, path.stem, str(path.parent))), path)
+
+
+def write_page(html: str, path: Path) -> Path:
+    """Replace `path` whole (a reader never sees half a page)."""
     tmp = path.with_suffix(".html.tmp")
     tmp.write_text(html)
     tmp.replace(path)

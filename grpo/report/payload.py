@@ -11,7 +11,8 @@ still going): `run_payload(run_dir) -> dict`, plain JSON data for grpo/report/pa
   errors by kind.
 - `episodes`: every held-out task with its request, groups, and per stage its outcome and
   transcript (the system prompt and worked examples left out; long messages cut), and how the
-  outcome changed (`fixed`, `broken`, `still failing`, `always right`).
+  outcome changed from the first evaluation to the last (`fixed`, `broken`, `still failing`,
+  `always right`; `right` or `wrong` where there was one).
 - `tokens`: token samples of training steps (grpo/report/samples.py), at most MAX_TOKEN_SAMPLES
   spread over the run.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -142,36 +144,42 @@ def _messages(record: dict) -> tuple[str, list[dict]]:
 
 
 def _change(before: bool | None, after: bool | None) -> str:
-    if before is None or after is None:
+    if before is None and after is None:
         return "not played"
+    if before is None or after is None:  # one evaluation (`mcp-grpo evaluate`): its outcome
+        return "right" if (after if before is None else before) else "wrong"
     return {(False, True): "fixed", (True, False): "broken", (False, False): "still failing",
             (True, True): "always right"}[(before, after)]
 
 
+def _stage_order(name: str) -> tuple[int, str]:
+    return (STAGES.index(name) if name in STAGES else len(STAGES), name)
+
+
 def _episodes(run_dir: Path) -> list[dict]:
-    """Held-out tasks with their outcome at each stage, the evaluation sets' apart (`set`)."""
+    """Held-out tasks with their outcome at each evaluation (`eval/<stage>[.<set>].jsonl`: the
+    run's before, warmup and after, or what `mcp-grpo evaluate --name` wrote), the evaluation
+    sets' apart (`set`)."""
     episodes: dict[tuple[str, str], dict] = {}
     for path in sorted((run_dir / "eval").glob("*.jsonl")):
         stage, _, rest = path.name.partition(".")
         eval_set = rest[: -len(".jsonl")] if rest != "jsonl" else "held-out"
-        if stage not in STAGES:
-            continue
         for record in _read_jsonl(path):
             task_id = str(record.get("task_id"))
             request, messages = _messages(record)
             entry = episodes.setdefault((eval_set, task_id), {
                 "task_id": task_id, "set": eval_set, "request": request, "groups": record.get("groups") or {},
-                "tools": sorted({m["name"] for m in messages if m["role"] == "tool" and m.get("name")}),
-                "stages": {}})
+                "tools": [], "stages": {}})
             entry["tools"] = sorted(set(entry["tools"]) | {m["name"] for m in messages if m["role"] == "tool" and m.get("name")})
             entry["stages"][stage] = {"success": bool(record.get("success")), "reward": record.get("reward"),
                                       "messages": messages}
     out = []
     for entry in episodes.values():
-        stages = entry["stages"]
-        first = stages.get("before")
-        last = stages.get("after") or stages.get("warmup")
-        entry["change"] = _change(first and first["success"], last and last["success"])
+        entry["stages"] = dict(sorted(entry["stages"].items(), key=lambda item: _stage_order(item[0])))
+        played = list(entry["stages"].values())
+        first = played[0]["success"] if played else None
+        last = played[-1]["success"] if len(played) > 1 else None
+        entry["change"] = _change(first, last)
         out.append(entry)
     return sorted(out, key=lambda e: (e["set"] != "held-out", e["set"], e["task_id"]))
 
@@ -206,3 +214,32 @@ def run_payload(run_dir: Path) -> dict[str, Any]:
         "episodes": _episodes(run_dir),
         "tokens": _token_samples(run_dir),
     }
+
+
+MAX_TASK_SAMPLES = 300
+"""Sample requests in a task generation's report: the first two of each template and split."""
+
+
+def tasks_payload(report: dict[str, Any], records: list[dict], name: str, where: str) -> dict[str, Any]:
+    """A task generation's report (`generate-tasks`): its per-server and per-tool tables, the
+    tools left out and why, and sample requests with their gold chains; the run's views empty."""
+    samples, seen = [], Counter()
+    for record in records:
+        extra = record.get("extra_info") or {}
+        key = (extra.get("split"), extra.get("template"))
+        if seen[key] >= 2 or len(samples) >= MAX_TASK_SAMPLES:
+            continue
+        seen[key] += 1
+        truth = record["reward_spec"]["ground_truth"]
+        success = truth.get("success") or {}
+        samples.append({
+            "split": str(extra.get("split", "")), "template": str(extra.get("template", "")),
+            "request": next((m["content"] for m in reversed(record["prompt"]) if m["role"] == "user"), ""),
+            "chain": [f"{step.get('server') or ''}.{step['tool']}({json.dumps(step.get('params', {}))})"
+                      for step in truth.get("tool_sequence", [])],
+            "answer": json.dumps(success.get("answer")) if success.get("answer") is not None else "",
+        })
+    return {"run": {"name": name, "dir": where, "config": report.get("settings", {}), "summary": {},
+                    "finished": True, "steps": 0},
+            "curves": {}, "stages": {}, "tools": {"per_tool": [], "totals": {}}, "episodes": [], "tokens": [],
+            "generation": {**{k: v for k, v in report.items() if k != "settings"}, "samples": samples}}

@@ -9,6 +9,7 @@ const PAGE = 50;
 const COLOURS = ["#1f6fd1", "#d1451f", "#2e9d4a", "#8a3fc4", "#c79a12", "#12a3b5", "#c4407a", "#56606e", "#7a9d12", "#a35b1f"];
 const FILTERS = ["change", "set", "server", "tool", "split", "kind"];
 const state = { tab: "overview", q: "", page: 0, episode: "", sample: 0, colour: "advantage" };
+// (`split` is also the task generation's sample filter)
 FILTERS.forEach((name) => { state[name] = ""; });
 
 function el(tag, attrs, ...children) {
@@ -65,6 +66,7 @@ function overview() {
   const stageTable = el("table", { id: "stages" },
     el("tr", {}, el("th", {}, "held-out group"), stages.map((s) => el("th", {}, s === "warmup" ? "after warm start" : s === "after" ? "after GRPO" : "before"))),
     Object.entries(DATA.stages).map(([group, row]) => el("tr", {}, el("td", {}, group), stages.map((s) => el("td", { class: "num" }, pct(row[s]))))));
+  if (DATA.generation) return [el("h2", {}, "Task generation settings"), el("pre", { class: "config" }, JSON.stringify(run.config, null, 2))];
   return [el("h2", {}, "The run"), meta,
     el("h2", {}, "Held-out success"), Object.keys(DATA.stages).length ? stageTable : el("p", { class: "note" }, "No evaluation has finished yet."),
     el("h2", {}, "Config"), el("pre", { class: "config" }, JSON.stringify(run.config, null, 2))];
@@ -152,6 +154,12 @@ function transcript(stage, label) {
   return el("div", { class: "stage" }, el("h3", {}, `${label}: ${stage.success ? "right" : "wrong"} (reward ${num(stage.reward, 2)})`),
     stage.messages.map((m) => el("div", { class: `msg ${m.role}` }, el("span", { class: "role" }, m.role + (m.name ? ` · ${m.name}` : "")), m.content)));
 }
+const STAGE_NAMES = { before: "before", warmup: "after warm start", after: "after" };
+function shownStages(episode) {
+  // The first and the last evaluation side by side (the warm start's only when it is the last).
+  const stages = Object.entries(episode.stages);
+  return stages.length > 2 ? [stages[0], stages[stages.length - 1]] : stages;
+}
 function episodes() {
   const shown = filtered();
   const pages = Math.max(1, Math.ceil(shown.length / PAGE));
@@ -171,9 +179,7 @@ function episodes() {
   const detail = chosen ? el("div", {},
     el("p", {}, el("b", {}, chosen.task_id), " · ", Object.entries(chosen.groups).map(([k, v]) => `${k}=${v}`).join(" · ")),
     el("p", {}, chosen.request),
-    el("div", { class: "detail", id: "episode-detail" },
-      transcript(chosen.stages.before, "before"),
-      transcript(chosen.stages.after || chosen.stages.warmup, chosen.stages.after ? "after" : "after warm start"))) : el("p", { class: "note" }, "No task matches.");
+    el("div", { class: "detail", id: "episode-detail" }, shownStages(chosen).map(([name, stage]) => transcript(stage, STAGE_NAMES[name] || name)))) : el("p", { class: "note" }, "No task matches.");
   return [filterBar(), el("div", { class: "episodes" }, list, detail)];
 }
 
@@ -216,12 +222,40 @@ function tokens() {
     view];
 }
 
+// -- a task generation (generate-tasks) ------------------------------------------------------
+function table(id, head, rows) {
+  return el("table", { id }, el("tr", {}, head.map((h) => el("th", {}, h))), rows.map((row) => el("tr", {}, row.map((v) => el("td", typeof v === "number" ? { class: "num" } : {}, v)))));
+}
+function generation() {
+  const g = DATA.generation;
+  const q = state.q.toLowerCase();
+  const samples = g.samples.filter((s) => (!state.split || s.split === state.split) && (!q || s.request.toLowerCase().includes(q)));
+  const splits = [...new Set(g.samples.map((s) => s.split))].sort();
+  const pick = el("select", { id: "filter-split", onchange: (ev) => update({ split: ev.target.value }) }, el("option", { value: "" }, "any split"), splits.map((v) => el("option", { value: v }, v)));
+  pick.value = state.split;
+  const search = el("input", { id: "search", type: "search", placeholder: "search requests", value: state.q });
+  search.addEventListener("change", (ev) => update({ q: ev.target.value }));
+  return [
+    el("h2", {}, "Per server"),
+    table("gen-servers", ["server", "family", "templates", "tasks", "multi-call share", "problem"],
+      Object.entries(g.servers).map(([name, r]) => [name, r.family, r.templates, r.tasks, pct(r.multi_call_share), r.problem || ""])),
+    el("h2", {}, "Tools used"), table("gen-used", ["server", "tool", "tasks", "end-state checks"], g.tools_used.map((t) => [t.server, t.tool, t.tasks, t.checks])),
+    el("h2", {}, "Tools left out, and why"), table("gen-left-out", ["server", "tool", "reason"], g.tools_left_out.map((t) => [t.server, t.tool, t.reason])),
+    g.servers_without_tasks.length ? el("p", {}, "Servers that contributed no task: " + g.servers_without_tasks.join(", ")) : null,
+    Object.keys(g.rejections).length ? [el("h2", {}, "Drafts rejected"), table("gen-rejections", ["reason", "drafts"], Object.entries(g.rejections).map(([k, v]) => [k, typeof v === "object" ? JSON.stringify(v) : v]))] : null,
+    el("h2", {}, "Sample requests and their gold chains"),
+    el("div", { class: "filters" }, el("label", {}, "split ", pick), search, `${samples.length} of ${g.samples.length}`),
+    table("gen-samples", ["split", "template", "request", "gold chain", "answer"], samples.map((s) => [s.split, s.template, s.request, s.chain.join("\n"), s.answer])),
+  ];
+}
+
 // -- the page ------------------------------------------------------------------------------
-const TABS = { overview: ["Overview", overview], curves: ["Curves", curves], tools: ["Tool health", tools], episodes: ["Episodes", episodes], tokens: ["Tokens", tokens] };
+const TABS = { overview: ["Overview", overview], curves: ["Curves", curves], tools: ["Tool health", tools], episodes: ["Episodes", episodes], tokens: ["Tokens", tokens], tasks: ["Tasks", generation] };
+const shownTabs = () => Object.keys(TABS).filter((id) => id !== "tasks" ? !DATA.generation || id === "overview" : Boolean(DATA.generation));
 function render() {
   const started = performance.now();
   const nav = document.getElementById("tabs");
-  nav.replaceChildren(...Object.entries(TABS).map(([id, [label]]) => el("button", { class: id === state.tab ? "active" : "", "data-tab": id, onclick: () => update({ tab: id }) }, label)));
+  nav.replaceChildren(...shownTabs().map((id) => [id, TABS[id]]).map(([id, [label]]) => el("button", { class: id === state.tab ? "active" : "", "data-tab": id, onclick: () => update({ tab: id }) }, label)));
   const main = document.getElementById("content");
   const [, build] = TABS[state.tab] || TABS.overview;
   main.replaceChildren(el("section", { class: "active", id: `tab-${state.tab}` }, build()));
@@ -230,8 +264,10 @@ function render() {
   document.body.dataset.renderMs = (performance.now() - started).toFixed(1);
   document.body.dataset.shown = state.tab === "episodes" ? String(filtered().length) : "";
 }
-document.getElementById("title").textContent = `${DATA.run.name} — run report`;
-document.getElementById("meta").textContent = `${DATA.run.dir} · ${DATA.run.finished ? "finished" : "in progress"} · ${DATA.episodes.length} held-out episodes`;
+document.getElementById("title").textContent = `${DATA.run.name} — ${DATA.generation ? "task generation" : "run"} report`;
+document.getElementById("meta").textContent = DATA.generation ? `${DATA.run.dir} · ${DATA.generation.samples.length} sample requests`
+  : `${DATA.run.dir} · ${DATA.run.finished ? "finished" : "in progress"} · ${DATA.episodes.length} held-out episodes`;
+if (DATA.generation && !location.hash) state.tab = "tasks";
 readHash();
 window.addEventListener("hashchange", () => { readHash(); render(); });
 render();
