@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from grpo.config import ConfigError, load_config
+from grpo.report.page import REPORT_FILE
 from launch.generate_tasks import add_generation_arguments, generate, settings_of, task_paths
 from launch.interrupt import stops_cleanly_on_interrupt
 from launch.train import train
@@ -111,6 +112,7 @@ def main(argv=None) -> int:
         return code
     print(results_table(summary, list(config.data.evaluation_sets)))
     print(f"run directory: {summary['run_dir']} (summary.json holds every figure)")
+    print(f"report: {Path(summary['run_dir']) / REPORT_FILE} (every held-out episode before and after, curves, tool health)")
     return code
 
 
