@@ -146,6 +146,10 @@ _WORD = [
     ("A van carries {b} boxes per trip. How many full trips does it take to move {a} boxes?", "//"),
     ("How many whole hours are in {a} minutes?", "//60"),
     ("How many complete days are in {a} hours?", "//24"),
+    ("How many whole weeks are in {a} days?", "//7"),
+    ("How many whole minutes are in {a} seconds?", "//60"),
+    ("How many full years are in {a} months?", "//12"),
+    ("How many full dozens can be packed from {a} eggs?", "//12"),
     ("{a} students are split into teams of {b}. How many full teams can be formed?", "//"),
 ]
 # The expressions a two-step request computes, each with its value.
