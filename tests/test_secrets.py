@@ -112,7 +112,7 @@ def test_generation_writes_and_prints_nothing_in_clear(tmp_path, capsys, monkeyp
     printed = capsys.readouterr().out
     assert "left out: kv.dump: returned DB_PASSWORD=***" in printed
     written = {p.name: p.read_text() for p in tmp_path.iterdir() if p.name != "none.yaml"}
-    assert sorted(written) == ["tasks.heldout.jsonl", "tasks.jsonl", "tasks.report.json"]
+    assert sorted(written) == ["tasks.heldout.jsonl", "tasks.jsonl", "tasks.report.html", "tasks.report.json"]
     assert json.loads(written["tasks.jsonl"])["prompt"][0]["content"] == "Store ***"
     assert json.loads(written["tasks.report.json"])["tools_left_out"][0]["reason"] == "returned DB_PASSWORD=***"
     assert all(key not in text for text in [printed, *written.values()])
