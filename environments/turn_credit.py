@@ -8,9 +8,9 @@ arguments filled from the episode's own earlier results, as the process reward f
 state, returns the same result. Effects decide, never argument text: `59*91` does the step
 `91 * 59`, `put(total, "5369")` does `put(total, 5369)`, and another tool of the same server with
 the same effect does the step too. The effects come from replaying the episode on fresh state
-(environments/mcp_tool/replay.py); this module holds what needs no server: the gold step's
-arguments in the episode, the order-preserving alignment of verified calls with steps, and the
-units.
+(environments/mcp_tool/replay.py, which aligns the verified calls with the steps in order:
+environments/alignment.py); this module holds what needs no server: the gold step's arguments in
+the episode, the comparisons of states and results, and the units.
 
 Units: one per tool call the model wrote, every attempt (an invalid or failed call scores 0), and
 one scoring 0 per turn whose call markup could not be read; a call scores 1 when the alignment

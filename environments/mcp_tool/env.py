@@ -27,7 +27,6 @@ gives back its instances of stateful servers, also when the episode failed.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -36,19 +35,16 @@ from environments.config import EnvironmentConfig
 from environments.judge.judge import Judge, judge_episode
 from environments.mcp_tool.examples import episode_examples
 from environments.mcp_tool.exposure import exposed_specs, public_specs, spec_of
-from environments.mcp_tool.final_reads import read_state, run_checks
+from environments.mcp_tool.final_reads import clean_up, read_state, run_checks
 from environments.mcp_tool.prompt import call_id, opening_prompt
 from environments.mcp_tool.replay import Replay
 from environments.rewards import CallRecord, Episode, RewardBreakdown, score
 from environments.tasks.schema import Task
 from environments.toolcalls import ToolCall, accepted_formats, parse_tool_calls
 from environments.turn_credit import credit_units
-from tools.secrets import mask_text
 
 if TYPE_CHECKING:
     from tools.manager import SharedToolManager, ToolSpec
-
-log = logging.getLogger(__name__)
 
 
 class MCPToolEnvironment:
@@ -317,17 +313,8 @@ class MCPToolEnvironment:
             await self.tools.end_episode(self.episode_id)
 
     async def _clean_up(self) -> None:
-        tool = self.config.cleanup_tool
-        if not tool:
-            return
-        for server in sorted(self._servers_used):
-            spec = next((s for s in self._all_specs if s.server == server and s.tool == tool), None)
-            if spec is None:
-                continue
-            result = await self.tools.call_tool(spec.name, {}, timeout=self.config.tool_timeout,
-                                                episode_id=self.episode_id)
-            if result.is_error:
-                log.warning("episode %s: %s failed: %s", self.episode_id, spec.name, mask_text(result.text))
+        await clean_up(self.tools, self._all_specs, sorted(self._servers_used), self.config.cleanup_tool,
+                       self.episode_id, self.config.tool_timeout)
 
 
 _SDK_ERROR_PREFIX = re.compile(r"^(?:Error executing tool [^:]*:|Error:)\s*", re.IGNORECASE)

@@ -1,6 +1,7 @@
 """The calls an MCP tool episode's environment makes after the model's last turn, on the
 episode's own state and before it is given back: the state tool of each server that a
-`success.state` entry names, and the end-state checks of `success.checks`."""
+`success.state` entry names, the end-state checks of `success.checks`, and the cleanup tool
+(`clean_up`, also what a turn-credit replay's forks get)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,19 @@ def _state_of(result: Any) -> dict | None:
         if isinstance(candidate, dict) and isinstance(candidate.get("state"), dict):
             return candidate["state"]
     return None
+
+
+async def clean_up(tools: SharedToolManager, specs: Sequence[ToolSpec], servers: Sequence[str], tool: str | None,
+                   episode_id: str, timeout: float | None) -> int:
+    """Call the cleanup tool (the bundled kv server's `reset`) for `episode_id` on each of
+    `servers` that has one; a failure is logged. Returns the number of calls made."""
+    calls = 0
+    for server in servers if tool else ():
+        spec = spec_of(tool, server, specs)
+        if spec is None:
+            continue
+        calls += 1
+        result = await tools.call_tool(spec.name, {}, timeout=timeout, episode_id=episode_id)
+        if result.is_error:
+            log.warning("episode %s: %s failed: %s", episode_id, spec.name, mask_text(result.text))
+    return calls

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from environments.alignment import align
 from environments.config import EnvironmentConfig
 from environments.mcp_tool.exposure import spec_of
-from environments.mcp_tool.final_reads import read_state
+from environments.mcp_tool.final_reads import clean_up, read_state
 from environments.process_reward import step_credit
 from environments.rewards import CallRecord
 from environments.taskgen.copies import snapshot
@@ -75,7 +75,9 @@ class Replay:
         self.config, self.episode_id = config, episode_id
         self.steps = task.reward_spec.ground_truth.tool_sequence
         self.cost = ReplayCost()
-        self._forks = 0
+        self.servers = sorted({c.server for c in self.calls if c.server}
+                              | {s.server for s in map(self._step_spec, self.steps) if s})
+        """Every server the episode's calls and the gold steps touch (each fork leases them all)."""
         self._live: list[_Fork] = []
         """Forks not yet given back (each holds instances of stateful servers)."""
 
@@ -91,10 +93,6 @@ class Replay:
             return True
         return bool(spec.annotations is not None and spec.annotations.read_only)
 
-    def _servers(self) -> list[str]:
-        names = {c.server for c in self.calls if c.server} | {s.server for s in map(self._step_spec, self.steps) if s}
-        return sorted(names)
-
     def _step_spec(self, step: Any) -> ToolSpec | None:
         return self._spec(step.tool, step.server)
 
@@ -107,11 +105,10 @@ class Replay:
     async def _open(self, prefix: Sequence[CallRecord]) -> _Fork:
         """A fresh fork with the task's setup and `prefix` run on it (RuntimeError when the setup
         or a replayed call no longer runs)."""
-        self._forks += 1
         self.cost.forks += 1
-        fork = _Fork(f"{self.episode_id}/replay{self._forks}-{uuid.uuid4().hex[:6]}")
+        fork = _Fork(f"{self.episode_id}/replay{self.cost.forks}-{uuid.uuid4().hex[:6]}")
         self._live.append(fork)
-        await self.tools.start_episode(fork.episode_id, self._servers())
+        await self.tools.start_episode(fork.episode_id, self.servers)
         try:
             for step in self.task.setup:
                 spec = self._step_spec(step)
@@ -131,11 +128,11 @@ class Replay:
             return
         self._live.remove(fork)
         try:
-            tool = self.config.cleanup_tool
-            for server in self._servers() if tool else ():
-                spec = self._spec(tool, server)
-                if spec is not None and self.tools.containment(server).level == "episode_id":
-                    await self._call(fork, spec, {})
+            # Only servers that key state by episode id: a cleanup tool elsewhere would reset
+            # state no fork owns (a stateful server's copy goes back with the lease).
+            keyed = [server for server in self.servers if self.tools.containment(server).level == "episode_id"]
+            self.cost.calls += await clean_up(self.tools, self.specs, keyed, self.config.cleanup_tool,
+                                              fork.episode_id, self.config.tool_timeout)
         finally:
             await self.tools.end_episode(fork.episode_id)
 
@@ -147,7 +144,7 @@ class Replay:
         """What each server shows of the fork's state (module doc)."""
         state: dict[str, Any] = {}
         readable = []
-        for server in self._servers():
+        for server in self.servers:
             directory = self.tools.episode_state_dir(server, fork.episode_id)
             if directory is not None:
                 state[server] = snapshot(directory)

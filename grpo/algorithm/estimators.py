@@ -128,10 +128,15 @@ def trajectory_advantages(
     return advantages, returns
 
 
+def _units_of(group: Sequence[Trajectory]) -> list[list[tuple[str, float]]]:
+    """Each episode's credit units as `unit_advantages` reads them: (key, score)."""
+    return [[(span.key, span.score) for span in t.credit] for t in group]
+
+
 def _add_turn_advantages(advantages: dict[int, torch.Tensor], group: Sequence[Trajectory], rows: Sequence[int],
                          config: TurnAdvantageConfig) -> None:
     """Add turn_weight x each turn's mean unit advantage to that turn's tokens, in place."""
-    units = unit_advantages([[(span.key, span.score) for span in t.credit] for t in group], config.normalize_std)
+    units = unit_advantages(_units_of(group), config.normalize_std)
     for t, row, unit_advs in zip(group, rows, units, strict=True):
         per_turn: dict[tuple[int, int], list[float]] = defaultdict(list)
         for span, value in zip(t.credit, unit_advs, strict=True):
@@ -179,7 +184,7 @@ def zero_variance_groups(trajectories: Sequence[Trajectory]) -> set[str]:
     flat = set()
     for group_id, group in members.items():
         rewards = [t.reward for t in group]
-        units = unit_advantages([[(span.key, span.score) for span in t.credit] for t in group])
+        units = unit_advantages(_units_of(group))
         if max(rewards) == min(rewards) and not any(any(row) for row in units):
             flat.add(group_id)
     return flat

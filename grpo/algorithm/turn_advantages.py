@@ -11,8 +11,8 @@ a state, and one that two episodes reach by different routes still shares).
 
 Per key, every episode that has units there weighs the same, its units sharing its weight: the
 baseline is the mean over episodes of each one's mean score at the key, and the spread the std
-of the units under those weights. So an episode that retries a failing call five times moves the
-baseline no more than one that fails once, and episodes with more turns gain nothing from them:
+of the units under those weights. So an episode that retries a failing call five times counts in
+the baseline as one episode, not as five, and episodes with more turns gain nothing from them:
 each key's advantages average to zero over the episodes that reached it. A key only one episode
 reached, or whose units all scored the same, gives advantage 0 (nothing to compare with).
 

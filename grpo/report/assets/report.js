@@ -174,7 +174,7 @@ function episodes() {
       onclick: () => update({ episode: e.task_id }) },
     el("span", { class: `badge ${slug(e.change)}` }, e.change), e.set !== "held-out" ? el("span", { class: "badge" }, e.set) : null,
     e.request)));
-  if (page === 0 && state.page !== 0) state.page = 0;
+  state.page = page; // a page past the end (the filter shrank the list) is the last one
   const chosen = DATA.episodes.find((e) => e.task_id === state.episode) || shown[page * PAGE];
   const detail = chosen ? el("div", {},
     el("p", {}, el("b", {}, chosen.task_id), " · ", Object.entries(chosen.groups).map(([k, v]) => `${k}=${v}`).join(" · ")),
