@@ -57,25 +57,21 @@ def token_record(step: int, trajectory: Any, sample: dict, tokenizer: Any) -> di
     advantages, old = sample["advantages"], sample["old_logprobs"]
     pieces = masked_pieces([tokenizer.decode([token_id]) for token_id in ids])
     tokens = []
-    for i, _ in enumerate(ids):
+    for i in range(len(ids)):
         sampled = bool(trajectory.loss_mask[i])
-        behavior = trajectory.behavior_logprobs[i] if sampled else None
-        trainer = old[i - 1] if sampled and i >= 1 else None
         tokens.append([
             pieces[i],
             int(sampled),
             _round(advantages[i - 1]) if i >= 1 else 0.0,
-            None if behavior is None else _round(behavior),
-            None if trainer is None else _round(trainer),
+            _round(trajectory.behavior_logprobs[i]) if sampled else None,
+            _round(old[i - 1]) if sampled and i >= 1 else None,
         ])
-    start = trajectory.prompt_length
-    kept = tokens
-    cut = None
+    kept, cut = tokens, None
     if len(tokens) > MAX_TOKENS:
         half = MAX_TOKENS // 2
         kept, cut = tokens[:half] + tokens[-half:], half
     return {"step": step, "task_id": trajectory.task_id, "reward": trajectory.reward,
-            "success": bool(trajectory.success), "prompt_length": start, "num_tokens": len(ids),
+            "success": bool(trajectory.success), "prompt_length": trajectory.prompt_length, "num_tokens": len(ids),
             "cut_at": cut, "cut_tokens": len(tokens) - len(kept), "tokens": kept}
 
 
