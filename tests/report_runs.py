@@ -19,8 +19,9 @@ def transcript(request: str, answer: str, result: str, tool: str = "calculate") 
             {"role": "assistant", "content": f"<answer>{answer}</answer>"}]
 
 
-def eval_record(task_id: str, success: bool, request: str, result: str, groups: dict, tool: str = "calculate") -> dict:
-    return {"task_id": task_id, "groups": groups, "prompt_messages": 2, "reward": float(success), "success": success,
+def eval_record(task_id: str, success: bool, request: str, result: str, groups: dict, tool: str = "calculate",
+                gold_tools: list[str] | None = None) -> dict:
+    return {"task_id": task_id, "groups": groups, "gold_tools": gold_tools or [], "prompt_messages": 2, "reward": float(success), "success": success,
             "num_turns": 2, "num_tool_calls": 1, "finish_reasons": ["stop", "stop"], "reward_breakdown": {},
             "transcript": transcript(request, "1" if success else "2", result, tool)}
 
@@ -40,7 +41,11 @@ def write_run(run_dir: Path, *, steps: int = 3, episodes: int = 4, token_samples
                      "rollout/success/kind=sum": 0.5, "train/loss": 0.1, "time/step_s": 2.0,
                      "tools/calculator.calculate/calls": 10, "tools/calculator.calculate/errors": 1,
                      "tools/calculator.calculate/p50_ms": 2.0 + step, "tools/calculator.calculate/p99_ms": 10.0 * step,
-                     "tools/restarts": 1 if step == 2 else 0, "tools/errors/tool_error": 1})
+                     "tools/calculator.calculate/errors/tool_error": 1,
+                     "tools/restarts": 1 if step == 2 else 0, "tools/errors/tool_error": 1,
+                     "tools/server=calculator/restarts": 1 if step == 2 else 0,
+                     "tools/server=calculator/breaker_openings": 1 if step == 3 else 0,
+                     "tools/breaker_openings": 1 if step == 3 else 0})
     rows.append({"step": steps, "eval/success_rate": 0.75})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if finished:
@@ -59,7 +64,10 @@ def write_run(run_dir: Path, *, steps: int = 3, episodes: int = 4, token_samples
             if hostile is not None and i == 0:
                 request, result = hostile, hostile
             groups = {"kind": ["sum", "word"][i % 2], "split": "eval", "server": "calculator"}
-            lines.append(json.dumps(eval_record(f"task-{i:05d}", outcomes[i % 4][pick], request, result, groups)) + "\n")
+            # Even tasks' gold chains call calculate, every third also convert.
+            gold = ["calculator.calculate"] * (i % 2 == 0) + ["calculator.convert"] * (i % 3 == 0)
+            lines.append(json.dumps(eval_record(f"task-{i:05d}", outcomes[i % 4][pick], request, result, groups,
+                                                gold_tools=gold)) + "\n")
         (evals / f"{stage}.jsonl").write_text("".join(lines))
     samples = run_dir / "samples"
     samples.mkdir(exist_ok=True)

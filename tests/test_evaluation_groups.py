@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from grpo.train.evaluation import group_of, grouped_success
+from grpo.train.evaluation import gold_tools, group_of, grouped_success
 from grpo.train.plots import curve_series, plot_curves
 
 
@@ -48,6 +48,13 @@ def test_a_gold_chain_adds_its_length_and_servers_also_within_its_split():
                                                               "server": "sqlite+time"}
     assert group_of(_chain([None], "novel")) == {"complexity": "medium", "calls": "1", "split": "novel",
                                                  "novel/calls": "1"}
+
+
+def test_gold_tools_name_each_tool_of_the_chain_once_as_the_tool_metrics_do():
+    task = _chain(["sqlite", None, "sqlite"])
+    task.reward_spec.ground_truth.tool_sequence[1].tool = "calculate"
+    assert gold_tools(task) == ["calculate", "sqlite.t"]
+    assert gold_tools(_task("a", "easy")) == []
 
 
 def test_grouped_success_counts_excluded_tasks_as_failed_under_any_prefix():

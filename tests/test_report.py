@@ -26,10 +26,19 @@ def test_the_payload_of_a_finished_run(tmp_path):
     assert curves["success (held-out)"]["success (held-out)"] == [[0, 0.25], [3, 0.75]]
     assert curves["warm start loss"]["warm start loss"] == [[1, 1.0], [2, 0.5]]
     assert curves["success by kind (sampled)"] == {"sum": [[1, 0.5], [2, 0.5], [3, 0.5]]}
-    # Tools: calls and errors summed over the steps, the median p50, the worst step's p99.
+    # Tools: calls and errors (and by kind) summed over the steps, the median p50, the worst
+    # step's p99, the server's restarts and breaker openings.
     assert payload["tools"]["per_tool"] == [{"tool": "calculator.calculate", "calls": 30, "errors": 3,
-                                             "p50_ms": 4.0, "p99_ms": 30.0}]
-    assert payload["tools"]["totals"] == {"errors/tool_error": 3, "restarts": 1}
+                                             "errors_by_kind": {"tool_error": 3}, "p50_ms": 4.0, "p99_ms": 30.0,
+                                             "server_restarts": 1, "server_breaker_openings": 1}]
+    assert payload["tools"]["servers"] == {"calculator": {"restarts": 1, "breaker_openings": 1}}
+    assert payload["tools"]["totals"] == {"breaker_openings": 1, "errors/tool_error": 3, "restarts": 1}
+    # Held-out success per tool, over the tasks whose gold chain calls it: tasks 0, 2, 4, 6 call
+    # calculate (before: wrong, wrong, wrong, wrong -> fixed, still failing...); 0, 3, 6 convert.
+    assert payload["tool_stages"] == {
+        "calculator.calculate": {"tasks": 4, "before": 0.0, "after": 0.5},
+        "calculator.convert": {"tasks": 3, "before": 1 / 3, "after": 2 / 3},
+    }
     episodes = payload["episodes"]
     assert [e["change"] for e in episodes[:4]] == ["fixed", "broken", "still failing", "always right"]
     first = episodes[0]

@@ -34,12 +34,17 @@ def test_every_view_is_drawn_and_a_filter_changes_what_is_shown(tmp_path):
     dom, log = page_dom(path)
     assert_drawn(dom, log)
     assert re.search(r'<table id="stages">.*?<td>kind=sum</td><td class="num">0\.0%</td><td class="num">100\.0%</td>', dom)
+    # Per tool: tasks 0, 2, ..., 10 call calculate (3 fixed, 3 still failing); 0, 3, 6, 9 convert.
+    assert re.search(r'<table id="tool-stages">.*?<td>calculator.calculate</td><td class="num">6</td>'
+                     r'<td class="num">0\.0%</td><td class="num">50\.0%</td>', dom)
     dom, log = page_dom(path, "tab=curves")
     assert_drawn(dom, log)
     assert dom.count("<polyline") >= 6 and "reward (sampled)" in dom
     dom, log = page_dom(path, "tab=tools")
     assert_drawn(dom, log)
-    assert re.search(r'<td>calculator.calculate</td><td class="num">50</td><td class="num">5</td>', dom)
+    assert re.search(r'<td>calculator.calculate</td><td class="num">50</td><td class="num">5</td>'
+                     r'<td class="num">10\.0%</td><td>tool_error 5</td><td class="num">5\.0</td>'
+                     r'<td class="num">50\.0</td><td class="num">1</td><td class="num">1</td>', dom)
     dom, log = page_dom(path, "tab=tokens")
     assert_drawn(dom, log)
     assert len(re.findall(r'class="tok[ "]', dom)) == 6 and 'class="tok turn"' in dom and 'class="tok obs"' in dom

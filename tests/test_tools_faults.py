@@ -225,11 +225,18 @@ async def test_circuit_breaker_opens_after_repeated_crashes_and_recovers(manager
     )
     refused = await manager.call_tool("echo", {"text": "hi"})
     assert (refused.error_kind, refused.retries) == ("circuit_open", 0)
-    assert manager.metrics()["tools/restarts"] == 1.0
+    metrics = manager.metrics()
+    assert {key: metrics[key] for key in (
+        "tools/restarts", "tools/server=faulty/restarts", "tools/breaker_openings",
+        "tools/server=faulty/breaker_openings", "tools/faulty.die/errors/circuit_open",
+        "tools/faulty.echo/errors/circuit_open")} == {
+        "tools/restarts": 1.0, "tools/server=faulty/restarts": 1.0, "tools/breaker_openings": 1.0,
+        "tools/server=faulty/breaker_openings": 1.0, "tools/faulty.die/errors/circuit_open": 1.0,
+        "tools/faulty.echo/errors/circuit_open": 1.0}
     await asyncio.sleep(1.1)  # the cooldown: then one trial call restarts the server
     recovered = await manager.call_tool("echo", {"text": "back"})
     assert (recovered.text, recovered.is_error, recovered.retries) == ("back", False, 1)
-    assert manager.metrics()["tools/restarts"] == 2.0
+    assert (manager.metrics()["tools/restarts"], manager.metrics()["tools/breaker_openings"]) == (2.0, 1.0)
 
 
 async def test_a_server_that_never_answers_initialize_fails_start_up_clearly():

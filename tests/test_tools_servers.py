@@ -216,11 +216,14 @@ async def test_metrics_count_each_kind_of_outcome(manager):
         "tools/timeouts": 0.0,
         "tools/retries": 0.0,
         "tools/restarts": 0.0,
+        "tools/breaker_openings": 0.0,
         "tools/errors/tool_error": 1.0,
         "tools/errors/invalid_arguments": 1.0,
         "tools/errors/unknown_tool": 1.0,
         "tools/calculator.calculate/calls": 3.0,
         "tools/calculator.calculate/errors": 2.0,
+        "tools/calculator.calculate/errors/tool_error": 1.0,
+        "tools/calculator.calculate/errors/invalid_arguments": 1.0,
     }
     assert sorted(k for k in metrics if k.endswith("_ms")) == [
         "tools/calculator.calculate/p50_ms",

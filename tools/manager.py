@@ -261,7 +261,9 @@ class SharedToolManager:
             if not await connection.responsive(min(PING_TIMEOUT, timeout)):
                 # A server whose event loop is stuck (a CPU-bound call) still takes requests into
                 # its pipe and answers none: every later call would time out too. Restart it.
-                cause = await self._recover(connection, generation, "it answered nothing more after the call timed out")
+                cause = await self._recover(
+                    connection, generation, "it answered nothing more after the call timed out", spec.server
+                )
                 return _error(f"tool {spec.name} timed out: {exc}; {cause}, so it was restarted", "timeout")
             return _error(f"tool {spec.name} timed out: {exc}", "timeout")
         except RequestNotSent as exc:
@@ -277,7 +279,7 @@ class SharedToolManager:
             )
         except TransportFailure as exc:
             self._counts["tools/transport_failures"] += 1
-            cause = await self._recover(connection, generation, str(exc))
+            cause = await self._recover(connection, generation, str(exc), spec.server)
             return _error(
                 f"tool {spec.name} failed: server {spec.server!r} is unavailable ({cause})",
                 "transport",
@@ -290,13 +292,15 @@ class SharedToolManager:
             text, bool(raw.is_error), structured, "tool_error" if raw.is_error else None
         )
 
-    async def _recover(self, connection: ServerConnection, generation: int, cause: str) -> str:
+    async def _recover(
+        self, connection: ServerConnection, generation: int, cause: str, server: str
+    ) -> str:
         """Count a dead session against the breaker (once, however many calls saw it die) and
         restart the server unless that opened the breaker."""
         breaker = connection.breaker
         if connection.failed_generation != generation:
             connection.failed_generation = generation
-            breaker.record_failure()
+            self._failure(breaker, server)
             if breaker.is_open:
                 return cause  # no restarts until the cooldown has passed
         if self._state != "started":
@@ -304,12 +308,21 @@ class SharedToolManager:
         try:
             if await connection.restart(generation):
                 self._counts["tools/restarts"] += 1
+                self._counts[f"tools/server={server}/restarts"] += 1
         except ToolServerStartError as exc:
-            breaker.record_failure()
+            self._failure(breaker, server)
             return f"{cause}; restart failed: {exc.cause}"
         # Half-open: the restart is done, so the retry that follows may be the trial call.
         breaker.release()
         return cause
+
+    def _failure(self, breaker, server: str) -> None:
+        """One failure against `server`'s breaker, counted where it opened the breaker."""
+        opened = breaker.times_opened
+        breaker.record_failure()
+        if breaker.times_opened > opened:
+            self._counts["tools/breaker_openings"] += 1
+            self._counts[f"tools/server={server}/breaker_openings"] += 1
 
     # -- per-episode state ------------------------------------------------------------------------
 
@@ -397,6 +410,7 @@ class SharedToolManager:
             counts[entry.calls_key] += 1
             if result.is_error:
                 counts[entry.errors_key] += 1
+                counts[f"{entry.errors_key}/{result.error_kind}"] += 1
             window = self._latencies.get(entry.metric)
             if window is None:
                 window = self._latencies[entry.metric] = deque(maxlen=LATENCY_WINDOW)
@@ -410,7 +424,9 @@ class SharedToolManager:
 
         tools/calls, tools/errors (results with is_error), tools/errors/<error_kind>,
         tools/timeouts and tools/transport_failures (attempts), tools/retries, tools/restarts,
-        and per tool tools/<server>.<tool>/calls, /errors, /p50_ms, /p99_ms.
+        tools/breaker_openings; per server tools/server=<server>/restarts and
+        /breaker_openings; per tool tools/<server>.<tool>/calls, /errors, /errors/<error_kind>,
+        /p50_ms, /p99_ms.
         """
         out = {
             key: 0.0
@@ -420,6 +436,7 @@ class SharedToolManager:
                 "tools/timeouts",
                 "tools/retries",
                 "tools/restarts",
+                "tools/breaker_openings",
             )
         }
         out.update({key: float(value) for key, value in self._counts.items()})

@@ -6,9 +6,10 @@ still going): `run_payload(run_dir) -> dict`, plain JSON data for grpo/report/pa
 - `curves`: chosen `metrics.jsonl` series per step — reward, train and held-out success (and per
   group: kind, split, server, complexity), loss, KL, entropy, engine/trainer mismatch, tool error
   rate, step time, the warm start's loss.
-- `stages`: held-out success per group at each evaluation (before, after the warm start, after).
-- `tools`: per tool calls, errors, p50/p99 latency over the run; restarts, retries, timeouts and
-  errors by kind.
+- `stages`: held-out success per group at each evaluation (before, after the warm start, after);
+  `tool_stages` the same per tool, over the tasks whose gold chain calls it.
+- `tools`: per tool calls, errors (and by kind), p50/p99 latency over the run, its server's
+  restarts and breaker openings; the run's retries, timeouts and errors by kind.
 - `episodes`: every held-out task with its request, groups, and per stage its outcome and
   transcript (the system prompt and worked examples left out; long messages cut), and how the
   outcome changed from the first evaluation to the last (`fixed`, `broken`, `still failing`,
@@ -49,7 +50,9 @@ CURVES = {
     "warm start loss": "warmup/loss",
 }
 GROUPED = re.compile(r"^(rollout|eval)/success/(?!.*/)(kind|split|server|complexity|calls)=(.+)$")
-TOOL = re.compile(r"^tools/(.+)/(calls|errors|p50_ms|p99_ms)$")
+TOOL = re.compile(r"^tools/([^/=]+\.[^/]+)/(calls|errors|p50_ms|p99_ms)$")
+TOOL_ERROR_KIND = re.compile(r"^tools/([^/=]+\.[^/]+)/errors/([^/]+)$")
+SERVER = re.compile(r"^tools/server=([^/]+)/(restarts|breaker_openings)$")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -99,29 +102,66 @@ def _stages(summary: dict) -> dict[str, dict[str, float]]:
 
 
 def _tools(metrics: list[dict]) -> dict[str, Any]:
+    """Per tool: calls, errors (and by kind), p50 (the median step's) and p99 (the worst
+    step's) latency, and its server's restarts and breaker openings; per server those two; the
+    run's totals of the rest (retries, timeouts, errors by kind...)."""
     per_tool: dict[str, dict[str, Any]] = {}
+    servers: dict[str, dict[str, int]] = {}
     totals: dict[str, float] = {}
+
+    def tool_entry(tool: str) -> dict[str, Any]:
+        return per_tool.setdefault(tool, {"calls": 0, "errors": 0, "p50_ms": [], "p99_ms": [], "errors_by_kind": {}})
+
     for row in metrics:
         for key, value in row.items():
-            if not isinstance(value, (int, float)):
+            if not isinstance(value, (int, float)) or not key.startswith("tools/"):
                 continue
-            match = TOOL.match(key)
-            if match:
+            if match := TOOL.match(key):
                 tool, what = match.groups()
-                entry = per_tool.setdefault(tool, {"calls": 0, "errors": 0, "p50_ms": [], "p99_ms": []})
+                entry = tool_entry(tool)
                 if what in ("calls", "errors"):
                     entry[what] += value
                 else:
                     entry[what].append(value)
-            elif key.startswith("tools/") and key.count("/") <= 2 and "." not in key.split("/")[1]:
+            elif match := TOOL_ERROR_KIND.match(key):
+                kinds = tool_entry(match.group(1))["errors_by_kind"]
+                kinds[match.group(2)] = kinds.get(match.group(2), 0) + int(value)
+            elif match := SERVER.match(key):
+                server, what = match.groups()
+                counts = servers.setdefault(server, {"restarts": 0, "breaker_openings": 0})
+                counts[what] += int(value)
+            elif key.count("/") <= 2 and "." not in key.split("/")[1]:
                 totals[key[len("tools/"):]] = totals.get(key[len("tools/"):], 0) + value
     rows = []
     for tool, entry in sorted(per_tool.items()):
         p50 = sorted(entry["p50_ms"])
+        server = servers.get(tool.partition(".")[0], {})
         rows.append({"tool": tool, "calls": int(entry["calls"]), "errors": int(entry["errors"]),
+                     "errors_by_kind": dict(sorted(entry["errors_by_kind"].items())),
                      "p50_ms": p50[len(p50) // 2] if p50 else None,
-                     "p99_ms": max(entry["p99_ms"]) if entry["p99_ms"] else None})
-    return {"per_tool": rows, "totals": {k: int(v) for k, v in sorted(totals.items())}}
+                     "p99_ms": max(entry["p99_ms"]) if entry["p99_ms"] else None,
+                     "server_restarts": server.get("restarts", 0),
+                     "server_breaker_openings": server.get("breaker_openings", 0)})
+    return {"per_tool": rows, "servers": dict(sorted(servers.items())),
+            "totals": {k: int(v) for k, v in sorted(totals.items())}}
+
+
+def _tool_stages(episodes: list[dict]) -> dict[str, dict[str, Any]]:
+    """Held-out success per tool at each evaluation: over the tasks whose gold chain calls it
+    (`gold_tools` of the transcripts), `tasks` their number; other evaluation sets' as
+    `<set>: <tool>`."""
+    counts: dict[str, dict[str, list[int]]] = {}
+    tasks: Counter = Counter()
+    for episode in episodes:
+        for tool in episode["gold_tools"]:
+            name = tool if episode["set"] == "held-out" else f"{episode['set']}: {tool}"
+            tasks[name] += 1
+            for stage, outcome in episode["stages"].items():
+                tally = counts.setdefault(name, {}).setdefault(stage, [0, 0])
+                tally[0] += outcome["success"]
+                tally[1] += 1
+    return {name: {"tasks": tasks[name], **{stage: won / played for stage, (won, played) in by_stage.items()}}
+            for name, by_stage in sorted(counts.items())}
 
 
 def _messages(record: dict) -> tuple[str, list[dict]]:
@@ -169,8 +209,9 @@ def _episodes(run_dir: Path) -> list[dict]:
             request, messages = _messages(record)
             entry = episodes.setdefault((eval_set, task_id), {
                 "task_id": task_id, "set": eval_set, "request": request, "groups": record.get("groups") or {},
-                "tools": [], "stages": {}})
+                "tools": [], "gold_tools": [], "stages": {}})
             entry["tools"] = sorted(set(entry["tools"]) | {m["name"] for m in messages if m["role"] == "tool" and m.get("name")})
+            entry["gold_tools"] = sorted(set(entry["gold_tools"]) | {str(t) for t in record.get("gold_tools") or []})
             entry["stages"][stage] = {"success": bool(record.get("success")), "reward": record.get("reward"),
                                       "messages": messages}
     out = []
@@ -204,14 +245,16 @@ def run_payload(run_dir: Path) -> dict[str, Any]:
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     metrics = _read_jsonl(run_dir / "metrics.jsonl")
+    episodes = _episodes(run_dir)
     return {
         "run": {"name": (config or {}).get("run_name") or run_dir.name, "dir": str(run_dir),
                 "config": mask_value(config or {})[0], "summary": summary, "finished": bool(summary),
                 "steps": max((row.get("step", 0) for row in metrics if "warmup/loss" not in row), default=0)},
         "curves": _curves(metrics),
         "stages": _stages(summary),
+        "tool_stages": _tool_stages(episodes),
         "tools": _tools(metrics),
-        "episodes": _episodes(run_dir),
+        "episodes": episodes,
         "tokens": _token_samples(run_dir),
     }
 
@@ -241,5 +284,6 @@ def tasks_payload(report: dict[str, Any], records: list[dict], name: str, where:
         })
     return {"run": {"name": name, "dir": where, "config": report.get("settings", {}), "summary": {},
                     "finished": True, "steps": 0},
-            "curves": {}, "stages": {}, "tools": {"per_tool": [], "totals": {}}, "episodes": [], "tokens": [],
+            "curves": {}, "stages": {}, "tool_stages": {}, "tools": {"per_tool": [], "servers": {}, "totals": {}},
+            "episodes": [], "tokens": [],
             "generation": {**{k: v for k, v in report.items() if k != "settings"}, "samples": samples}}

@@ -15,6 +15,10 @@ from grpo.collect.episode import task_id_of
 from tools.secrets import mask_value
 
 
+def _gold_steps(task: Any) -> list:
+    return getattr(getattr(getattr(task, "reward_spec", None), "ground_truth", None), "tool_sequence", None) or []
+
+
 def group_of(task: Any) -> dict[str, str]:
     """The groups a held-out task is reported in: its complexity; the number of calls of its gold
     chain (`calls=2`) and the servers the chain uses (`server=git`, several joined by `+`) when it
@@ -26,7 +30,7 @@ def group_of(task: Any) -> dict[str, str]:
     complexity = getattr(task, "complexity", None)
     if complexity:
         groups["complexity"] = str(complexity)
-    steps = getattr(getattr(getattr(task, "reward_spec", None), "ground_truth", None), "tool_sequence", None) or []
+    steps = _gold_steps(task)
     by_chain = {}
     if steps:
         by_chain["calls"] = str(len(steps))
@@ -42,6 +46,13 @@ def group_of(task: Any) -> dict[str, str]:
         groups["split"] = str(split)
         groups.update({f"{split}/{name}": value for name, value in by_chain.items()})
     return groups
+
+
+def gold_tools(task: Any) -> list[str]:
+    """The tools a task's gold chain calls, as the tool metrics name them (`server.tool`, or the
+    tool alone where a step names no server), sorted; empty without a gold chain."""
+    steps = _gold_steps(task)
+    return sorted({f"{step.server}.{step.tool}" if step.server else step.tool for step in steps})
 
 
 def grouped_success(trajectories: Sequence, tasks: Sequence, task_ids: Sequence[str], k: int,
@@ -125,15 +136,18 @@ async def _with_every_tool(collector, tasks: Sequence, k: int, temperature: floa
     return {f"eval/all_tools/{name}": metrics[f"eval/{name}"] for name in kept}
 
 
-def transcript_records(trajectories: Sequence, groups: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
+def transcript_records(trajectories: Sequence, groups: dict[str, dict[str, str]] | None = None,
+                       tools: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
     """One record per episode for the transcripts file, secrets masked (tools/secrets.py): the
     transcript holds what the model wrote and what tools returned; `prompt_messages` of it are
-    the prompt (system prompt, worked examples, the request); `groups` by task id (`group_of`)."""
-    groups = groups or {}
+    the prompt (system prompt, worked examples, the request); `groups` by task id (`group_of`);
+    `gold_tools` by task id (`gold_tools`)."""
+    groups, tools = groups or {}, tools or {}
     return [
         mask_value({
             "task_id": t.task_id,
             "groups": groups.get(t.task_id, {}),
+            "gold_tools": tools.get(t.task_id, []),
             "prompt_messages": t.metadata.get("prompt_messages"),
             "reward": t.reward,
             "success": t.success,
@@ -170,6 +184,8 @@ async def evaluate(
     if transcripts_path is not None:
         transcripts_path.parent.mkdir(parents=True, exist_ok=True)
         groups = {task_id: group_of(task) for task_id, task in zip(task_ids, tasks, strict=True)}
-        lines = [json.dumps(record, default=str) + "\n" for record in transcript_records(result.trajectories, groups)]
+        tools = {task_id: gold_tools(task) for task_id, task in zip(task_ids, tasks, strict=True)}
+        records = transcript_records(result.trajectories, groups, tools)
+        lines = [json.dumps(record, default=str) + "\n" for record in records]
         transcripts_path.write_text("".join(lines))  # one small write after the collection
     return metrics

@@ -66,9 +66,16 @@ function overview() {
   const stageTable = el("table", { id: "stages" },
     el("tr", {}, el("th", {}, "held-out group"), stages.map((s) => el("th", {}, s === "warmup" ? "after warm start" : s === "after" ? "after GRPO" : "before"))),
     Object.entries(DATA.stages).map(([group, row]) => el("tr", {}, el("td", {}, group), stages.map((s) => el("td", { class: "num" }, pct(row[s]))))));
+  const toolStages = Object.entries(DATA.tool_stages || {});
+  const order = (s) => { const i = ["before", "warmup", "after"].indexOf(s); return i < 0 ? 3 : i; };
+  const played = [...new Set(toolStages.flatMap(([, row]) => Object.keys(row).filter((k) => k !== "tasks")))].sort((a, b) => order(a) - order(b) || a.localeCompare(b));
+  const toolTable = el("table", { id: "tool-stages" },
+    el("tr", {}, el("th", {}, "tool"), el("th", {}, "tasks"), played.map((s) => el("th", {}, s === "warmup" ? "after warm start" : s === "after" ? "after GRPO" : s))),
+    toolStages.map(([tool, row]) => el("tr", {}, el("td", {}, tool), el("td", { class: "num" }, row.tasks), played.map((s) => el("td", { class: "num" }, pct(row[s]))))));
   if (DATA.generation) return [el("h2", {}, "Task generation settings"), el("pre", { class: "config" }, JSON.stringify(run.config, null, 2))];
   return [el("h2", {}, "The run"), meta,
     el("h2", {}, "Held-out success"), Object.keys(DATA.stages).length ? stageTable : el("p", { class: "note" }, "No evaluation has finished yet."),
+    ...(toolStages.length ? [el("h2", {}, "Held-out success per tool (the tasks whose gold chain calls it)"), toolTable] : []),
     el("h2", {}, "Config"), el("pre", { class: "config" }, JSON.stringify(run.config, null, 2))];
 }
 
@@ -112,13 +119,17 @@ function curves() {
 // -- tools ---------------------------------------------------------------------------------
 function tools() {
   const rows = DATA.tools.per_tool;
+  const kinds = (r) => Object.entries(r.errors_by_kind || {}).map(([k, v]) => `${k} ${v}`).join(", ") || "–";
   const table = el("table", { id: "tool-health" },
-    el("tr", {}, ["tool", "calls", "errors", "error rate", "p50 ms", "p99 ms (worst step)"].map((h) => el("th", {}, h))),
+    el("tr", {}, ["tool", "calls", "errors", "error rate", "errors by kind", "p50 ms", "p99 ms (worst step)", "server restarts", "breaker openings"].map((h) => el("th", {}, h))),
     rows.map((r) => el("tr", {}, el("td", {}, r.tool), el("td", { class: "num" }, r.calls), el("td", { class: "num" }, r.errors),
-      el("td", { class: "num" }, r.calls ? pct(r.errors / r.calls) : "–"), el("td", { class: "num" }, num(r.p50_ms, 1)), el("td", { class: "num" }, num(r.p99_ms, 1)))));
+      el("td", { class: "num" }, r.calls ? pct(r.errors / r.calls) : "–"), el("td", {}, kinds(r)),
+      el("td", { class: "num" }, num(r.p50_ms, 1)), el("td", { class: "num" }, num(r.p99_ms, 1)),
+      el("td", { class: "num" }, r.server_restarts ?? 0), el("td", { class: "num" }, r.server_breaker_openings ?? 0))));
   const totals = el("table", {}, Object.entries(DATA.tools.totals).map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { class: "num" }, v))));
   return [el("h2", {}, "Per tool, over the training steps"), rows.length ? table : el("p", { class: "note" }, "No tool calls logged."),
-    el("h2", {}, "Restarts, retries, timeouts, errors by kind"), totals];
+    el("p", { class: "note" }, "Restarts and breaker openings are its server's: a server restarts, or refuses calls while its circuit breaker is open, for all its tools."),
+    el("h2", {}, "Restarts, breaker openings, retries, timeouts, errors by kind"), totals];
 }
 
 // -- episodes ------------------------------------------------------------------------------
