@@ -65,7 +65,7 @@ def _engines(*, lora: bool, max_batch: int, new_tokens: int, threads: int, devic
              kv_cache_gib: float, overrides: tuple[str, ...]):
     """(engines by name, start-up seconds by name, tokenizer): both engines from one policy."""
     settings = [f"threads={threads}", f"device={device}", f"lora.enabled={str(lora).lower()}",
-                f"rollout.hf.max_batch_size={max_batch}",
+                f"rollout.hf.max_batch_size={max_batch}", f"rollout.max_concurrent_episodes={max_batch}",
                 f"rollout.max_total_tokens={64 + new_tokens + 64}",
                 f"rollout.vllm.enforce_eager={str(eager).lower()}"]
     if device == "cpu":

@@ -68,6 +68,13 @@ class RunConfig(Section):
                 and self.environment.env_class in (None, "mcp_tool")):
             raise ValueError("algorithm.advantage.estimator=turn_grpo needs per-turn credit: set "
                              "environment.turn_credit: verified (calls checked against each task's gold chain)")
+        rows, in_flight = self.rollout.hf.max_batch_size, self.rollout.max_concurrent_episodes
+        if rows is not None and self.rollout.engine in ("auto", "hf") and rows > in_flight:
+            raise ValueError(
+                f"rollout.hf.max_batch_size {rows} is more than rollout.max_concurrent_episodes {in_flight}: "
+                f"the collector never has more than {in_flight} requests in flight, so the HF engine's "
+                f"batch would never fill; set rollout.max_concurrent_episodes to at least {rows}, or "
+                f"rollout.hf.max_batch_size to at most {in_flight}")
         if self.rollout.hf.decode_mode == "graph" and self.device in ("cpu", "mps"):
             raise ValueError(f"rollout.hf.decode_mode=graph needs device cuda (or auto), not {self.device}")
         if self.rollout.engine == "vllm" and self.device == "mps":

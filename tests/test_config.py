@@ -30,6 +30,19 @@ def test_unknown_key_and_bad_device_are_named():
         load_config(None, ["rollout.engine=tgi"])
 
 
+def test_an_engine_batch_larger_than_the_episodes_in_flight_is_refused_with_both_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.hf.max_batch_size=128"])  # max_concurrent_episodes: 64
+    assert ("rollout.hf.max_batch_size 128 is more than rollout.max_concurrent_episodes 64: the collector "
+            "never has more than 64 requests in flight") in str(err.value)
+    assert "set rollout.max_concurrent_episodes to at least 128" in str(err.value)
+    paired = load_config(None, ["rollout.hf.max_batch_size=128", "rollout.max_concurrent_episodes=128"])
+    assert paired.rollout.hf.max_batch_size == 128
+    # The HF engine's section does not matter to vLLM; null resolves per device (64 on a CPU).
+    assert load_config(None, ["rollout.hf.max_batch_size=128", "rollout.engine=vllm"]).rollout.hf.max_batch_size == 128
+    assert load_config(None, []).rollout.hf.max_batch_size is None
+
+
 def test_advantage_is_a_union_on_the_estimator():
     cfg = load_config(None, ["algorithm.advantage.estimator=gae", "algorithm.advantage.gamma=1.0"])
     assert (cfg.algorithm.advantage.estimator, cfg.algorithm.advantage.gamma) == ("gae", 1.0)

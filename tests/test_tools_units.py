@@ -13,7 +13,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent
 
 from tools.arguments import ArgumentError, ToolArguments, public_schema
 from tools.breaker import CircuitBreaker
-from tools.manager import _percentile
+from tools.call_metrics import _percentile
 from tools.results import cap_structured, clean_text, normalise, truncate
 
 CODE_SCHEMA = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}

@@ -21,10 +21,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import difflib
-import math
 import random
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ from tools.allowlist import RefusedTool, screen
 from tools.annotations import ToolAnnotations
 from tools.arguments import ArgumentError
 from tools.cage.containment import Containment, containment
+from tools.call_metrics import CallMetrics
 from tools.config import MCPServerConfig, ToolsConfig
 from tools.connection import (
     CallTimeout,
@@ -58,8 +57,6 @@ __all__ = ["Containment", "LeaseError", "RefusedTool", "SharedToolManager", "Too
 PING_TIMEOUT = 2.0
 """Seconds a server has to answer its tool list after one of its calls timed out, before it is
 restarted as stuck."""
-LATENCY_WINDOW = 10_000
-"""Latest latencies kept per tool for the p50/p99 metrics."""
 
 
 @dataclass
@@ -105,8 +102,7 @@ class SharedToolManager:
         self._tools: dict[str, RegisteredTool] = {}
         self._lookup: dict[str, RegisteredTool] = {}  # spec names plus `server__tool` for every tool
         self._state = "new"  # new -> started -> closed
-        self._counts: Counter[str] = Counter()
-        self._latencies: dict[str, deque[float]] = {}
+        self._metrics = CallMetrics()
         self._added_latency = AddedLatency(config)  # each server's `latency:`
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -199,7 +195,7 @@ class SharedToolManager:
     ) -> ToolResult:
         """Call a tool; never raises for tool-side problems (see the module docstring)."""
         start = time.perf_counter()
-        self._counts["tools/calls"] += 1
+        self._metrics.count("tools/calls")
         entry = self._lookup.get(name) if isinstance(name, str) else None
         if entry is None:
             return self._finish(None, start, self._not_allowed(name) or self._unknown(name), 0)
@@ -235,7 +231,7 @@ class SharedToolManager:
                 await self._added_latency.wait(entry.spec.server)
                 return self._finish(entry, start, result, retries)
             retries += 1
-            self._counts["tools/retries"] += 1
+            self._metrics.count("tools/retries")
             delay = min(self.config.backoff_max, self.config.backoff_base * 2 ** (retries - 1))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
@@ -257,7 +253,7 @@ class SharedToolManager:
                 raw = await connection.call(spec.tool, args, timeout)
         except CallTimeout as exc:
             breaker.release()
-            self._counts["tools/timeouts"] += 1
+            self._metrics.count("tools/timeouts")
             if not await connection.responsive(min(PING_TIMEOUT, timeout)):
                 # A server whose event loop is stuck (a CPU-bound call) still takes requests into
                 # its pipe and answers none: every later call would time out too. Restart it.
@@ -278,7 +274,7 @@ class SharedToolManager:
                 "result_too_large",
             )
         except TransportFailure as exc:
-            self._counts["tools/transport_failures"] += 1
+            self._metrics.count("tools/transport_failures")
             cause = await self._recover(connection, generation, str(exc), spec.server)
             return _error(
                 f"tool {spec.name} failed: server {spec.server!r} is unavailable ({cause})",
@@ -307,8 +303,7 @@ class SharedToolManager:
             return cause
         try:
             if await connection.restart(generation):
-                self._counts["tools/restarts"] += 1
-                self._counts[f"tools/server={server}/restarts"] += 1
+                self._metrics.count_server("restarts", server)
         except ToolServerStartError as exc:
             self._failure(breaker, server)
             return f"{cause}; restart failed: {exc.cause}"
@@ -321,8 +316,7 @@ class SharedToolManager:
         opened = breaker.times_opened
         breaker.record_failure()
         if breaker.times_opened > opened:
-            self._counts["tools/breaker_openings"] += 1
-            self._counts[f"tools/server={server}/breaker_openings"] += 1
+            self._metrics.count_server("breaker_openings", server)
 
     # -- per-episode state ------------------------------------------------------------------------
 
@@ -402,53 +396,21 @@ class SharedToolManager:
     ) -> ToolResult:
         result.latency_s = time.perf_counter() - start
         result.retries = retries
-        counts = self._counts
-        if result.is_error:
-            counts["tools/errors"] += 1
-            counts[f"tools/errors/{result.error_kind}"] += 1
-        if entry is not None:
-            counts[entry.calls_key] += 1
-            if result.is_error:
-                counts[entry.errors_key] += 1
-                counts[f"{entry.errors_key}/{result.error_kind}"] += 1
-            window = self._latencies.get(entry.metric)
-            if window is None:
-                window = self._latencies[entry.metric] = deque(maxlen=LATENCY_WINDOW)
-            window.append(result.latency_s)
+        self._metrics.call(
+            entry.metric if entry is not None else None,
+            result.error_kind if result.is_error else None,
+            result.latency_s,
+        )
         return result
 
     # -- metrics --------------------------------------------------------------------------------
 
     def metrics(self) -> dict[str, float]:
-        """Flat `tools/...` metrics since the last reset.
-
-        tools/calls, tools/errors (results with is_error), tools/errors/<error_kind>,
-        tools/timeouts and tools/transport_failures (attempts), tools/retries, tools/restarts,
-        tools/breaker_openings; per server tools/server=<server>/restarts and
-        /breaker_openings; per tool tools/<server>.<tool>/calls, /errors, /errors/<error_kind>,
-        /p50_ms, /p99_ms.
-        """
-        out = {
-            key: 0.0
-            for key in (
-                "tools/calls",
-                "tools/errors",
-                "tools/timeouts",
-                "tools/retries",
-                "tools/restarts",
-                "tools/breaker_openings",
-            )
-        }
-        out.update({key: float(value) for key, value in self._counts.items()})
-        for metric, window in self._latencies.items():
-            ordered = sorted(window)
-            out[f"{metric}/p50_ms"] = 1000.0 * _percentile(ordered, 0.50)
-            out[f"{metric}/p99_ms"] = 1000.0 * _percentile(ordered, 0.99)
-        return out
+        """Flat `tools/...` metrics since the last reset (tools/call_metrics.py names them)."""
+        return self._metrics.snapshot()
 
     def reset_metrics(self) -> None:
-        self._counts.clear()
-        self._latencies.clear()
+        self._metrics.reset()
 
 
 _RETRYABLE = frozenset({"transport"})
@@ -457,10 +419,3 @@ _RETRYABLE = frozenset({"transport"})
 
 def _error(text: str, kind: str) -> ToolResult:
     return ToolResult(text, True, error_kind=kind)
-
-
-def _percentile(ordered: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    if not ordered:
-        return 0.0
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -74,10 +74,6 @@ class RegisteredTool:
     arguments: ToolArguments
     metric: str  # "tools/<server>.<tool>"
 
-    def __post_init__(self) -> None:
-        self.calls_key = f"{self.metric}/calls"
-        self.errors_key = f"{self.metric}/errors"
-
 
 def name_tools(
     connections: list[ServerConnection],

@@ -28,8 +28,9 @@ class HFEngineConfig(Section):
     max_batch_size: int | None = Field(default=None, ge=1)
     """Rows decoded together; a generate call with more requests runs in waves of this many.
     null: 512 on CUDA (a GPU's decode step costs about the same at 16 rows as at 512), else 64
-    (a CPU's step grows with the batch). Set `rollout.max_concurrent_episodes` at least as high,
-    or the collector never gathers that many requests."""
+    (a CPU's step grows with the batch). A value set here may not exceed
+    `rollout.max_concurrent_episodes` (the config refuses it): the collector never gathers more
+    requests than that."""
     decode_mode: DecodeMode = "auto"
     """How decode steps run: `graph` replays fixed-shape steps as CUDA graphs
     (grpo/rollout/hf/decode_graphs.py; CUDA only), `static` runs those steps eagerly, `dynamic`
