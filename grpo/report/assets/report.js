@@ -32,6 +32,9 @@ function svg(tag, attrs) {
   return node;
 }
 const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%");
+// The run's evaluations in order (payload.py STAGES); `mcp-grpo evaluate --name` adds others.
+const STAGES = ["before", "warmup", "after"];
+const stageLabel = (s) => ({ warmup: "after warm start", after: "after GRPO" })[s] || s;
 const num = (x, d = 3) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
 
 // -- state in the address (#tab=episodes&change=fixed): shareable, and what tests drive ---------
@@ -62,15 +65,15 @@ function overview() {
     ["wall minutes", summary.wall_minutes !== undefined ? num(summary.wall_minutes, 2) : "–"],
   ];
   const meta = el("table", {}, rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v === undefined ? "–" : v))));
-  const stages = ["before", "warmup", "after"].filter((s) => Object.values(DATA.stages).some((row) => s in row));
+  const stages = STAGES.filter((s) => Object.values(DATA.stages).some((row) => s in row));
   const stageTable = el("table", { id: "stages" },
-    el("tr", {}, el("th", {}, "held-out group"), stages.map((s) => el("th", {}, s === "warmup" ? "after warm start" : s === "after" ? "after GRPO" : "before"))),
+    el("tr", {}, el("th", {}, "held-out group"), stages.map((s) => el("th", {}, stageLabel(s)))),
     Object.entries(DATA.stages).map(([group, row]) => el("tr", {}, el("td", {}, group), stages.map((s) => el("td", { class: "num" }, pct(row[s]))))));
   const toolStages = Object.entries(DATA.tool_stages || {});
-  const order = (s) => { const i = ["before", "warmup", "after"].indexOf(s); return i < 0 ? 3 : i; };
+  const order = (s) => { const i = STAGES.indexOf(s); return i < 0 ? STAGES.length : i; };
   const played = [...new Set(toolStages.flatMap(([, row]) => Object.keys(row).filter((k) => k !== "tasks")))].sort((a, b) => order(a) - order(b) || a.localeCompare(b));
   const toolTable = el("table", { id: "tool-stages" },
-    el("tr", {}, el("th", {}, "tool"), el("th", {}, "tasks"), played.map((s) => el("th", {}, s === "warmup" ? "after warm start" : s === "after" ? "after GRPO" : s))),
+    el("tr", {}, el("th", {}, "tool"), el("th", {}, "tasks"), played.map((s) => el("th", {}, stageLabel(s)))),
     toolStages.map(([tool, row]) => el("tr", {}, el("td", {}, tool), el("td", { class: "num" }, row.tasks), played.map((s) => el("td", { class: "num" }, pct(row[s]))))));
   if (DATA.generation) return [el("h2", {}, "Task generation settings"), el("pre", { class: "config" }, JSON.stringify(run.config, null, 2))];
   return [el("h2", {}, "The run"), meta,
